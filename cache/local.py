@@ -1,0 +1,46 @@
+"""The node-local store: one directory per namespace holding the Inductor and Triton caches."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LocalCache:
+    root: Path  # node-local (NVMe in production)
+    namespace: str
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.namespace
+
+    @property
+    def inductor_dir(self) -> Path:
+        return self.path / "inductor"
+
+    @property
+    def triton_dir(self) -> Path:
+        return self.path / "triton"
+
+    def prepare(self) -> "LocalCache":
+        self.inductor_dir.mkdir(parents=True, exist_ok=True)
+        self.triton_dir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def wipe(self) -> None:
+        """Remove this namespace only. Renamed away first, so a crash mid-delete leaves no half cache."""
+        if not self.path.exists():
+            return
+        trash = self.root / f".trash-{self.namespace}-{uuid.uuid4().hex[:8]}"
+        os.replace(self.path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+    def file_count(self) -> int:
+        return sum(1 for f in self.path.rglob("*") if f.is_file())

@@ -1,0 +1,1 @@
+"""Code that runs where the model runs: build, compile, warm, check, benchmark."""

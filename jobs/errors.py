@@ -1,0 +1,17 @@
+"""Failures raised by worker code, and their one-line form for reports."""
+
+from __future__ import annotations
+
+
+class SetupError(Exception):
+    """The model or device cannot be set up as configured; nothing was run."""
+
+
+class OutputMismatch(Exception):
+    """Compiled output differs from eager beyond tolerance."""
+
+
+def brief(exc: BaseException) -> str:
+    """`Type: first line of the message`: enough to act on, short enough for a table cell."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -1,0 +1,93 @@
+"""Build the user's model and the inputs of one bucket from a WarmupSpec."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from jobs.errors import SetupError, brief
+from jobs.spec import FLOAT_DTYPES, InputSpec, ModelRef, WarmupSpec
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)  # workers see one GPU: artifacts are always for cuda:0
+    if requested == "cuda":
+        raise SetupError("device 'cuda' was requested but torch sees no CUDA GPU "
+                         f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES may hide it); use --device cpu or auto")
+    return torch.device("cpu")
+
+
+def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
+    if ref.is_file:
+        path = (base_dir / ref.target).resolve()
+        if not path.is_file():
+            raise SetupError(f"model.factory: file {path} does not exist; paths are relative to the config file")
+        # A stable module name keeps Dynamo's view of the code identical across processes.
+        module_name = f"orchestrate_user_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise SetupError(f"model.factory: importing {path} raised {brief(exc)}") from exc
+    else:
+        try:
+            module = importlib.import_module(ref.target)
+        except Exception as exc:
+            raise SetupError(f"model.factory: cannot import module {ref.target!r}: {brief(exc)}; "
+                             "install it or use 'path/to/file.py:callable'") from exc
+    target: Any = module
+    for part in ref.attribute.split("."):
+        if not hasattr(target, part):
+            raise SetupError(f"model.factory: {ref.target!r} has no attribute {ref.attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise SetupError(f"model.factory: {ref.factory!r} is not callable")
+    return target
+
+
+def build_model(spec: WarmupSpec, device: torch.device) -> torch.nn.Module:
+    factory = load_factory(spec.model, spec.base_dir)
+    torch.manual_seed(spec.seed)  # the same weights on every worker
+    try:
+        model = factory(**spec.model.kwargs)
+    except Exception as exc:
+        raise SetupError(f"model.factory: {spec.model.factory}(**kwargs) raised {brief(exc)}") from exc
+    if not isinstance(model, torch.nn.Module):
+        raise SetupError(f"model.factory: {spec.model.factory} returned {type(model).__name__}, not a torch.nn.Module")
+    if spec.model.dtype:
+        model = model.to(getattr(torch, spec.model.dtype))
+    return model.to(device).eval()
+
+
+def make_inputs(spec: WarmupSpec, bucket: int, device: torch.device) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Deterministic inputs for one bucket: the same values on every worker and every run."""
+    generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + bucket)
+    args, kwargs = [], {}
+    for item in spec.inputs:
+        tensor = _random_tensor(item, item.concrete_shape(spec.bucket_symbol, bucket), generator).to(device)
+        if item.name:
+            kwargs[item.name] = tensor
+        else:
+            args.append(tensor)
+    return args, kwargs
+
+
+def _random_tensor(item: InputSpec, shape: list[int], generator: torch.Generator) -> torch.Tensor:
+    dtype = getattr(torch, item.dtype)
+    if item.dtype in FLOAT_DTYPES:
+        return torch.randn(shape, generator=generator).to(dtype)
+    if item.dtype == "bool":
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    low, high = item.range
+    return torch.randint(low, high, shape, generator=generator, dtype=dtype)

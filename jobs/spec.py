@@ -1,0 +1,182 @@
+"""What a warmup job is asked to do: the model, its inputs per bucket, how to compile and measure.
+
+The spec lives in `jobs` (not in the CLI) because workers receive it: the orchestrator parses
+YAML into it, and every worker builds the same model and inputs from it. It imports no torch,
+so the CLI can validate a config before paying for `import torch`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator, model_validator
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+# `package.module:callable` or `path/to/file.py:callable`
+_FACTORY = re.compile(r"^(?P<target>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelRef(_Strict):
+    factory: str = Field(description="`module:callable` or `path/to/file.py:callable` returning an nn.Module")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
+    dtype: Optional[Literal["float32", "float16", "bfloat16", "float64"]] = Field(
+        default=None, description="cast the built model's parameters to this dtype")
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, value: str) -> str:
+        if not _FACTORY.match(value):
+            raise ValueError(f"{value!r} is not 'module:callable' or 'path/to/file.py:callable'")
+        return value
+
+    @property
+    def is_file(self) -> bool:
+        target = _FACTORY.match(self.factory)["target"]
+        return target.endswith(".py") or "/" in target
+
+    @property
+    def target(self) -> str:
+        return _FACTORY.match(self.factory)["target"]
+
+    @property
+    def attribute(self) -> str:
+        return _FACTORY.match(self.factory)["attr"]
+
+
+class InputSpec(_Strict):
+    shape: list[int | str] = Field(description="dimensions; the bucket symbol (e.g. `batch`) marks the bucketed one")
+    dtype: DType = "float32"
+    range: Optional[tuple[int, int]] = Field(
+        default=None, description="[low, high) of integer inputs such as token ids")
+    name: Optional[str] = Field(default=None, description="pass as this keyword argument instead of positionally")
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, shape: list[int | str]) -> list[int | str]:
+        if not shape:
+            raise ValueError("a shape needs at least one dimension")
+        for dim in shape:
+            if isinstance(dim, int) and dim <= 0:
+                raise ValueError(f"dimension {dim} must be a positive integer or the bucket symbol")
+        return shape
+
+    @model_validator(mode="after")
+    def _range_fits_dtype(self) -> "InputSpec":
+        if self.dtype in INT_DTYPES:
+            if self.range is None:
+                raise ValueError(f"integer input ({self.dtype}) needs `range: [low, high]`, e.g. [0, 32000] for token ids")
+            low, high = self.range
+            if low >= high:
+                raise ValueError(f"range [{low}, {high}] is empty: low must be below high")
+        elif self.range is not None:
+            raise ValueError(f"`range` applies to integer inputs only, not {self.dtype}")
+        return self
+
+    def concrete_shape(self, symbol: str, bucket: int) -> list[int]:
+        return [bucket if dim == symbol else dim for dim in self.shape]
+
+
+class CompileOptions(_Strict):
+    mode: Optional[CompileMode] = "reduce-overhead"
+    # Static per-bucket graphs by default: DESIGN.md measured dynamic=True 1.5-2x slower per call,
+    # and torch's default (None) turns the second bucket into a dynamic recompile.
+    dynamic: Optional[bool] = False
+    fullgraph: bool = False
+    backend: str = "inductor"
+    options: dict[str, Any] = Field(default_factory=dict, description="Inductor config overrides")
+
+
+class BenchOptions(_Strict):
+    iterations: PositiveInt = Field(default=100, description="timed calls of each variant (eager, compiled)")
+    warmup: int = Field(default=10, ge=0, description="untimed calls of each variant before timing")
+
+
+class CheckOptions(_Strict):
+    atol: Optional[float] = Field(default=None, ge=0, description="absolute tolerance; default by output dtype")
+    rtol: Optional[float] = Field(default=None, ge=0, description="relative tolerance; default by output dtype")
+
+
+class WarmupSpec(_Strict):
+    name: Optional[str] = Field(default=None, description="model name in reports and metrics; default: file stem")
+    model: ModelRef
+    inputs: list[InputSpec] = Field(min_length=1)
+    bucket_symbol: str = "batch"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    compile: CompileOptions = Field(default_factory=CompileOptions)
+    buckets: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    bench: BenchOptions = Field(default_factory=BenchOptions)
+    check: CheckOptions = Field(default_factory=CheckOptions)
+    seed: int = 0
+    cache_dir: Optional[str] = Field(default=None, description="local cache root; default $ORCHESTRATE_CACHE_DIR or ~/.cache/orchestrate")
+
+    # Directory relative factory paths are resolved against (the config file's); not part of identity.
+    _base_dir: Optional[str] = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _label_safe(cls, name: Optional[str]) -> Optional[str]:
+        if name is not None and not _NAME.match(name):
+            raise ValueError(f"{name!r} may hold only letters, digits, '_', '.', '-' (it becomes a metric label)")
+        return name
+
+    @field_validator("buckets")
+    @classmethod
+    def _unique_buckets(cls, buckets: list[int]) -> list[int]:
+        return validate_buckets(buckets)
+
+    @model_validator(mode="after")
+    def _symbol_used(self) -> "WarmupSpec":
+        used = False
+        for i, spec in enumerate(self.inputs):
+            for dim in spec.shape:
+                if isinstance(dim, str) and dim != self.bucket_symbol:
+                    raise ValueError(
+                        f"inputs[{i}].shape: unknown symbol {dim!r}; the bucket symbol is {self.bucket_symbol!r}")
+                used = used or dim == self.bucket_symbol
+        if not used:
+            raise ValueError(f"no input shape contains the bucket symbol {self.bucket_symbol!r}, so buckets would change nothing")
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        return Path(self._base_dir or ".")
+
+    def with_base_dir(self, base_dir: Path) -> "WarmupSpec":
+        self._base_dir = str(base_dir)
+        return self
+
+    def replaced(self, **changes: Any) -> "WarmupSpec":
+        """A validated copy with top-level fields replaced (CLI overrides)."""
+        data = self.model_dump()
+        data.update(changes)
+        return WarmupSpec.model_validate(data).with_base_dir(self.base_dir)
+
+    def identity(self) -> dict[str, Any]:
+        """What makes compiled artifacts differ between configs (buckets, bench and paths do not)."""
+        return self.model_dump(include={"model", "inputs", "bucket_symbol", "compile"}, mode="json")
+
+    def identity_hash(self) -> str:
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def validate_buckets(buckets: list[int]) -> list[int]:
+    seen: set[int] = set()
+    for bucket in buckets:
+        if bucket in seen:
+            raise ValueError(f"bucket {bucket} is listed twice")
+        seen.add(bucket)
+    return sorted(buckets)

@@ -1,0 +1,157 @@
+"""Every use of a private or version-sensitive torch API lives here, so drift between torch
+releases (2.11 on the GPU fleet, 2.13 in CI) is fixed in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import platform as host_platform
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Iterator, Optional
+
+import torch
+from torch._dynamo.utils import counters
+
+from cache.namespace import Platform
+
+# Inductor logs why it refused CUDA graphs on this artifact logger (off by default: it does
+# not propagate, so a handler on it sees the messages without printing them).
+_CUDAGRAPH_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
+
+
+def current_platform(device: torch.device) -> Platform:
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+    else:
+        gpu = f"cpu-{host_platform.machine()}"
+    return Platform(
+        torch_version=torch.__version__,
+        torch_git=getattr(torch.version, "git_version", "unknown"),
+        triton_version=_triton_version(),
+        cuda_version=torch.version.cuda,
+        gpu_name=gpu,
+        python_version=".".join(map(str, sys.version_info[:3])),
+    )
+
+
+def _triton_version() -> Optional[str]:
+    for dist in ("triton", "pytorch-triton"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def allow_recompiles(n_graphs: int) -> None:
+    """Each static bucket is one more Dynamo cache entry for the same frame; past the limit
+    (8 by default) Dynamo silently falls back to eager, which would make big bucket lists lie."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), n_graphs + 8))
+
+
+def compile_kwargs(mode: Optional[str], dynamic: Optional[bool], fullgraph: bool, backend: str,
+                   options: dict[str, Any]) -> dict[str, Any]:
+    """torch.compile refuses `mode` and `options` together; fold the mode into the options then."""
+    kwargs: dict[str, Any] = {"dynamic": dynamic, "fullgraph": fullgraph, "backend": backend}
+    if options and mode and backend == "inductor":
+        merged = dict(torch._inductor.list_mode_options(mode, dynamic))
+        merged.update(options)
+        kwargs["options"] = merged
+    elif options:
+        kwargs["options"] = dict(options)
+    else:
+        kwargs["mode"] = mode
+    return kwargs
+
+
+def mark_step() -> None:
+    """Tell CUDA-graph trees a new inference step begins, so replays may reuse output memory."""
+    torch.compiler.cudagraph_mark_step_begin()
+
+
+def flatten(output: Any) -> list[torch.Tensor]:
+    leaves, _ = torch.utils._pytree.tree_flatten(output)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+@dataclass
+class CompileStats:
+    """What Dynamo and Inductor did between two snapshots of torch's global counters."""
+
+    fx_hits: int = 0
+    fx_misses: int = 0
+    fx_bypasses: int = 0
+    aot_hits: int = 0
+    aot_misses: int = 0
+    frames_compiled: int = 0
+    graph_breaks: dict[str, int] = field(default_factory=dict)
+    cudagraph_skips: int = 0
+
+    @property
+    def cache_hits(self) -> int:
+        return self.fx_hits + self.aot_hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self.fx_misses + self.aot_misses
+
+    @property
+    def graph_break_count(self) -> int:
+        return sum(self.graph_breaks.values())
+
+
+class CounterWindow:
+    """Snapshot torch's counters now; `.stats()` is what happened since."""
+
+    def __init__(self) -> None:
+        self._before = _snapshot()
+
+    def stats(self) -> CompileStats:
+        after = _snapshot()
+
+        def delta(group: str, key: str) -> int:
+            return after.get(group, {}).get(key, 0) - self._before.get(group, {}).get(key, 0)
+
+        breaks = Counter(after.get("graph_break", {}))
+        breaks.subtract(self._before.get("graph_break", {}))
+        return CompileStats(
+            fx_hits=delta("inductor", "fxgraph_cache_hit"),
+            fx_misses=delta("inductor", "fxgraph_cache_miss"),
+            fx_bypasses=delta("inductor", "fxgraph_cache_bypass"),
+            aot_hits=delta("aot_autograd", "autograd_cache_hit"),
+            aot_misses=delta("aot_autograd", "autograd_cache_miss"),
+            frames_compiled=delta("frames", "total"),
+            graph_breaks={reason: n for reason, n in breaks.items() if n > 0},
+            cudagraph_skips=delta("inductor", "cudagraph_skips"),
+        )
+
+
+def _snapshot() -> dict[str, dict[str, int]]:
+    return {group: dict(values) for group, values in counters.items()}
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def cudagraph_skip_reasons() -> Iterator[list[str]]:
+    """Collect Inductor's 'skipping cudagraphs due to ...' messages raised inside the block."""
+    handler = _Collect()
+    logger = logging.getLogger(_CUDAGRAPH_LOGGER)
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)

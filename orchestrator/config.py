@@ -1,0 +1,144 @@
+"""Load a model config (YAML) into a validated WarmupSpec; every failure is one line naming the field."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from jobs.spec import WarmupSpec, validate_buckets
+from orchestrator.errors import UserError
+
+DEFAULT_CACHE_ROOT = "~/.cache/orchestrate"
+
+
+class ConfigError(UserError):
+    pass
+
+
+def load_spec(path: str | Path) -> WarmupSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config {path}: no such file; pass --model with a YAML file such as examples/mlp.yaml") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config {path}: cannot read it ({exc.__class__.__name__}); pass a readable YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path}: invalid YAML {_yaml_where(exc)}: {_yaml_problem(exc)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping of fields (model, inputs, ...), got {type(data).__name__}")
+    try:
+        spec = WarmupSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"config {path}: {describe(exc, WarmupSpec)}") from None
+    if spec.name is None:
+        spec = spec.replaced(name=_label(path.stem))
+    return spec.with_base_dir(path.resolve().parent)
+
+
+def apply_overrides(spec: WarmupSpec, *, buckets: Optional[list[int]] = None, device: Optional[str] = None,
+                    cache_dir: Optional[str] = None) -> WarmupSpec:
+    changes: dict[str, Any] = {}
+    if buckets is not None:
+        changes["buckets"] = buckets
+    if device is not None:
+        changes["device"] = device
+    if cache_dir is not None:
+        changes["cache_dir"] = cache_dir
+    if not changes:
+        return spec
+    try:
+        return spec.replaced(**changes)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, WarmupSpec)) from None
+
+
+def parse_buckets(text: str) -> list[int]:
+    """`--buckets 1,8,32` -> [1, 8, 32]; positive integers, no duplicates."""
+    buckets = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item.isdigit() or int(item) <= 0:
+            raise ConfigError(f"--buckets: {item!r} is not a positive integer; write e.g. --buckets 1,8,32")
+        buckets.append(int(item))
+    try:
+        return validate_buckets(buckets)
+    except ValueError as exc:
+        raise ConfigError(f"--buckets: {exc}") from None
+
+
+def cache_root(spec: WarmupSpec) -> Path:
+    """--cache-dir / config `cache_dir` > $ORCHESTRATE_CACHE_DIR > ~/.cache/orchestrate."""
+    configured = spec.cache_dir or os.environ.get("ORCHESTRATE_CACHE_DIR") or DEFAULT_CACHE_ROOT
+    root = Path(configured).expanduser()
+    if not root.is_absolute():
+        root = (spec.base_dir / root) if spec.cache_dir else root.resolve()
+    return root
+
+
+def describe(exc: ValidationError, model: type[BaseModel]) -> str:
+    """Pydantic's errors as `field.path: problem` items on one line."""
+    items = []
+    for error in exc.errors():
+        where = _path(error["loc"])
+        if error["type"] == "extra_forbidden":
+            allowed = _fields_at(model, error["loc"][:-1])
+            hint = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
+            fix = f"did you mean {hint[0]!r}?" if hint else f"allowed: {', '.join(allowed)}"
+            items.append(f"{where}: unknown field ({fix})")
+        elif error["type"] == "missing":
+            items.append(f"{where}: required field is missing")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            items.append(f"{where}: {message}" if where else message)
+    shown = "; ".join(items[:3])
+    return shown + (f" (and {len(items) - 3} more)" if len(items) > 3 else "")
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("int", "str", "tuple[int, int]", "function-after[_factory_form(), str]"):
+            continue  # pydantic names union branches and validators in loc; users never wrote them
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the (nested) model that `loc` points into, for 'did you mean'."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                current = candidate
+                break
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f"at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    return getattr(exc, "problem", None) or str(exc).splitlines()[0]
+
+
+def _label(stem: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "_.-" else "-" for c in stem).strip("-.")
+    return cleaned or "model"
