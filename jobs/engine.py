@@ -26,7 +26,7 @@ from jobs import torch_internals as ti
 from jobs.errors import OutputMismatch, SetupError, brief
 from jobs.model import build_model, make_inputs, resolve_device
 from jobs.spec import WarmupSpec
-from jobs.timing import Clock, median, p90
+from jobs.timing import Clock, median, p90, process_age_seconds
 
 # Default tolerances by output dtype (atol, rtol): Inductor fuses and reorders reductions.
 TOLERANCE = {
@@ -36,6 +36,7 @@ TOLERANCE = {
     torch.bfloat16: (5e-2, 5e-2),
 }
 GRAPH_RECORD_CALLS = 2  # cudagraph trees: call 1 warms up (with the compile), 2 records, 3 replays
+BACK_TO_BACK_CALLS = 10  # calls per throughput sample
 
 
 class Progress(Protocol):
@@ -66,6 +67,7 @@ class BucketResult:
     phase: str = "compile"  # "warm" when every cache lookup hit
     status: str = "ok"
     stage: str = "pending"  # last stage entered; names where a failed bucket failed
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # wall time spent in each stage
     error: Optional[str] = None
     compile_seconds: Optional[float] = None
     graph_record_seconds: Optional[float] = None
@@ -76,7 +78,10 @@ class BucketResult:
     eager_p90_ms: Optional[float] = None
     compiled_ms: Optional[float] = None
     compiled_p90_ms: Optional[float] = None
-    speedup: Optional[float] = None
+    speedup: Optional[float] = None  # median eager / median compiled per-call latency
+    eager_throughput_ms: Optional[float] = None  # per call, calls issued back to back
+    compiled_throughput_ms: Optional[float] = None
+    throughput_speedup: Optional[float] = None
     graph_breaks: Optional[int] = None
     graph_break_reasons: dict[str, int] = field(default_factory=dict)
     frames_compiled: Optional[int] = None
@@ -101,7 +106,8 @@ class WarmupRun:
     cache_dir: str
     results: list[BucketResult]
     wall_seconds: float
-    setup_seconds: float
+    setup_seconds: float  # device, model build and torch.compile wrapper, before the first bucket
+    process_age_at_start: Optional[float]  # interpreter start and imports before the job began
     cache_bytes: int
     cache_files: int
 
@@ -109,13 +115,16 @@ class WarmupRun:
 def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
                progress: Progress = NoProgress()) -> WarmupRun:
     """Compile, warm and benchmark every bucket of `spec`. Raises SetupError when nothing can run."""
-    started = time.perf_counter()
+    started, process_age = time.perf_counter(), process_age_seconds()
     device = resolve_device(spec.device)
     platform = ti.current_platform(device)
     local = LocalCache(cache_root, namespace(spec.name, platform, spec.identity_hash()))
-    if fresh:
-        local.wipe()
-    _point_caches_at(local.prepare())
+    try:
+        if fresh:
+            local.wipe()
+        _point_caches_at(local.prepare())
+    except OSError as exc:
+        raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
 
     model = build_model(spec, device)
     ti.allow_recompiles(len(spec.buckets))
@@ -138,6 +147,7 @@ def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank:
         results.append(result)
     return WarmupRun(platform=platform, namespace=local.namespace, device=str(device), cache_dir=str(local.path),
                      results=results, wall_seconds=time.perf_counter() - started, setup_seconds=setup_seconds,
+                     process_age_at_start=process_age,
                      cache_bytes=local.size_bytes(), cache_files=local.file_count())
 
 
@@ -153,8 +163,14 @@ def _warm_bucket(spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device
     bucket = result.bucket
     clock = Clock(device)
 
+    stage_started = time.perf_counter()
+
     def enter(stage: str, total: Optional[int] = None) -> None:
-        result.stage = stage
+        nonlocal stage_started
+        now = time.perf_counter()
+        if result.stage != "pending":
+            result.stage_seconds[result.stage] = now - stage_started
+        result.stage, stage_started = stage, now
         progress.phase(bucket, stage, total)
 
     args, kwargs = make_inputs(spec, bucket, device)
@@ -192,16 +208,22 @@ def _warm_bucket(spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device
         enter("check")
         _check(result, reference, [first, replay], spec)
 
-        enter("benchmark", total=spec.bench.warmup + spec.bench.iterations)
-        samples = clock.interleaved({"eager": eager, "compiled": run_compiled}, spec.bench.iterations,
-                                    spec.bench.warmup, on_step=lambda: progress.advance(bucket))
+        variants = {"eager": eager, "compiled": run_compiled}
+        rounds = max(3, spec.bench.iterations // BACK_TO_BACK_CALLS)
+        enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
+        latency = clock.interleaved(variants, spec.bench.iterations, spec.bench.warmup,
+                                    on_step=lambda: progress.advance(bucket))
+        throughput = clock.back_to_back(variants, rounds, BACK_TO_BACK_CALLS, on_step=lambda: progress.advance(bucket))
         result.recompiles = after_first.stats().frames_compiled
 
-    result.eager_ms, result.eager_p90_ms = median(samples["eager"]), p90(samples["eager"])
-    result.compiled_ms, result.compiled_p90_ms = median(samples["compiled"]), p90(samples["compiled"])
-    result.speedup = result.eager_ms / result.compiled_ms if result.compiled_ms > 0 else None
+    result.eager_ms, result.eager_p90_ms = median(latency["eager"]), p90(latency["eager"])
+    result.compiled_ms, result.compiled_p90_ms = median(latency["compiled"]), p90(latency["compiled"])
+    result.speedup = _ratio(result.eager_ms, result.compiled_ms)
+    result.eager_throughput_ms = median(throughput["eager"])
+    result.compiled_throughput_ms = median(throughput["compiled"])
+    result.throughput_speedup = _ratio(result.eager_throughput_ms, result.compiled_throughput_ms)
     result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(device)
-    result.stage = "done"
+    enter("done")
 
 
 def _record_compile(result: BucketResult, stats: ti.CompileStats, spec: WarmupSpec, device: torch.device,
@@ -256,6 +278,10 @@ def _tolerance(dtype: torch.dtype, spec: WarmupSpec) -> tuple[float, float]:
     atol, rtol = TOLERANCE.get(dtype, (1e-3, 1e-3))
     return (spec.check.atol if spec.check.atol is not None else atol,
             spec.check.rtol if spec.check.rtol is not None else rtol)
+
+
+def _ratio(eager_ms: float, compiled_ms: float) -> Optional[float]:
+    return eager_ms / compiled_ms if compiled_ms > 0 else None
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:

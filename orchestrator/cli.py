@@ -41,8 +41,10 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
            report_path: Optional[Path], as_json: bool) -> None:
     """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager."""
     spec = load_spec(model_path)
-    spec = apply_overrides(spec, buckets=parse_buckets(buckets) if buckets else None, device=device,
+    spec = apply_overrides(spec, buckets=None if buckets is None else parse_buckets(buckets), device=device,
                            cache_dir=cache_dir)
+    if report_path:
+        _check_writable(report_path)
     err = Console(stderr=True)
     started_at = datetime.now(timezone.utc)
 
@@ -59,7 +61,10 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
         raise UserError(str(exc)) from None
     report = build_report(spec, run, started_at)
     if report_path:
-        write_json(report, report_path)
+        try:
+            write_json(report, report_path)
+        except OSError as exc:
+            raise UserError(f"--report {report_path}: cannot write it ({exc.strerror or exc})") from None
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -67,6 +72,18 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
         render_table(report, out if out.is_terminal else Console(width=160))
     if report["summary"]["buckets_failed"]:
         sys.exit(EXIT_BUCKET_FAILED)
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before the run, not after it: an unwritable --report would lose the results."""
+    if path.is_dir():
+        raise UserError(f"--report {path}: is a directory; give a file path such as reports/{path.name or 'run'}.json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--report {path}: cannot create its directory ({exc.strerror or exc})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"--report {path}: directory {path.parent} is not writable")
 
 
 @contextlib.contextmanager
@@ -93,6 +110,9 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help())
+        sys.exit(EXIT_OK)
     except click.exceptions.Abort:
         _fail("interrupted", EXIT_INTERRUPTED)
     except click.UsageError as exc:

@@ -29,17 +29,16 @@ def load_spec(path: str | Path) -> WarmupSpec:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config {path}: cannot read it ({exc.__class__.__name__}); pass a readable YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path}: invalid YAML {_yaml_where(exc)}: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: expected a mapping of fields (model, inputs, ...), got {type(data).__name__}")
+    data.setdefault("name", _label(path.stem))
     try:
         spec = WarmupSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"config {path}: {describe(exc, WarmupSpec)}") from None
-    if spec.name is None:
-        spec = spec.replaced(name=_label(path.stem))
     return spec.with_base_dir(path.resolve().parent)
 
 
@@ -51,7 +50,8 @@ def apply_overrides(spec: WarmupSpec, *, buckets: Optional[list[int]] = None, de
     if device is not None:
         changes["device"] = device
     if cache_dir is not None:
-        changes["cache_dir"] = cache_dir
+        # a path typed on the command line is relative to where it was typed, not to the config
+        changes["cache_dir"] = str(Path(cache_dir).expanduser().resolve())
     if not changes:
         return spec
     try:
@@ -64,7 +64,7 @@ def parse_buckets(text: str) -> list[int]:
     """`--buckets 1,8,32` -> [1, 8, 32]; positive integers, no duplicates."""
     buckets = []
     for item in (part.strip() for part in text.split(",")):
-        if not item.isdigit() or int(item) <= 0:
+        if not (item.isascii() and item.isdecimal()) or int(item) <= 0:
             raise ConfigError(f"--buckets: {item!r} is not a positive integer; write e.g. --buckets 1,8,32")
         buckets.append(int(item))
     try:
@@ -140,5 +140,19 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def _label(stem: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c in "_.-" else "-" for c in stem).strip("-.")
+    cleaned = "".join(c if (c.isascii() and c.isalnum()) or c in "_.-" else "-" for c in stem).strip("-._")
     return cleaned or "model"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice instead of silently keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)

@@ -45,6 +45,8 @@ def summarize(run: WarmupRun) -> dict[str, Any]:
     ok = [r for r in run.results if r.status == "ok"]
     phases = {r.phase for r in ok}
     speedups = [r.speedup for r in ok if r.speedup is not None]
+    throughput = [r.throughput_speedup for r in ok if r.throughput_speedup is not None]
+    age = run.process_age_at_start
     compile_total = sum(r.compile_seconds or 0.0 for r in run.results)
     record_total = sum(r.graph_record_seconds or 0.0 for r in run.results)
     return {
@@ -58,9 +60,12 @@ def summarize(run: WarmupRun) -> dict[str, Any]:
         "graph_record_seconds_total": record_total,
         # from job start (model built, nothing compiled) to every bucket compiled and its graphs recorded
         "ready_seconds": run.setup_seconds + compile_total + record_total,
+        # the same counted from process spawn (imports, CUDA init): what a new replica waits
+        "process_seconds_to_ready": None if age is None else age + run.setup_seconds + compile_total + record_total,
         "speedup_min": min(speedups, default=None),
         "speedup_median": statistics.median(speedups) if speedups else None,
         "speedup_max": max(speedups, default=None),
+        "throughput_speedup_median": statistics.median(throughput) if throughput else None,
         "graph_breaks": sum(r.graph_breaks or 0 for r in run.results),
         "recompiles": sum(r.recompiles or 0 for r in run.results),
         "cache_bytes": run.cache_bytes,
@@ -83,7 +88,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"{report['model']} on {report['gpu'] or report['device']} "
                         f"(torch {report['torch_version']}, mode={report['compile']['mode']})")
     for column in ("bucket", "phase", "status", "compile s", "record s", "cache hit/miss",
-                   "eager ms", "compiled ms", "speedup", "breaks", "recompiles", "max |err|"):
+                   "eager ms", "compiled ms", "speedup", "b2b speedup", "breaks", "recompiles", "max |err|"):
         table.add_column(column, justify="right" if column not in ("phase", "status") else "left")
     for r in report["results"]:
         table.add_row(
@@ -91,6 +96,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
             _num(r["compile_seconds"], ".2f"), _num(r["graph_record_seconds"], ".3f"),
             f"{_num(r['cache_hits'], 'd')}/{_num(r['cache_misses'], 'd')}",
             _num(r["eager_ms"], ".3f"), _num(r["compiled_ms"], ".3f"), _num(r["speedup"], ".2f", "x"),
+            _num(r["throughput_speedup"], ".2f", "x"),
             _num(r["graph_breaks"], "d"), _num(r["recompiles"], "d"), _num(r["max_abs_error"], ".1e"))
     console.print(table)
     for r in report["results"]:

@@ -1,0 +1,408 @@
+"""The real CLI in a subprocess: every bad input is one `orchestrate: error:` line and exit 2.
+
+Error cases fail before torch.compile runs (config errors before torch is even imported; factory and
+device errors while the model is set up), so this file stays quick apart from the one `slow` test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "orchestrate: error: "
+
+GOOD_CONFIG = """\
+model:
+  factory: {factory}
+inputs:
+  - shape: [batch, 8]
+buckets: [1, 2]
+bench: {{iterations: 2, warmup: 0}}
+"""
+
+FACTORIES = """\
+from torch import nn
+
+
+def good():
+    return nn.Linear(8, 8)
+
+
+def boom():
+    raise RuntimeError("factory exploded\\nsecond line of detail")
+
+
+def not_a_module():
+    return 42
+
+
+NOT_CALLABLE = 3
+
+
+class AlwaysFails(nn.Module):
+    def forward(self, x):
+        raise ValueError("forward always fails")
+
+
+def always_fails():
+    return AlwaysFails()
+"""
+
+
+def orchestrate(*args: str, tmp_path: Path, cache: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path / "home")  # nothing lands in the real ~/.cache
+    env.pop("ORCHESTRATE_CACHE_DIR", None)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    command = [sys.executable, "-m", "orchestrator", *args]
+    if cache and args and args[0] == "warmup" and "--cache-dir" not in args:
+        command += ["--cache-dir", str(tmp_path / "cache")]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit 2, exactly one non-empty stderr line `orchestrate: error: ...` naming the problem."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one stderr line, got:\n{result.stderr}"
+    line = lines[0]
+    assert line.startswith(PREFIX), line
+    assert len(line) > len(PREFIX) + 5, line
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    return line
+
+
+@pytest.fixture
+def factories(tmp_path: Path) -> Path:
+    path = tmp_path / "factories.py"
+    path.write_text(FACTORIES)
+    return path
+
+
+def config(tmp_path: Path, factory: str, name: str = "model.yaml", text: str = GOOD_CONFIG) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text.format(factory=factory)))
+    return path
+
+
+# --- help ---------------------------------------------------------------------------------------
+
+
+def test_help(tmp_path):
+    result = orchestrate("--help", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warmup" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_warmup_help(tmp_path):
+    result = orchestrate("warmup", "--help", tmp_path=tmp_path, cache=False)
+    assert result.returncode == 0, result.stderr
+    for option in ("--model", "--buckets", "--device", "--cache-dir", "--json", "--report", "--fresh"):
+        assert option in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_version(tmp_path):
+    result = orchestrate("--version", tmp_path=tmp_path)
+    assert result.returncode == 0
+    assert "orchestrate" in result.stdout
+
+
+def test_no_arguments_is_help_or_one_line_error(tmp_path):
+    result = orchestrate(tmp_path=tmp_path)
+    assert "Traceback" not in result.stderr
+    if result.returncode == 0:
+        assert "Usage" in result.stdout
+    else:
+        assert_user_error(result)
+
+
+# --- usage errors -------------------------------------------------------------------------------
+
+
+def test_missing_model_option(tmp_path):
+    assert_user_error(orchestrate("warmup", tmp_path=tmp_path), "--model")
+
+
+def test_unknown_command(tmp_path):
+    assert_user_error(orchestrate("warmpu", tmp_path=tmp_path), "warmpu")
+
+
+def test_unknown_option(tmp_path):
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--bukets", "1", tmp_path=tmp_path), "--bukets")
+
+
+def test_unknown_device_choice(tmp_path):
+    path = config(tmp_path, "factories.py:good")
+    line = assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "gpu", tmp_path=tmp_path),
+                             "--device", "'gpu'")
+    assert "cpu" in line and "cuda" in line
+
+
+@pytest.mark.parametrize("buckets, problem", [
+    ("0", "'0' is not a positive integer"),
+    ("-1", "is not a positive integer"),
+    ("a", "'a' is not a positive integer"),
+    ("1,x", "'x' is not a positive integer"),
+    ("8,8", "bucket 8 is listed twice"),
+])
+def test_bad_buckets(tmp_path, buckets, problem):
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--buckets", buckets, tmp_path=tmp_path),
+                      "--buckets", problem)
+
+
+def test_empty_buckets(tmp_path, factories):
+    # a factory that fails at setup keeps this quick if --buckets '' is wrongly ignored
+    path = config(tmp_path, "no_such_module_xyz:make")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--buckets", "", tmp_path=tmp_path), "--buckets")
+
+
+def test_superscript_buckets(tmp_path):
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--buckets", "²", tmp_path=tmp_path), "--buckets")
+
+
+# --- config errors (before torch is imported) ---------------------------------------------------
+
+
+def test_missing_config_file(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    assert_user_error(orchestrate("warmup", "--model", str(missing), tmp_path=tmp_path),
+                      str(missing), "no such file")
+
+
+def test_config_is_a_directory(tmp_path):
+    assert_user_error(orchestrate("warmup", "--model", str(tmp_path), tmp_path=tmp_path), "cannot read")
+
+
+def test_bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  factory: factories.py:good\ninputs: [\n")
+    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path),
+                      str(path), "invalid YAML", "line ", "column ")
+
+
+def test_yaml_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path), "expected a mapping")
+
+
+def test_unknown_key(tmp_path):
+    path = config(tmp_path, "factories.py:good", text=GOOD_CONFIG + "compile:\n  moed: default\n")
+    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path),
+                      "compile.moed: unknown field (did you mean 'mode'?)")
+
+
+def test_invalid_input_dtype(tmp_path):
+    text = "model: {{factory: '{factory}'}}\ninputs:\n  - shape: [batch, 8]\n    dtype: float33\n"
+    path = config(tmp_path, "factories.py:good", text=text)
+    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path), "inputs[0].dtype")
+
+
+def test_missing_required_field(tmp_path):
+    path = tmp_path / "noinputs.yaml"
+    path.write_text("model: {factory: 'factories.py:good'}\n")
+    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path),
+                      "inputs: required field is missing")
+
+
+def test_invalid_factory_form(tmp_path):
+    path = config(tmp_path, "factories.py")
+    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path), "model.factory")
+
+
+def test_config_file_stem_not_a_valid_name(tmp_path, factories):
+    path = config(tmp_path, "no_such_module_xyz:make", name="_model.yaml")
+    result = orchestrate("warmup", "--model", str(path), tmp_path=tmp_path)
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2
+
+
+# --- model setup errors (torch imported, nothing compiled) --------------------------------------
+
+
+def test_unimportable_module_factory(tmp_path):
+    path = config(tmp_path, "no_such_module:make")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                      "model.factory", "no_such_module")
+
+
+def test_missing_factory_file(tmp_path):
+    path = config(tmp_path, "nope.py:make")
+    line = assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                             "model.factory", "nope.py", "does not exist")
+    assert str(tmp_path.resolve() / "nope.py") in line  # resolved against the config's directory
+
+
+def test_missing_attribute_in_file(tmp_path, factories):
+    path = config(tmp_path, "factories.py:missing_factory")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                      "model.factory", "missing_factory")
+
+
+def test_missing_attribute_in_module(tmp_path):
+    path = config(tmp_path, "json:no_such_function")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                      "model.factory", "no_such_function")
+
+
+def test_factory_not_callable(tmp_path, factories):
+    path = config(tmp_path, "factories.py:NOT_CALLABLE")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                      "model.factory", "not callable")
+
+
+def test_factory_file_fails_to_import(tmp_path):
+    (tmp_path / "broken.py").write_text("def make(:\n")
+    path = config(tmp_path, "broken.py:make")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                      "model.factory", "SyntaxError")
+
+
+def test_factory_raises(tmp_path, factories):
+    path = config(tmp_path, "factories.py:boom")
+    line = assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                             "model.factory", "RuntimeError", "factory exploded")
+    assert "second line of detail" not in line
+
+
+def test_factory_returns_non_module(tmp_path, factories):
+    path = config(tmp_path, "factories.py:not_a_module")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                      "model.factory", "int", "torch.nn.Module")
+
+
+def test_factory_kwargs_rejected(tmp_path, factories):
+    text = GOOD_CONFIG.replace("  factory: {factory}\n", "  factory: {factory}\n  kwargs: {{bogus: 1}}\n")
+    path = config(tmp_path, "factories.py:good", text=text)
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+                      "model.factory", "TypeError")
+
+
+def test_cuda_requested_without_gpu(tmp_path, factories):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cuda", tmp_path=tmp_path),
+                      "cuda", "--device cpu")
+
+
+def test_unusable_cache_dir(tmp_path, factories):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu",
+                                  "--cache-dir", str(blocker / "cache"), tmp_path=tmp_path), str(blocker))
+
+
+def test_unwritable_report_path(tmp_path, factories):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    # every bucket fails at its eager call, so this reaches the report without compiling anything
+    path = config(tmp_path, "factories.py:always_fails")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu",
+                                  "--report", str(blocker / "report.json"), tmp_path=tmp_path), "report")
+
+
+def test_report_path_is_directory(tmp_path, factories):
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu",
+                                  "--report", str(tmp_path), tmp_path=tmp_path), "--report")
+
+
+# --- a run where one bucket fails ---------------------------------------------------------------
+
+
+def test_every_bucket_failing_exits_1(tmp_path, factories):
+    """Forward raises for every bucket: exit 1 (not 2), each bucket reported, nothing compiled."""
+    path = config(tmp_path, "factories.py:always_fails")
+    report_path = tmp_path / "out" / "report.json"
+    result = orchestrate("warmup", "--model", str(path), "--device", "cpu", "--json",
+                         "--report", str(report_path), tmp_path=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert json.loads(report_path.read_text()) == report
+    assert [r["bucket"] for r in report["results"]] == [1, 2]
+    for r in report["results"]:
+        assert r["status"] == "failed"
+        assert r["error"].startswith("eager reference: ValueError")
+    assert report["summary"]["buckets_failed"] == 2 and report["summary"]["buckets_ok"] == 0
+
+
+TINY_MODEL = """\
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.shape[0] == 2:
+            raise ValueError("batch size 2 is not supported")
+        return self.linear(x)
+
+
+def make():
+    return Tiny()
+"""
+
+
+@pytest.mark.slow
+def test_one_failing_bucket_does_not_stop_the_others(tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY_MODEL)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(textwrap.dedent("""\
+        model:
+          factory: tiny.py:make
+        inputs:
+          - shape: [batch, 8]
+        buckets: [1, 8]
+        bench:
+          iterations: 3
+          warmup: 1
+    """))
+    report_path = tmp_path / "report.json"
+    result = orchestrate("warmup", "--model", str(path), "--buckets", "1,2,3", "--device", "cpu", "--json",
+                         "--report", str(report_path), tmp_path=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)  # --json: stdout is the report alone
+    assert json.loads(report_path.read_text()) == report
+    assert report["model"] == "tiny"
+    assert report["buckets"] == [1, 2, 3]
+    by_bucket = {r["bucket"]: r for r in report["results"]}
+    assert sorted(by_bucket) == [1, 2, 3]
+
+    failed = by_bucket[2]
+    assert failed["status"] == "failed"
+    assert "ValueError" in failed["error"]
+    assert "batch size 2 is not supported" in failed["error"]
+
+    for bucket in (1, 3):
+        ok = by_bucket[bucket]
+        assert ok["status"] == "ok", ok
+        assert ok["error"] is None
+        assert ok["speedup"] is not None and ok["speedup"] > 0
+        assert ok["max_abs_error"] is not None
+        assert ok["compile_seconds"] is not None
+
+    assert report["summary"]["buckets_ok"] == 2
+    assert report["summary"]["buckets_failed"] == 1
+    assert str(tmp_path / "cache") in report["cache_dir"]
