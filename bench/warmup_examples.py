@@ -35,6 +35,8 @@ def run(example: str, buckets: str, cache_dir: Path, out: Path, label: str, fres
         raise SystemExit(f"{example} {label}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     data = json.loads(report.read_text())
     data["process_wall_seconds"] = wall
+    # time between the report landing and the process exiting (interpreter and worker-pool teardown)
+    data["exit_lag_seconds"] = time.time() - report.stat().st_mtime - (time.perf_counter() - start - wall)
     print(proc.stdout, file=sys.stderr)
     return data
 
@@ -72,6 +74,14 @@ def main() -> None:
               f"{ws['cache_hits']}/{ws['cache_misses']} ({ws['cache_state']}) | "
               f"{fmt([r['eager_ms'] for r in results], '.3f')} | {fmt([r['compiled_ms'] for r in results], '.3f')} | "
               f"{fmt([r['speedup'] for r in results], '.2f')} |")
+    print("\n| model | warm: process spawn to ready | exit lag after report | b2b speedup (warm) | eager / compiled b2b ms |")
+    print("|---|---|---|---|---|")
+    for example, cold, warm in rows:
+        ws, results = warm["summary"], warm["results"]
+        print(f"| {example} | {ws['process_seconds_to_ready']:.1f} s | {warm['exit_lag_seconds']:.1f} s | "
+              f"{fmt([r['throughput_speedup'] for r in results], '.2f')} | "
+              f"{fmt([r['eager_throughput_ms'] for r in results], '.3f')} / "
+              f"{fmt([r['compiled_throughput_ms'] for r in results], '.3f')} |")
     print("\nspeedups in the cold run (same process that compiled):")
     for example, cold, _ in rows:
         print(f"- {example}: {fmt([r['speedup'] for r in cold['results']], '.2f')}; "

@@ -1,0 +1,33 @@
+"""On a CUDA machine: reduce-overhead really records CUDA graphs and the second process is warm.
+Skipped where torch sees no GPU (CI); run on the GPU machine with `pytest tests/test_gpu_e2e.py`."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import orchestrate
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_cuda_graphs_recorded_and_second_process_warm(tmp_path):
+    runs = []
+    for _ in range(2):
+        proc = orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,4", "--device", "cuda",
+                           "--json", cache_dir=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(proc.stdout))
+    cold, warm = runs
+    assert cold["device"] == "cuda:0" and cold["gpu"] == torch.cuda.get_device_name(0)
+    assert cold["namespace"] == warm["namespace"]
+    assert cold["summary"]["cache_state"] == "cold" and warm["summary"]["cache_state"] == "warm"
+    for result in cold["results"] + warm["results"]:
+        assert result["status"] == "ok", result["error"]
+        assert result["cudagraphs"] is True and result["cudagraph_skip_reasons"] == []
+        assert result["peak_memory_kind"] == "cuda_allocated" and result["peak_memory_bytes"] > 0
+        assert result["recompiles"] == 0
+    assert all(r["cache"]["fx_graph_misses"] == 0 for r in warm["results"])
+    # the Triton kernels were written under the namespace, not torch's default /tmp directory
+    assert any((tmp_path / cold["namespace"] / "triton").rglob("*.cubin"))
