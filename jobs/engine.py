@@ -20,8 +20,11 @@ from typing import Any, Optional, Protocol
 
 import torch
 
+from cache import sync
 from cache.local import LocalCache
+from cache.manifest import IntegrityError, SigningKey
 from cache.namespace import Platform, namespace
+from cache.store import StoreError, open_store
 from jobs import torch_internals as ti
 from jobs.errors import OutputMismatch, SetupError, brief
 from jobs.model import build_model, make_inputs, resolve_device
@@ -40,6 +43,8 @@ BACK_TO_BACK_CALLS = 10  # calls per throughput sample
 
 
 class Progress(Protocol):
+    def step(self, name: str) -> None: ...
+
     def phase(self, bucket: int, name: str, total: Optional[int] = None) -> None: ...
 
     def advance(self, bucket: int) -> None: ...
@@ -48,6 +53,9 @@ class Progress(Protocol):
 
 
 class NoProgress:
+    def step(self, name: str) -> None:
+        pass
+
     def phase(self, bucket: int, name: str, total: Optional[int] = None) -> None:
         pass
 
@@ -98,6 +106,15 @@ class BucketResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Remote:
+    """The shared store a worker pulls from before compiling and publishes to afterwards."""
+
+    url: str
+    allow_unsigned: bool = False
+    key_file: Optional[str] = None
+
+
 @dataclass
 class WarmupRun:
     platform: Platform
@@ -110,11 +127,18 @@ class WarmupRun:
     process_age_at_start: Optional[float]  # interpreter start and imports before the job began
     cache_bytes: int
     cache_files: int
+    remote: Optional[str] = None
+    pull: Optional[sync.Transfer] = None  # None: no remote, or the namespace was not published yet
+    publish: Optional[sync.Transfer] = None
+    publish_error: Optional[str] = None  # the job's results stand; the store did not take them
 
 
 def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
-               progress: Progress = NoProgress()) -> WarmupRun:
-    """Compile, warm and benchmark every bucket of `spec`. Raises SetupError when nothing can run."""
+               remote: Optional[Remote] = None, progress: Progress = NoProgress()) -> WarmupRun:
+    """Pull, compile, warm and benchmark every bucket of `spec`, then publish what compiled.
+
+    Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
+    read or is not trusted (before anything touched the local cache)."""
     started, process_age = time.perf_counter(), process_age_seconds()
     device = resolve_device(spec.device)
     platform = ti.current_platform(device)
@@ -125,6 +149,12 @@ def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank:
         _point_caches_at(local.prepare())
     except OSError as exc:
         raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
+    store, key, pulled = None, None, None
+    if remote:
+        store, key = open_store(remote.url), SigningKey.from_env(remote.key_file)
+        if not fresh:  # --fresh means a cold compile: the store must not warm us
+            progress.step(f"pull {local.namespace} from {remote.url}")
+            pulled = sync.pull(store, local.namespace, local.path, key, allow_unsigned=remote.allow_unsigned)
 
     model = build_model(spec, device)
     ti.allow_recompiles(len(spec.buckets))
@@ -133,9 +163,10 @@ def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank:
                                                         options.backend, options.options))
     setup_seconds = time.perf_counter() - started
     gpu = platform.gpu_name if device.type == "cuda" else None
-    results = []
+    results, quarantined = [], []
     for bucket in spec.buckets:
         result = BucketResult(bucket=bucket, rank=rank, gpu=gpu)
+        before = set(sync.scan(local.path))
         try:
             _warm_bucket(spec, model, compiled, device, result, progress)
         except (KeyboardInterrupt, SetupError):
@@ -143,12 +174,36 @@ def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank:
         except Exception as exc:  # one bad bucket must not hide the others
             result.status = "failed"
             result.error = f"{result.stage}: {brief(exc)}"
+            quarantined += _quarantine(local.path, set(sync.scan(local.path)) - before)
         progress.finish(result)
         results.append(result)
+    published, publish_error = None, None
+    if store is not None and any(r.status == "ok" for r in results):
+        progress.step(f"publish {local.namespace} to {remote.url}")
+        try:
+            published = sync.publish(store, local.path, local.namespace, key, allow_unsigned=remote.allow_unsigned,
+                                     buckets=[r.bucket for r in results if r.status == "ok"],
+                                     meta={"model": spec.name, "platform": asdict(platform)}, exclude=quarantined)
+        except (StoreError, IntegrityError) as exc:
+            publish_error = str(exc)
     return WarmupRun(platform=platform, namespace=local.namespace, device=str(device), cache_dir=str(local.path),
                      results=results, wall_seconds=time.perf_counter() - started, setup_seconds=setup_seconds,
                      process_age_at_start=process_age,
-                     cache_bytes=local.size_bytes(), cache_files=local.file_count())
+                     cache_bytes=local.size_bytes(), cache_files=local.file_count(),
+                     remote=remote.url if remote else None, pull=pulled, publish=published,
+                     publish_error=publish_error)
+
+
+def _quarantine(directory: Path, created: set[str]) -> list[str]:
+    """Delete what a failed bucket compiled: it must neither be reused here nor published."""
+    for rel in created:
+        (directory / rel).unlink(missing_ok=True)
+    return sorted(created)
+
+
+def cache_namespace(spec: WarmupSpec) -> str:
+    """The namespace this machine would compile `spec` into (imports torch, asks for the GPU)."""
+    return namespace(spec.name, ti.current_platform(resolve_device(spec.device)), spec.identity_hash())
 
 
 def _point_caches_at(local: LocalCache) -> None:
@@ -171,7 +226,8 @@ def _warm_bucket(spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device
         if result.stage != "pending":
             result.stage_seconds[result.stage] = now - stage_started
         result.stage, stage_started = stage, now
-        progress.phase(bucket, stage, total)
+        if stage != "done":
+            progress.phase(bucket, stage, total)
 
     args, kwargs = make_inputs(spec, bucket, device)
 

@@ -121,6 +121,7 @@ class WarmupSpec(_Strict):
     check: CheckOptions = Field(default_factory=CheckOptions)
     seed: int = 0
     cache_dir: Optional[str] = Field(default=None, description="local cache root; default $ORCHESTRATE_CACHE_DIR or ~/.cache/orchestrate")
+    remote: Optional[str] = Field(default=None, description="shared store URL (s3://bucket/prefix, file:///dir, any fsspec URL)")
 
     # Directory relative factory paths are resolved against (the config file's); not part of identity.
     _base_dir: Optional[str] = PrivateAttr(default=None)

@@ -1,6 +1,7 @@
 """`orchestrate`: the command line. Parse -> validate -> run -> report; errors are one line.
 
-Exit codes (docs/cli.md): 0 every bucket ok, 1 some bucket failed, 2 usage/config/setup error,
+Exit codes (README.md, "Exit codes"): 0 ok, 1 some bucket failed, 2 usage/config/setup error,
+3 store unreachable or refusing, 4 untrusted cache data refused, 5 pull found no namespace,
 130 interrupted.
 """
 
@@ -10,6 +11,7 @@ import contextlib
 import json
 import os
 import sys
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Optional
@@ -17,9 +19,22 @@ from typing import Iterator, Optional
 import click
 from rich.console import Console
 
+from cache.manifest import IntegrityError
+from cache.store import StoreError
 from orchestrator import __version__
-from orchestrator.config import apply_overrides, cache_root, load_spec, parse_buckets
-from orchestrator.errors import EXIT_BUCKET_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UserError
+from orchestrator.config import apply_overrides, cache_root, default_cache_root, load_spec, parse_buckets
+from orchestrator.errors import (EXIT_BUCKET_FAILED, EXIT_INTERRUPTED, EXIT_MISS, EXIT_OK, EXIT_STORE,
+                                 EXIT_UNTRUSTED, EXIT_USAGE, UserError)
+
+
+def _store_options(command):
+    """--remote, --allow-unsigned and --signing-key-file, shared by every command that uses a store."""
+    command = click.option("--signing-key-file", metavar="FILE",
+                           help="HMAC key for manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]).")(command)
+    command = click.option("--allow-unsigned", is_flag=True,
+                           help="Accept and write unsigned manifests (local experiments only).")(command)
+    return click.option("--remote", metavar="URL",
+                        help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL.")(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,26 +52,33 @@ def cli() -> None:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON report to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
+@_store_options
 def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache_dir: Optional[str], fresh: bool,
-           report_path: Optional[Path], as_json: bool) -> None:
-    """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager."""
+           report_path: Optional[Path], as_json: bool, remote: Optional[str], allow_unsigned: bool,
+           signing_key_file: Optional[str]) -> None:
+    """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager.
+
+    With a store (--remote or the config's `remote`), pull the namespace first and publish
+    what compiled afterwards."""
     spec = load_spec(model_path)
     spec = apply_overrides(spec, buckets=None if buckets is None else parse_buckets(buckets), device=device,
                            cache_dir=cache_dir)
     if report_path:
         _check_writable(report_path)
+    store_url = remote or spec.remote
     err = Console(stderr=True)
     started_at = datetime.now(timezone.utc)
 
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
-    from jobs.engine import run_warmup
+    from jobs.engine import Remote, run_warmup
     from jobs.errors import SetupError
     from orchestrator.progress import BucketProgress
     from orchestrator.report import build_report, render_table, write_json
 
     try:
         with _stdout_to_stderr(as_json), BucketProgress(err) as progress:
-            run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress)
+            run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress,
+                             remote=Remote(store_url, allow_unsigned, signing_key_file) if store_url else None)
     except SetupError as exc:
         raise UserError(str(exc)) from None
     report = build_report(spec, run, started_at)
@@ -70,8 +92,137 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     else:
         out = Console()
         render_table(report, out if out.is_terminal else Console(width=160))
+    if run.publish_error:
+        _fail(f"publish failed, results above stand: {run.publish_error}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:
         sys.exit(EXIT_BUCKET_FAILED)
+
+
+@cli.command()
+@click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
+@click.option("--to", "to_dir", required=True, metavar="DIR",
+              help="Directory to fill; the server sets TORCHINDUCTOR_CACHE_DIR=DIR/inductor, TRITON_CACHE_DIR=DIR/triton.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
+@click.option("--allow-miss", is_flag=True, help="Exit 0 when the namespace was never published.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON on stdout.")
+@_store_options
+def pull(model_path: str, to_dir: str, device: Optional[str], allow_miss: bool, as_json: bool, remote: Optional[str],
+         allow_unsigned: bool, signing_key_file: Optional[str]) -> None:
+    """Fill a serving replica's cache directory from the store (for init containers)."""
+    spec = apply_overrides(load_spec(model_path), device=device)
+    store_url = remote or spec.remote
+    if not store_url:
+        raise UserError("no store: pass --remote URL or set `remote:` in the config")
+    from cache import sync
+    from cache.manifest import SigningKey
+    from cache.store import open_store
+    from jobs.engine import cache_namespace
+    from jobs.errors import SetupError
+
+    try:
+        namespace = cache_namespace(spec)
+    except SetupError as exc:
+        raise UserError(str(exc)) from None
+    target = Path(to_dir).expanduser().resolve()
+    transfer = sync.pull(open_store(store_url), namespace, target, SigningKey.from_env(signing_key_file),
+                         allow_unsigned=allow_unsigned)
+    summary = {"namespace": namespace, "to": str(target), "remote": store_url, "hit": transfer is not None,
+               **(asdict(transfer) if transfer else {})}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    elif transfer is None:
+        click.echo(f"{namespace}: not in {store_url}", err=True)
+    else:
+        click.echo(f"{namespace}: generation {transfer.generation}, {transfer.files} files "
+                   f"({transfer.bytes / 1e6:.1f} MB in {transfer.shards} shards) in {transfer.seconds:.2f} s -> {target}",
+                   err=True)
+    if transfer is None and not allow_miss:
+        _fail(f"namespace {namespace} was never published to {store_url}; run `orchestrate warmup --remote` "
+              "first, or pass --allow-miss to start cold", EXIT_MISS)
+
+
+@cli.group()
+def cache() -> None:
+    """Inspect and maintain cache stores."""
+
+
+@cache.command("ls")
+@click.option("--cache-dir", metavar="DIR", help="List a local cache root instead of a store.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
+@_store_options
+def cache_ls(cache_dir: Optional[str], as_json: bool, remote: Optional[str], allow_unsigned: bool,
+             signing_key_file: Optional[str]) -> None:
+    """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
+    from cache import sync
+    from cache.manifest import SigningKey
+    from cache.store import open_store
+
+    rows = []
+    if remote:
+        for info in sync.describe(open_store(remote), SigningKey.from_env(signing_key_file),
+                                  allow_unsigned=allow_unsigned):
+            m = info.manifest
+            rows.append({"namespace": info.namespace, "generations": info.generations,
+                         "generation": m.generation if m else None, "files": len(m.files) if m else None,
+                         "bytes": m.total_bytes if m else None, "buckets": m.buckets if m else None,
+                         "created_at": m.created_at if m else None, "error": info.error})
+    else:
+        root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
+        for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []:
+            files = sync.scan(path)
+            rows.append({"namespace": path.name, "files": len(files), "bytes": sum(s for _, s in files.values())})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        detail = row.get("error") or (f"gen {row['generation']}, buckets {row['buckets']}, {row['created_at']}"
+                                      if "generation" in row else "")
+        size = f"{row['files']} files, {row['bytes'] / 1e6:.1f} MB" if row.get("files") is not None else ""
+        click.echo(f"{row['namespace']}  {size}  {detail}".rstrip())
+
+
+@cache.command("verify")
+@click.option("--namespace", "names", multiple=True, help="Only these namespaces (default: all).")
+@_store_options
+def cache_verify(names: tuple[str, ...], remote: Optional[str], allow_unsigned: bool,
+                 signing_key_file: Optional[str]) -> None:
+    """Check every manifest signature and every shard and file hash in a store."""
+    from cache import sync
+    from cache.manifest import SigningKey
+    from cache.store import open_store
+
+    if not remote:
+        raise UserError("cache verify needs --remote URL")
+    store, key = open_store(remote), SigningKey.from_env(signing_key_file)
+    bad = 0
+    for namespace in names or sync.namespaces(store):
+        try:
+            manifest = sync.verify(store, namespace, key, allow_unsigned=allow_unsigned)
+            click.echo(f"ok   {namespace}: generation {manifest.generation}, {len(manifest.files)} files")
+        except (IntegrityError, StoreError) as exc:
+            bad += 1
+            click.echo(f"BAD  {namespace}: {exc}")
+    if bad:
+        _fail(f"{bad} namespace(s) failed verification", EXIT_UNTRUSTED)
+
+
+@cache.command("gc")
+@click.option("--keep", type=click.IntRange(min=1), required=True, help="Namespaces to keep per model.")
+@click.option("--grace-seconds", type=float, default=3600.0, show_default=True,
+              help="Never delete shards younger than this (a publish may be under way).")
+@_store_options
+def cache_gc(keep: int, grace_seconds: float, remote: Optional[str], allow_unsigned: bool,
+             signing_key_file: Optional[str]) -> None:
+    """Delete all but the newest namespaces of each model, and shards nothing references."""
+    from cache import sync
+    from cache.manifest import SigningKey
+    from cache.store import open_store
+
+    if not remote:
+        raise UserError("cache gc needs --remote URL")
+    result = sync.gc(open_store(remote), keep, SigningKey.from_env(signing_key_file),
+                     allow_unsigned=allow_unsigned, grace_seconds=grace_seconds)
+    click.echo(json.dumps(result))
 
 
 def _check_writable(path: Path) -> None:
@@ -120,6 +271,10 @@ def main() -> None:
         _fail(f"{exc.format_message()} (see '{command} --help')", EXIT_USAGE)
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
+    except StoreError as exc:
+        _fail(str(exc), EXIT_STORE)
+    except IntegrityError as exc:
+        _fail(str(exc), EXIT_UNTRUSTED)
     except KeyboardInterrupt:
         _fail("interrupted", EXIT_INTERRUPTED)
     sys.exit(EXIT_OK)

@@ -75,11 +75,14 @@ def parse_buckets(text: str) -> list[int]:
 
 def cache_root(spec: WarmupSpec) -> Path:
     """--cache-dir / config `cache_dir` > $ORCHESTRATE_CACHE_DIR > ~/.cache/orchestrate."""
-    configured = spec.cache_dir or os.environ.get("ORCHESTRATE_CACHE_DIR") or DEFAULT_CACHE_ROOT
-    root = Path(configured).expanduser()
-    if not root.is_absolute():
-        root = (spec.base_dir / root) if spec.cache_dir else root.resolve()
-    return root
+    if spec.cache_dir:
+        root = Path(spec.cache_dir).expanduser()
+        return root if root.is_absolute() else spec.base_dir / root
+    return default_cache_root()
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get("ORCHESTRATE_CACHE_DIR") or DEFAULT_CACHE_ROOT).expanduser().resolve()
 
 
 def describe(exc: ValidationError, model: type[BaseModel]) -> str:

@@ -31,6 +31,9 @@ class BucketProgress:
         if self.live:
             self._bars.stop()
 
+    def step(self, name: str) -> None:
+        self.console.print(name, highlight=False)
+
     def phase(self, bucket: int, name: str, total: Optional[int] = None) -> None:
         self._since[bucket] = time.perf_counter()
         if not self.live:

@@ -38,6 +38,12 @@ def build_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> dict
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "results": results,
         "summary": summarize(run),
+        "remote": None if run.remote is None else {
+            "url": run.remote,
+            "pull": asdict(run.pull) if run.pull else None,  # None: nothing published yet (or --fresh)
+            "publish": asdict(run.publish) if run.publish else None,
+            "publish_error": run.publish_error,
+        },
     }
 
 
@@ -109,6 +115,14 @@ def render_table(report: dict[str, Any], console: Console) -> None:
     for reason, buckets in skipped.items():
         console.print(f"no CUDA graphs for bucket {', '.join(buckets)}: {reason}", highlight=False, style="yellow")
     s = report["summary"]
+    remote = report["remote"]
+    if remote:
+        pulled, published = remote["pull"], remote["publish"]
+        console.print(f"store {remote['url']}: pulled " + (
+            f"generation {pulled['generation']} ({pulled['files']} files, {pulled['bytes'] / 1e6:.1f} MB, "
+            f"{pulled['seconds']:.2f} s)" if pulled else "nothing") + "; published " + (
+            f"generation {published['generation']} ({published['files']} new files, {published['seconds']:.2f} s)"
+            if published else remote["publish_error"] or "nothing"), highlight=False)
     console.print(
         f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses) in {report['namespace']}; "
         f"ready in {s['ready_seconds']:.1f} s (compile {s['compile_seconds_total']:.1f} s + "

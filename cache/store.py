@@ -1,0 +1,322 @@
+"""Object stores the cache publishes to and pulls from: S3 (boto3) and anything fsspec opens.
+
+A store is a flat key space with five operations. Only `create` must be atomic and exclusive
+(first writer wins): the protocol in cache/sync.py relies on it for manifests and on nothing
+else, because every other object is immutable and named by its content.
+
+Transient failures (throttling, 5xx, timeouts, dropped connections) are retried here with
+exponential backoff and jitter, bounded in attempts and total time; auth and not-found errors
+are not retried. botocore's own retries are off so the two policies never multiply.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, TypeVar
+from urllib.parse import urlparse
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential_jitter
+
+T = TypeVar("T")
+
+# Bounded so a dead store fails in seconds, not minutes; tests and operators can tighten or relax.
+ATTEMPTS = int(os.environ.get("ORCHESTRATE_STORE_ATTEMPTS", "5"))
+RETRY_SECONDS = float(os.environ.get("ORCHESTRATE_STORE_RETRY_SECONDS", "30"))
+CONNECT_TIMEOUT = float(os.environ.get("ORCHESTRATE_STORE_CONNECT_TIMEOUT", "5"))
+READ_TIMEOUT = float(os.environ.get("ORCHESTRATE_STORE_READ_TIMEOUT", "30"))
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+
+
+class StoreError(Exception):
+    """The store failed in a way the user must fix or wait out; the message names the store."""
+
+
+class StoreUnreachable(StoreError):
+    pass
+
+
+class StoreAuthError(StoreError):
+    pass
+
+
+class NotFound(StoreError):
+    pass
+
+
+class TransientError(StoreError):
+    """Worth retrying: throttling, 5xx, timeouts, dropped connections."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    modified: float  # seconds since the epoch
+
+
+class Store(Protocol):
+    url: str
+
+    def read(self, key: str) -> bytes: ...
+
+    def create(self, key: str, data: bytes) -> bool: ...
+
+    def upload(self, key: str, path: Path) -> None: ...
+
+    def download(self, key: str, path: Path) -> None: ...
+
+    def list(self, prefix: str) -> list[ObjectInfo]: ...
+
+    def delete(self, keys: list[str]) -> None: ...
+
+
+def open_store(url: str) -> Store:
+    scheme = urlparse(url).scheme
+    if scheme == "s3":
+        return S3Store(url)
+    if scheme in ("", "file"):
+        return LocalStore(url)
+    return FsspecStore(url)
+
+
+def _retry(call: Callable[[], T], what: str, url: str) -> T:
+    """Run `call`, retrying transient failures; turn exhaustion into one clear StoreUnreachable."""
+    retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, TransientError)),
+                        wait=wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.5),
+                        stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(RETRY_SECONDS), reraise=True)
+    try:
+        return retrying(call)
+    except TransientError as exc:
+        attempts = retrying.statistics.get("attempt_number", 1)
+        raise StoreUnreachable(f"{what} {url}: {exc} (gave up after {attempts} attempts); "
+                               "check the endpoint, network and AWS_ENDPOINT_URL") from None
+
+
+class S3Store:
+    def __init__(self, url: str) -> None:
+        import boto3
+        from botocore.config import Config
+
+        parsed = urlparse(url)
+        self.url = url
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        # AWS_ENDPOINT_URL, AWS_REGION, credentials and profiles come from the standard variables
+        config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT,
+                        read_timeout=READ_TIMEOUT, max_pool_connections=32)
+        self._client = boto3.session.Session().client("s3", config=config)
+        self._endpoint = self._client.meta.endpoint_url
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        def attempt() -> T:
+            try:
+                return fn()
+            except Exception as exc:
+                raise self._classify(exc, what) from exc
+        return _retry(attempt, what, f"{self.url} ({self._endpoint})")
+
+    def _classify(self, exc: Exception, what: str) -> Exception:
+        from boto3.exceptions import S3UploadFailedError
+        from botocore import exceptions as be
+
+        if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, Exception):
+            exc = exc.__context__
+        where = f"{what} s3://{self.bucket}/{self.prefix}"
+        if isinstance(exc, be.NoCredentialsError):
+            return StoreAuthError(f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+                                  "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role")
+        if isinstance(exc, (be.EndpointConnectionError, be.ConnectTimeoutError, be.ReadTimeoutError,
+                            be.ConnectionClosedError, be.ResponseStreamingError)) or \
+                type(exc).__name__ in ("ProtocolError", "IncompleteReadError"):
+            return TransientError(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, be.ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return NotFound(f"{where}: not found")
+            if code == "NoSuchBucket":
+                return StoreError(f"{where}: bucket {self.bucket!r} does not exist; create it or fix --remote")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
+                        "InvalidToken") or status in (401, 403):
+                return StoreAuthError(f"{where}: access refused ({code}); check the credentials and their "
+                                      "permissions on this bucket")
+            if status >= 500 or status == 429 or code in ("SlowDown", "Throttling", "RequestTimeout"):
+                return TransientError(f"HTTP {status} {code}")
+            return StoreError(f"{where}: {code or status}: {exc}")
+        if isinstance(exc, StoreError):
+            return exc
+        return StoreError(f"{where}: {type(exc).__name__}: {exc}")
+
+    def read(self, key: str) -> bytes:
+        return self._call("read", lambda: self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
+
+    def create(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        def put() -> bool:
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                    return False
+                raise
+        return self._call("write", put)
+
+    def upload(self, key: str, path: Path) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=32 * 1024 * 1024,
+                                max_concurrency=8)
+        self._call("upload", lambda: self._client.upload_file(str(path), self.bucket, self._key(key), Config=config))
+
+    def download(self, key: str, path: Path) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, max_concurrency=8)
+        self._call("download", lambda: self._client.download_file(self.bucket, self._key(key), str(path),
+                                                                   Config=config))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        def pages() -> list[ObjectInfo]:
+            found = []
+            paginator = self._client.get_paginator("list_objects_v2")
+            strip = len(self._key(""))
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for item in page.get("Contents", []):
+                    found.append(ObjectInfo(item["Key"][strip:], item["Size"], item["LastModified"].timestamp()))
+            return found
+        return self._call("list", pages)
+
+    def delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[start:start + 1000]]
+            self._call("delete", lambda: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}))
+
+
+class LocalStore:
+    """A directory (`file:///srv/cache` or a plain path): tests, single hosts, shared filesystems.
+    Exclusive create is a hard link of a finished temporary file, atomic on POSIX filesystems."""
+
+    def __init__(self, url: str) -> None:
+        parsed = urlparse(url)
+        self.url = url
+        self.root = Path(parsed.path if parsed.scheme else url)
+        if not self.root.is_dir():
+            raise StoreUnreachable(f"store {url}: directory {self.root} does not exist; create it or fix --remote")
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"{self.url}/{key}: not found") from None
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+
+    def upload(self, key: str, path: Path) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        os.close(fd)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, target)  # readers never see a half-written object
+
+    def download(self, key: str, path: Path) -> None:
+        try:
+            shutil.copyfile(self._path(key), path)
+        except FileNotFoundError:
+            raise NotFound(f"{self.url}/{key}: not found") from None
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix)
+        found = []
+        if base.is_dir():
+            for path in base.rglob("*"):
+                if path.is_file() and not path.name.startswith(".tmp-"):
+                    stat = path.stat()
+                    found.append(ObjectInfo(str(path.relative_to(self.root)), stat.st_size, stat.st_mtime))
+        return found
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+
+class FsspecStore:
+    """Any other fsspec URL (gs://, az://, ...). Exclusive create is check-then-write here, so
+    concurrent publishers to one namespace are only safe on s3:// and file:// stores."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.url = url
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+
+    def _path(self, key: str) -> str:
+        return f"{self.root.rstrip('/')}/{key}"
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        def attempt() -> T:
+            try:
+                return fn()
+            except FileNotFoundError:
+                raise NotFound(f"{what} {self.url}: not found") from None
+            except (TimeoutError, ConnectionError, OSError) as exc:
+                raise TransientError(f"{type(exc).__name__}: {exc}") from exc
+        return _retry(attempt, what, self.url)
+
+    def read(self, key: str) -> bytes:
+        return self._call("read", lambda: self.fs.cat_file(self._path(key)))
+
+    def create(self, key: str, data: bytes) -> bool:
+        def put() -> bool:
+            if self.fs.exists(self._path(key)):
+                return False
+            self.fs.pipe_file(self._path(key), data)
+            return True
+        return self._call("write", put)
+
+    def upload(self, key: str, path: Path) -> None:
+        self._call("upload", lambda: self.fs.put_file(str(path), self._path(key)))
+
+    def download(self, key: str, path: Path) -> None:
+        self._call("download", lambda: self.fs.get_file(self._path(key), str(path)))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        def find() -> list[ObjectInfo]:
+            base = self._path(prefix)
+            if not self.fs.exists(base):
+                return []
+            found = []
+            for path, info in self.fs.find(base, detail=True).items():
+                modified: Any = info.get("mtime") or info.get("LastModified") or 0
+                modified = modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
+                found.append(ObjectInfo(path[len(self.root.rstrip("/")) + 1:], int(info.get("size", 0)), modified))
+            return found
+        return self._call("list", find)
+
+    def delete(self, keys: list[str]) -> None:
+        if keys:
+            self._call("delete", lambda: self.fs.rm([self._path(k) for k in keys]))

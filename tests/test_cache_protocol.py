@@ -1,0 +1,224 @@
+"""The publish/pull protocol against real stores: a directory store here, S3 (moto) in test_s3_store.py.
+
+Cache contents are opaque files to the protocol, so these tests use generated files; the
+end-to-end tests warm a real compiled model through the same code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cache import sync
+from cache.manifest import IntegrityError, SigningKey, sha256_file
+from cache.store import open_store
+
+KEY = SigningKey(b"k" * 32)
+OTHER_KEY = SigningKey(b"o" * 32)
+NS = "mlp-torch2.13.0-cpu-x86-64-0123456789abcdef"
+
+
+def make_cache(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and p.name != sync.APPLIED_MARKER}
+
+
+ARTIFACTS = {
+    "inductor/fxgraph/ab/fabc/entry": b"pickled entry",
+    "inductor/aotautograd/aq/entry": b"aot entry",
+    "inductor/pr/cprf.py": b"# generated code\n" * 100,
+    "triton/HASH/kernel.cubin": os.urandom(3 * 1024 * 1024),
+    "triton/HASH/__grp__kernel.json": b"{}",
+}
+NOT_ARTIFACTS = {"inductor/locks/cprf.lock": b"", "inductor/pr/tmpab12cd": b"half written"}
+
+
+@pytest.fixture
+def store(tmp_path):
+    (tmp_path / "store").mkdir()
+    return open_store(f"file://{tmp_path / 'store'}")
+
+
+def test_round_trip_skips_locks_and_temporaries(store, tmp_path):
+    node_a = make_cache(tmp_path / "a", {**ARTIFACTS, **NOT_ARTIFACTS})
+    published = sync.publish(store, node_a, NS, KEY, allow_unsigned=False, buckets=[1, 8])
+    assert published.generation == 1 and published.files == len(ARTIFACTS) and published.shards == 1
+    pulled = sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert pulled.generation == 1 and pulled.files == len(ARTIFACTS)
+    assert tree(tmp_path / "b") == ARTIFACTS
+    assert json.loads((tmp_path / "b" / sync.APPLIED_MARKER).read_text()) == {"generation": 1}
+    again = sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert again.files == 0 and again.shards == 0  # already complete: nothing downloaded
+    assert sync.pull(store, "never-published", tmp_path / "c", KEY, allow_unsigned=False) is None
+
+
+def test_new_buckets_extend_a_namespace(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    make_cache(node, {"inductor/fxgraph/zz/fzz/entry": b"bucket 32"})
+    second = sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[32])
+    assert second.generation == 2 and second.files == 1
+    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    assert manifest.buckets == [1, 32] and len(manifest.files) == len(ARTIFACTS) + 1
+    pulled = sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert pulled.files == 1 and pulled.shards == 1  # only the new shard travels
+    # publishing the same state again adds no generation
+    assert sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[32]).generation == 2
+
+
+PUBLISHER = """
+import sys
+from pathlib import Path
+from cache import sync
+from cache.manifest import SigningKey
+from cache.store import open_store
+store, directory, namespace = open_store(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+transfer = sync.publish(store, directory, namespace, SigningKey(b"k" * 32), allow_unsigned=False, buckets=[int(sys.argv[4])])
+print(transfer.generation, transfer.races)
+"""
+
+
+def publish_concurrently(store_url: str, tmp_path: Path, publishers: int = 8) -> list[subprocess.CompletedProcess]:
+    procs = []
+    for i in range(publishers):
+        node = make_cache(tmp_path / f"node{i}", {
+            f"inductor/fxgraph/{i:02d}/entry": f"bucket {i}".encode(),
+            f"triton/k{i}/kernel.cubin": os.urandom(200_000),
+            "inductor/shared/code.py": f"compiled by node {i}".encode(),  # same path, different bytes
+        })
+        procs.append(subprocess.Popen([sys.executable, "-c", PUBLISHER, store_url, str(node), NS, str(i + 1)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=Path(__file__).resolve().parent.parent))
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate()) for p in procs]
+
+
+def check_consistent(store, publishers: int) -> None:
+    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    assert manifest.buckets == list(range(1, publishers + 1))
+    assert len(manifest.files) == 2 * publishers + 1  # every publisher's files, the shared path once
+    assert sync.generations(store, NS) == list(range(1, publishers + 1))  # none lost, none overwritten
+    sync.verify(store, NS, KEY, allow_unsigned=False)
+
+
+def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
+    """8 publisher processes on one namespace while a reader pulls in a loop: every pull sees a
+    complete, verified state, and the end state holds all 8 publishers' files."""
+    seen, errors, stop = [], [], threading.Event()
+
+    def reader():
+        n = 0
+        while not stop.is_set() and n < 500:
+            n += 1
+            target = tmp_path / f"reader{n}"
+            try:
+                pulled = sync.pull(store, NS, target, KEY, allow_unsigned=False)
+            except Exception as exc:  # any failure is a protocol bug
+                errors.append(repr(exc))
+                continue
+            if pulled is not None:
+                manifest_files = json.loads(store.read(sync._manifest_key(NS, pulled.generation)))["body"]["files"]
+                assert sorted(tree(target)) == sorted(manifest_files)
+                seen.append(pulled.generation)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    results = publish_concurrently(store.url, tmp_path)
+    stop.set()
+    thread.join(timeout=120)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    assert sorted(int(r.stdout.split()[0]) for r in results) == list(range(1, 9))
+    assert errors == []
+    check_consistent(store, 8)
+    # first writer wins per path: the shared file keeps generation 1's bytes in every later one
+    gen1 = json.loads(store.read(sync._manifest_key(NS, 1)))["body"]["files"]["inductor/shared/code.py"]
+    final = tmp_path / "final"
+    sync.pull(store, NS, final, KEY, allow_unsigned=False)
+    assert sha256_file(final / "inductor/shared/code.py") == gen1["sha256"]
+
+
+def _published(store, tmp_path) -> Path:
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    return Path(store.root)
+
+
+def test_flipped_byte_in_a_shard_is_refused_and_touches_nothing(store, tmp_path):
+    root = _published(store, tmp_path)
+    shard = next(p for p in (root / "v1" / "objects").rglob("*") if p.is_file())
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="does not match its sha256"):
+        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert not (tmp_path / "b").exists() or tree(tmp_path / "b") == {}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".incoming")] == []
+
+
+def test_edited_manifest_is_refused(store, tmp_path):
+    root = _published(store, tmp_path)
+    path = root / sync._manifest_key(NS, 1)
+    envelope = json.loads(path.read_text())
+    envelope["body"]["files"]["inductor/pr/cprf.py"]["sha256"] = "0" * 64
+    path.write_text(json.dumps(envelope))
+    with pytest.raises(IntegrityError, match="signature does not match"):
+        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert not (tmp_path / "b").exists()
+
+
+def test_wrong_key_is_refused_without_revealing_either_key(store, tmp_path):
+    _published(store, tmp_path)
+    with pytest.raises(IntegrityError) as info:
+        sync.pull(store, NS, tmp_path / "b", OTHER_KEY, allow_unsigned=False)
+    message = str(info.value)
+    assert KEY.key_id in message and OTHER_KEY.key_id in message
+    assert "kkkk" not in message and "oooo" not in message
+
+
+def test_unsigned_needs_explicit_opt_in_on_both_sides(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    with pytest.raises(IntegrityError, match="needs a signing key"):
+        sync.publish(store, node, NS, None, allow_unsigned=False)
+    sync.publish(store, node, NS, None, allow_unsigned=True)
+    with pytest.raises(IntegrityError, match="unsigned"):
+        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert sync.pull(store, NS, tmp_path / "b", None, allow_unsigned=True).files == len(ARTIFACTS)
+
+
+def test_unsafe_paths_in_a_signed_manifest_are_refused(store, tmp_path):
+    root = _published(store, tmp_path)
+    path = root / sync._manifest_key(NS, 1)
+    envelope = json.loads(path.read_text())
+    body = envelope["body"]
+    body["files"]["../../escape.py"] = body["files"].pop("inductor/pr/cprf.py")
+    envelope["signature"]["value"] = KEY.sign(body)  # even a validly signed one
+    path.write_text(json.dumps(envelope))
+    with pytest.raises(IntegrityError, match="unsafe path"):
+        sync.pull(store, NS, tmp_path / "deep" / "b", KEY, allow_unsigned=False)
+    assert not (tmp_path / "escape.py").exists()
+
+
+def test_gc_keeps_newest_namespaces_and_referenced_shards(store, tmp_path):
+    old = make_cache(tmp_path / "old", {"inductor/a": b"old artifact"})
+    new = make_cache(tmp_path / "new", {"inductor/b": b"new artifact"})
+    sync.publish(store, old, "mlp-torch2.11.0-x-1111", KEY, allow_unsigned=False, meta={"model": "mlp"})
+    time.sleep(1.1)  # created_at has one-second resolution
+    sync.publish(store, new, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False, meta={"model": "mlp"})
+    assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=3600) == {
+        "manifests_deleted": 1, "objects_deleted": 0}  # the old shard is within its grace period
+    assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222"]
+    assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0) == {
+        "manifests_deleted": 0, "objects_deleted": 1}
+    sync.verify(store, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False)
