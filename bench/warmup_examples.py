@@ -21,12 +21,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(example: str, buckets: str, cache_dir: Path, out: Path, label: str, fresh: bool) -> dict:
+def run(example: str, buckets: str, cache_dir: Path, out: Path, label: str, fresh: bool,
+        remote: str | None = None) -> dict:
     report = out / f"{example}-{label}.json"
     cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(ROOT / "examples" / f"{example}.yaml"),
            "--buckets", buckets, "--cache-dir", str(cache_dir), "--report", str(report)]
     if fresh:
         cmd.append("--fresh")
+    if remote:
+        cmd += ["--remote", remote]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -51,7 +54,11 @@ def main() -> None:
     parser.add_argument("--buckets", default="1,8,32")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--via-store", action="store_true",
+                        help="cold node A publishes to a file:// store; node B (empty) pulls it and warms")
     args = parser.parse_args()
+    if args.via_store:
+        return via_store(args)
     args.out.mkdir(parents=True, exist_ok=True)
     cache_dir = args.cache_dir or Path(tempfile.mkdtemp(prefix="orchestrate-bench-"))
     rows = []
@@ -86,6 +93,28 @@ def main() -> None:
     for example, cold, _ in rows:
         print(f"- {example}: {fmt([r['speedup'] for r in cold['results']], '.2f')}; "
               f"failed: {[r['bucket'] for r in cold['results'] if r['status'] != 'ok']}")
+
+
+def via_store(args: argparse.Namespace) -> None:
+    """New-node warm start through the store against cold compile, each a fresh process."""
+    os.environ.setdefault("ORCHESTRATE_CACHE_SIGNING_KEY", "bench-signing-key-" + "0" * 16)
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="orchestrate-fleet-"))
+    (base / "store").mkdir()
+    remote = f"file://{base / 'store'}"
+    print("| model | node A cold: first calls / ready / spawn->ready | publish | node B: pull | first calls | "
+          "ready (incl. pull) | spawn->ready | B hits/misses | B speedups |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for example in args.examples.split(","):
+        a = run(example, args.buckets, base / "node-a", args.out, "node-a", fresh=True, remote=remote)
+        b = run(example, args.buckets, base / "node-b", args.out, "node-b", fresh=False, remote=remote)
+        sa, sb, pub, pull = a["summary"], b["summary"], a["remote"]["publish"], b["remote"]["pull"]
+        print(f"| {example} | {sa['compile_seconds_total']:.1f} / {sa['ready_seconds']:.1f} / "
+              f"{sa['process_seconds_to_ready']:.1f} s | {pub['files']} files, {pub['bytes'] / 1e6:.1f} MB, "
+              f"{pub['seconds']:.2f} s | {pull['seconds']:.2f} s | {sb['compile_seconds_total']:.1f} s | "
+              f"{sb['ready_seconds']:.1f} s | {sb['process_seconds_to_ready']:.1f} s | "
+              f"{sb['cache_hits']}/{sb['cache_misses']} | {fmt([r['speedup'] for r in b['results']], '.2f')} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,11 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 
 T = TypeVar("T")
 
-# Bounded so a dead store fails in seconds, not minutes; tests and operators can tighten or relax.
-ATTEMPTS = int(os.environ.get("ORCHESTRATE_STORE_ATTEMPTS", "5"))
-RETRY_SECONDS = float(os.environ.get("ORCHESTRATE_STORE_RETRY_SECONDS", "30"))
-CONNECT_TIMEOUT = float(os.environ.get("ORCHESTRATE_STORE_CONNECT_TIMEOUT", "5"))
-READ_TIMEOUT = float(os.environ.get("ORCHESTRATE_STORE_READ_TIMEOUT", "30"))
-MULTIPART_THRESHOLD = 64 * 1024 * 1024
+
+
+def _setting(name: str, default: float) -> float:
+    """Retry and timeout bounds: a dead store fails in seconds; operators may tighten or relax."""
+    return float(os.environ.get(f"ORCHESTRATE_STORE_{name}", default))
 
 
 class StoreError(Exception):
@@ -88,7 +87,8 @@ def _retry(call: Callable[[], T], what: str, url: str) -> T:
     """Run `call`, retrying transient failures; turn exhaustion into one clear StoreUnreachable."""
     retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, TransientError)),
                         wait=wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.5),
-                        stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(RETRY_SECONDS), reraise=True)
+                        stop=stop_after_attempt(int(_setting("ATTEMPTS", 5))) |
+                        stop_after_delay(_setting("RETRY_SECONDS", 30)), reraise=True)
     try:
         return retrying(call)
     except TransientError as exc:
@@ -107,8 +107,10 @@ class S3Store:
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
         # AWS_ENDPOINT_URL, AWS_REGION, credentials and profiles come from the standard variables
-        config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=CONNECT_TIMEOUT,
-                        read_timeout=READ_TIMEOUT, max_pool_connections=32)
+        config = Config(retries={"total_max_attempts": 1, "mode": "standard"},
+                        connect_timeout=_setting("CONNECT_TIMEOUT", 5), read_timeout=_setting("READ_TIMEOUT", 30),
+                        max_pool_connections=32)
+        self._multipart_bytes = int(_setting("MULTIPART_BYTES", 64 * 1024 * 1024))
         self._client = boto3.session.Session().client("s3", config=config)
         self._endpoint = self._client.meta.endpoint_url
 
@@ -174,14 +176,14 @@ class S3Store:
     def upload(self, key: str, path: Path) -> None:
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=32 * 1024 * 1024,
-                                max_concurrency=8)
+        config = TransferConfig(multipart_threshold=self._multipart_bytes,
+                                multipart_chunksize=max(5 * 1024 * 1024, self._multipart_bytes // 2), max_concurrency=8)
         self._call("upload", lambda: self._client.upload_file(str(path), self.bucket, self._key(key), Config=config))
 
     def download(self, key: str, path: Path) -> None:
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, max_concurrency=8)
+        config = TransferConfig(multipart_threshold=self._multipart_bytes, max_concurrency=8)
         self._call("download", lambda: self._client.download_file(self.bucket, self._key(key), str(path),
                                                                    Config=config))
 

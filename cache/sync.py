@@ -195,14 +195,14 @@ def pull(store: Store, namespace: str, directory: Path, key: Optional[SigningKey
     needed = {rel: entry for rel, entry in manifest.files.items() if not _matches(directory / rel, entry)}
     transfer = Transfer(generation=manifest.generation, files=len(needed))
     if needed:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.parent.mkdir(parents=True, exist_ok=True)  # the directory itself appears only when verified
         staging = directory.parent / f".incoming-{directory.name}-{uuid.uuid4().hex[:8]}"
         try:
             _fetch(store, manifest, needed, staging, transfer)
             _place(staging, directory, needed)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    (directory / APPLIED_MARKER).parent.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / APPLIED_MARKER).write_text(f'{{"generation": {manifest.generation}}}\n')
     transfer.seconds = time.perf_counter() - started
     return transfer

@@ -5,12 +5,18 @@ from pathlib import Path
 
 import pytest
 
+from s3fixtures import *  # noqa: F401,F403  moto_server, fault_proxy
+
 ROOT = Path(__file__).resolve().parent.parent
 
+# Tests talk to loopback only: never let boto3 look for credentials on the instance-metadata address.
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
-def orchestrate(*args: str, cache_dir: Path | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+
+def orchestrate(*args: str, cache_dir: Path | None = None, timeout: int = 900,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI in a fresh process, as a user (or a new replica) would."""
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.pop("ORCHESTRATE_CACHE_DIR", None)
     cmd = [sys.executable, "-m", "orchestrator", *args]
     if cache_dir is not None:

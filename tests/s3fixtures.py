@@ -53,6 +53,61 @@ _IAM_USER = "s3fixtures-user"
 _S3_ALL_POLICY = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}'
 
 
+# Launches ``moto.server`` after two fixes: atomic conditional PutObject (below) and moto 5.2.1's SigV4 check.  moto verifies the
+# signature against werkzeug's re-quoted ``request.url``, which leaves ``!$&'()*+,;=:@``
+# (and non-ASCII) differently encoded than the client signed them, so any object key
+# containing e.g. '+', '=' or ':' gets SignatureDoesNotMatch once auth is enforced.  The
+# patch makes the check use the request target exactly as it arrived (RAW_URI), as S3
+# does.  Nothing else in moto is changed; MotoServer(patch_sigv4_raw_uri=False) runs
+# ``python -m moto.server`` unmodified.
+_LAUNCHER = r"""
+import sys
+from urllib.parse import urlsplit
+from moto.core.authorization import ActionAuthenticatorMixin
+
+_orig = ActionAuthenticatorMixin._authenticate_and_authorize_action
+
+def _authenticate_with_raw_uri(self, iam_request_cls, resource="*"):
+    environ = getattr(getattr(self, "request", None), "environ", None) or {}
+    raw = environ.get("RAW_URI")
+    if raw:
+        parts = urlsplit(raw)
+        path, query = parts.path, parts.query
+    elif getattr(self, "raw_path", None):
+        path, query = self.raw_path, urlsplit(self.uri).query
+    else:
+        return _orig(self, iam_request_cls, resource)
+    if not path.startswith("/"):
+        path = "/" + path
+    saved = self.uri
+    self.uri = "http://raw-uri" + path + ("?" + query if query else "")
+    try:
+        return _orig(self, iam_request_cls, resource)
+    finally:
+        self.uri = saved
+
+ActionAuthenticatorMixin._authenticate_and_authorize_action = _authenticate_with_raw_uri
+
+# S3 evaluates If-None-Match and stores the object atomically; moto checks, then writes,
+# without a lock, so two simultaneous conditional creates could both "win". Serialising
+# PutObject restores the documented semantics the cache protocol's first-writer-wins uses.
+import threading
+from moto.s3.responses import S3Response
+
+_put_lock = threading.Lock()
+_orig_put = S3Response.put_object
+
+def _atomic_put_object(self, *args, **kwargs):
+    with _put_lock:
+        return _orig_put(self, *args, **kwargs)
+
+S3Response.put_object = _atomic_put_object
+
+from moto.server import main
+main(sys.argv[1:])
+"""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -72,7 +127,8 @@ class MotoServer:
     ``secret_key``, ``region`` ('us-east-1'), ``log_path`` (server stdout/stderr).
     """
 
-    def __init__(self, start_timeout: float = 30.0):
+    def __init__(self, start_timeout: float = 30.0, patch_sigv4_raw_uri: bool = True):
+        self.patch_sigv4_raw_uri = patch_sigv4_raw_uri
         self.region = REGION
         self.access_key: str | None = None
         self.secret_key: str | None = None
@@ -82,6 +138,8 @@ class MotoServer:
         self._logdir = tempfile.mkdtemp(prefix="moto-server-")
         self.log_path = Path(self._logdir) / "moto_server.log"
         self._start_timeout = start_timeout
+        self._session = None
+        self._session_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -95,8 +153,9 @@ class MotoServer:
             for var in ("MOTO_PORT", "TEST_SERVER_MODE", "TEST_PROXY_MODE"):
                 env.pop(var, None)
             with open(self.log_path, "ab") as log:
+                entry = ["-c", _LAUNCHER] if self.patch_sigv4_raw_uri else ["-m", "moto.server"]
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
+                    [sys.executable, *entry, "-H", HOST, "-p", str(self.port)],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -188,25 +247,32 @@ class MotoServer:
         import boto3
         from botocore.config import Config
 
-        base = Config(
+        options = dict(
             region_name=self.region,
             s3={"addressing_style": "path"},
             proxies={},  # never route loopback traffic through an HTTP(S)_PROXY from the env
-            retries={"max_attempts": 1} if service == "iam" else None,
             connect_timeout=10,
             read_timeout=60,
         )
+        if service == "iam":
+            # botocore's retries["max_attempts"] counts *retries*; total_max_attempts=1
+            # means exactly one attempt (the unauthenticated allowance is exact).
+            options["retries"] = {"total_max_attempts": 1}
+        base = Config(**options)
         if config is not None:
             base = base.merge(config)
-        return boto3.session.Session().client(
-            service,
-            endpoint_url=endpoint,
-            region_name=self.region,
-            aws_access_key_id=access_key,
-            aws_secret_access_key=secret_key,
-            aws_session_token=None,
-            config=base,
-        )
+        with self._session_lock:  # boto3 sessions are not thread-safe; reuse one (fast)
+            if self._session is None:
+                self._session = boto3.session.Session()
+            return self._session.client(
+                service,
+                endpoint_url=endpoint,
+                region_name=self.region,
+                aws_access_key_id=access_key,
+                aws_secret_access_key=secret_key,
+                aws_session_token=None,
+                config=base,
+            )
 
     def client(self, endpoint=None, access_key=None, secret_key=None, config=None):
         """A boto3 S3 client (path-style addressing, region us-east-1).

@@ -25,7 +25,9 @@ from botocore.exceptions import (  # noqa: E402
     ReadTimeoutError,
 )
 
-NO_RETRY = Config(retries={"max_attempts": 1, "mode": "standard"})
+# NB: botocore's retries["max_attempts"] counts *retries* (max_attempts=1 means up to two
+# attempts); total_max_attempts=1 is what disables retrying.
+NO_RETRY = Config(retries={"total_max_attempts": 1, "mode": "standard"})
 
 
 def _status(err: ClientError) -> int:
@@ -58,6 +60,24 @@ def test_roundtrip_direct(moto_server):
     with pytest.raises(ClientError) as ei:
         s3.get_object(Bucket=bucket, Key="missing")
     assert _status(ei.value) == 404
+
+
+SPECIAL_KEYS = ["torch-2.11.0+cu128/k=v&x;y", "a:b@c/(d)!e*f'g,h$", "ünï/€😀", "sp ace/%41/~x?#"]
+
+
+@pytest.mark.parametrize("via_proxy", [False, True])
+def test_special_character_keys(moto_server, fault_proxy, via_proxy):
+    """Keys with reserved / non-ASCII characters survive auth, listing and copying."""
+    s3 = moto_server.client(endpoint=fault_proxy.url if via_proxy else None, config=NO_RETRY)
+    bucket = moto_server.make_bucket()
+    for key in SPECIAL_KEYS:
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == key.encode()
+        prefix = key[: len(key) // 2 + 1]
+        listed = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+        assert listed == [key]
+        s3.copy_object(Bucket=bucket, Key=key + ".copy", CopySource={"Bucket": bucket, "Key": key})
+        s3.delete_object(Bucket=bucket, Key=key + ".copy")
 
 
 def test_unknown_access_key_refused(moto_server):

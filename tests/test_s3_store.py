@@ -1,0 +1,121 @@
+"""The cache protocol over HTTP against a real S3-protocol server (moto) on loopback, with faults
+injected by a proxy in front of it: what production's boto3 path meets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cache import sync
+from cache.manifest import IntegrityError
+from cache.store import StoreAuthError, StoreUnreachable, open_store
+from test_cache_protocol import ARTIFACTS, KEY, NS, check_consistent, make_cache, publish_concurrently, tree
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch):
+    """Standard AWS variables pointing at the loopback server; returns a fresh bucket's URL."""
+    def point_at(endpoint: str, access_key: str | None = None, secret_key: str | None = None) -> None:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", access_key or moto_server.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret_key or moto_server.secret_key)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", moto_server.region)
+        monkeypatch.setenv("ORCHESTRATE_STORE_ATTEMPTS", "4")
+        monkeypatch.setenv("ORCHESTRATE_STORE_READ_TIMEOUT", "1")
+    point_at(moto_server.endpoint)
+    bucket = moto_server.make_bucket()
+    return point_at, f"s3://{bucket}/cache"
+
+
+def test_round_trip_and_exclusive_create(s3_env, tmp_path):
+    _, url = s3_env
+    store = open_store(url)
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False, buckets=[1])
+    assert sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False).files == len(ARTIFACTS)
+    assert tree(tmp_path / "b") == ARTIFACTS
+    assert store.create("probe", b"first") is True
+    assert store.create("probe", b"second") is False
+    assert store.read("probe") == b"first"
+
+
+def test_multipart_shards(s3_env, tmp_path, monkeypatch):
+    _, url = s3_env
+    monkeypatch.setenv("ORCHESTRATE_STORE_MULTIPART_BYTES", str(8 * 1024 * 1024))
+    big = {"triton/big/kernel.cubin": os.urandom(20 * 1024 * 1024), "inductor/x.py": b"code"}
+    store = open_store(url)
+    sync.publish(store, make_cache(tmp_path / "a", big), NS, KEY, allow_unsigned=False)
+    sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert tree(tmp_path / "b") == big
+
+
+def test_eight_concurrent_publishers_leave_one_consistent_state(s3_env, tmp_path):
+    _, url = s3_env
+    results = publish_concurrently(url, tmp_path)
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    check_consistent(open_store(url), 8)
+
+
+def test_tampering_is_refused(s3_env, moto_server, tmp_path):
+    _, url = s3_env
+    store = open_store(url)
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    client, bucket = moto_server.client(), url.split("/")[2]
+    [shard] = [o for o in store.list(f"{sync.PREFIX}/objects/")]
+    data = bytearray(store.read(shard.key))
+    data[100] ^= 0x01
+    client.put_object(Bucket=bucket, Key=f"cache/{shard.key}", Body=bytes(data))
+    with pytest.raises(IntegrityError, match="does not match its sha256"):
+        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert not (tmp_path / "b").exists()
+    manifest_key = f"cache/{sync._manifest_key(NS, 1)}"
+    edited = store.read(sync._manifest_key(NS, 1)).replace(b'"buckets": []', b'"buckets": [64]')
+    client.put_object(Bucket=bucket, Key=manifest_key, Body=edited)
+    with pytest.raises(IntegrityError, match="signature does not match"):
+        sync.pull(store, NS, tmp_path / "c", KEY, allow_unsigned=False)
+
+
+@pytest.mark.parametrize("inject", ["fail_503", "fail_500", "reset", "stall"])
+def test_transient_faults_are_retried_to_success(s3_env, fault_proxy, tmp_path, inject):
+    point_at, url = s3_env
+    point_at(fault_proxy.url)
+    store = open_store(url)
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    {"fail_503": lambda: fault_proxy.fail_next(2, status=503), "fail_500": lambda: fault_proxy.fail_next(2, status=500),
+     "reset": lambda: fault_proxy.reset_next(2), "stall": lambda: fault_proxy.stall_next(1, 3.0)}[inject]()
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    assert fault_proxy.requests > fault_proxy.forwarded  # the faults really happened
+    {"fail_503": lambda: fault_proxy.fail_next(2, status=503), "fail_500": lambda: fault_proxy.fail_next(2, status=500),
+     "reset": lambda: fault_proxy.reset_next(2), "stall": lambda: fault_proxy.stall_next(1, 3.0)}[inject]()
+    assert sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False).files == len(ARTIFACTS)
+    assert tree(tmp_path / "b") == ARTIFACTS
+
+
+def test_store_down_is_one_bounded_error_without_a_retry_storm(s3_env, fault_proxy, tmp_path):
+    point_at, url = s3_env
+    point_at(fault_proxy.url)
+    fault_proxy.fail_next(1000, status=503)
+    with pytest.raises(StoreUnreachable, match="gave up after 4 attempts") as info:
+        sync.pull(open_store(url), NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert fault_proxy.requests == 4  # ours are the only retries: botocore's are off
+    assert fault_proxy.url.split("//")[1] in str(info.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_bad_credentials_fail_at_once(s3_env, fault_proxy, moto_server, tmp_path):
+    point_at, url = s3_env
+    point_at(fault_proxy.url, secret_key="wrong-secret-value")
+    with pytest.raises(StoreAuthError, match="access refused") as info:
+        sync.pull(open_store(url), NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert fault_proxy.requests == 1  # not retried
+    assert "wrong-secret-value" not in str(info.value) and moto_server.secret_key not in str(info.value)
+
+
+def test_missing_credentials_name_the_fix(s3_env, monkeypatch, tmp_path):
+    _, url = s3_env
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(StoreAuthError, match="no AWS credentials found; set AWS_ACCESS_KEY_ID"):
+        sync.pull(open_store(url), NS, tmp_path / "b", KEY, allow_unsigned=False)
