@@ -94,7 +94,10 @@ def run(args: argparse.Namespace) -> None:
     times: dict[str, list[float]] = {k: [] for k in ("publish", "pull", "raw_files_up", "raw_files_down",
                                                       "raw_one_up", "raw_one_down")}
     for _ in range(args.repeats):
-        store = open_store(f"{args.remote.rstrip('/')}/{uuid.uuid4().hex[:8]}")
+        url = f"{args.remote.rstrip('/')}/{uuid.uuid4().hex[:8]}"
+        if url.startswith("file://"):
+            Path(url[len("file://"):]).mkdir(parents=True)
+        store = open_store(url)
         ns, dest = "bench", work / f"pull-{uuid.uuid4().hex[:6]}"
         times["publish"].append(timed(lambda: sync.publish(store, source, ns, None, allow_unsigned=True)))
         times["pull"].append(timed(lambda: sync.pull(store, ns, dest, None, allow_unsigned=True)))
