@@ -14,6 +14,7 @@ import os
 import resource
 import socket
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
@@ -72,11 +73,13 @@ class BucketResult:
     rank: int = 0
     node: str = field(default_factory=socket.gethostname)
     gpu: Optional[str] = None
-    phase: str = "compile"  # "warm" when every cache lookup hit
+    phase: str = "compile"  # the wave; in one process: "warm" when every cache lookup hit
+    cache_state: Optional[str] = None  # "hit" (all lookups hit), "miss" (none hit) or "mixed"
     status: str = "ok"
     stage: str = "pending"  # last stage entered; names where a failed bucket failed
     stage_seconds: dict[str, float] = field(default_factory=dict)  # wall time spent in each stage
     error: Optional[str] = None
+    error_detail: Optional[str] = None  # the whole exception message, for logs
     compile_seconds: Optional[float] = None
     graph_record_seconds: Optional[float] = None
     cache_hits: Optional[int] = None
@@ -134,7 +137,8 @@ class WarmupRun:
 
 
 def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
-               remote: Optional[Remote] = None, progress: Progress = NoProgress()) -> WarmupRun:
+               remote: Optional[Remote] = None, benchmark: bool = True, publish: bool = True,
+               progress: Progress = NoProgress()) -> WarmupRun:
     """Pull, compile, warm and benchmark every bucket of `spec`, then publish what compiled.
 
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
@@ -168,17 +172,18 @@ def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank:
         result = BucketResult(bucket=bucket, rank=rank, gpu=gpu)
         before = set(sync.scan(local.path))
         try:
-            _warm_bucket(spec, model, compiled, device, result, progress)
+            _warm_bucket(spec, model, compiled, device, result, progress, benchmark)
         except (KeyboardInterrupt, SetupError):
             raise
         except Exception as exc:  # one bad bucket must not hide the others
             result.status = "failed"
             result.error = f"{result.stage}: {brief(exc)}"
+            result.error_detail = "".join(traceback.format_exception_only(exc))[-4000:]
             quarantined += _quarantine(local.path, set(sync.scan(local.path)) - before)
         progress.finish(result)
         results.append(result)
     published, publish_error = None, None
-    if store is not None and any(r.status == "ok" for r in results):
+    if publish and store is not None and any(r.status == "ok" for r in results):
         progress.step(f"publish {local.namespace} to {remote.url}")
         try:
             published = sync.publish(store, local.path, local.namespace, key, allow_unsigned=remote.allow_unsigned,
@@ -214,7 +219,7 @@ def _point_caches_at(local: LocalCache) -> None:
 
 
 def _warm_bucket(spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device: torch.device,
-                 result: BucketResult, progress: Progress) -> None:
+                 result: BucketResult, progress: Progress, benchmark: bool = True) -> None:
     bucket = result.bucket
     clock = Clock(device)
 
@@ -263,6 +268,11 @@ def _warm_bucket(spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device
 
         enter("check")
         _check(result, reference, [first, replay], spec)
+        if not benchmark:  # a compile-only worker: correct is all it must prove before publishing
+            result.recompiles = after_first.stats().frames_compiled
+            result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(device)
+            enter("done")
+            return
 
         variants = {"eager": eager, "compiled": run_compiled}
         rounds = max(3, spec.bench.iterations // BACK_TO_BACK_CALLS)
@@ -288,7 +298,9 @@ def _record_compile(result: BucketResult, stats: ti.CompileStats, spec: WarmupSp
     result.cache = {"fx_graph_hits": stats.fx_hits, "fx_graph_misses": stats.fx_misses,
                     "fx_graph_bypasses": stats.fx_bypasses, "aot_autograd_hits": stats.aot_hits,
                     "aot_autograd_misses": stats.aot_misses}
-    result.phase = "warm" if stats.cache_hits > 0 and stats.cache_misses == 0 else "compile"
+    result.cache_state = ("hit" if stats.cache_misses == 0 and stats.cache_hits > 0 else
+                          "miss" if stats.cache_hits == 0 else "mixed")
+    result.phase = "warm" if result.cache_state == "hit" else "compile"
     result.graph_breaks, result.graph_break_reasons = stats.graph_break_count, stats.graph_breaks
     result.frames_compiled = stats.frames_compiled
     wants_graphs = spec.compile.mode in ("reduce-overhead", "max-autotune") or \

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import sys
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -52,14 +53,18 @@ def cli() -> None:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON report to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
+@click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
+@click.option("--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU).")
+@click.option("--no-ray", is_flag=True, help="Run everything in this process: no Ray, no store unless --remote.")
 @_store_options
 def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache_dir: Optional[str], fresh: bool,
-           report_path: Optional[Path], as_json: bool, remote: Optional[str], allow_unsigned: bool,
-           signing_key_file: Optional[str]) -> None:
+           report_path: Optional[Path], as_json: bool, ray_address: Optional[str], ranks: Optional[int],
+           no_ray: bool, remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]) -> None:
     """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager.
 
-    With a store (--remote or the config's `remote`), pull the namespace first and publish
-    what compiled afterwards."""
+    On Ray (the default; a local instance unless --ray-address): each bucket is compiled once
+    per GPU class and published to the store, then every rank pulls, loads and benchmarks.
+    The store is --remote (or the config's `remote`), else a directory beside the cache."""
     spec = load_spec(model_path)
     spec = apply_overrides(spec, buckets=None if buckets is None else parse_buckets(buckets), device=device,
                            cache_dir=cache_dir)
@@ -75,13 +80,26 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     from orchestrator.progress import BucketProgress
     from orchestrator.report import build_report, render_table, write_json
 
+    remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
     try:
-        with _stdout_to_stderr(as_json), BucketProgress(err) as progress:
-            run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress,
-                             remote=Remote(store_url, allow_unsigned, signing_key_file) if store_url else None)
+        with _stdout_to_stderr(as_json):
+            if no_ray:
+                with BucketProgress(err) as progress:
+                    run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store)
+                report = build_report(spec, run, started_at)
+                publish_errors = [run.publish_error] if run.publish_error else []
+            else:
+                from orchestrator.ray_driver import preflight, run_on_ray
+                from orchestrator.report import build_fleet_report
+
+                preflight(spec, local_cluster=ray_address is None)
+                remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
+                fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks,
+                                   fresh=fresh, report=lambda line: err.print(line, markup=False, highlight=False))
+                report = build_fleet_report(spec, fleet, remote_store.url, started_at)
+                publish_errors = report["remote"]["publish_errors"]
     except SetupError as exc:
         raise UserError(str(exc)) from None
-    report = build_report(spec, run, started_at)
     if report_path:
         try:
             write_json(report, report_path)
@@ -92,10 +110,34 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     else:
         out = Console()
         render_table(report, out if out.is_terminal else Console(width=160))
-    if run.publish_error:
-        _fail(f"publish failed, results above stand: {run.publish_error}", EXIT_STORE)
+    if publish_errors:
+        _fail(f"publish failed, results above stand: {publish_errors[0]}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:
         sys.exit(EXIT_BUCKET_FAILED)
+
+
+def _embedded_store(root: Path, allow_unsigned: bool):
+    """The store when none is given: a directory beside the local cache, with a signing key made
+    once and kept there (mode 0600), so the default path is signed and verified like production."""
+    from cache.manifest import KEY_ENV, KEY_FILE_ENV
+    from jobs.engine import Remote
+
+    store = root / "store"
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cache directory {root}: cannot create the local store ({exc.strerror}); "
+                        "pass a writable --cache-dir") from None
+    if os.environ.get(KEY_ENV) or os.environ.get(KEY_FILE_ENV):
+        return Remote(f"file://{store}", allow_unsigned)
+    key_file = root / ".signing-key"
+    try:
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+    except FileExistsError:
+        pass
+    return Remote(f"file://{store}", allow_unsigned, str(key_file))
 
 
 @cli.command()

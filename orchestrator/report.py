@@ -9,74 +9,120 @@ import tempfile
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from rich.console import Console
 from rich.table import Table
 
 from jobs.engine import WarmupRun
+from orchestrator.plan import fleet_summary, spread as _spread
+from orchestrator.ray_driver import FleetRun
 from jobs.spec import WarmupSpec
 
 SCHEMA_VERSION = 1
 
 
 def build_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> dict[str, Any]:
+    """The report of one process that compiled, warmed and benchmarked every bucket itself."""
     results = [r.to_dict() for r in run.results]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": spec.name,
-        "namespace": run.namespace,
-        "torch_version": run.platform.torch_version,
-        "device": run.device,
-        "gpu": run.results[0].gpu if run.results else None,
-        "platform": asdict(run.platform),
-        "config_hash": spec.identity_hash(),
-        "compile": spec.compile.model_dump(mode="json"),
-        "cache_dir": run.cache_dir,
-        "buckets": list(spec.buckets),
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "results": results,
-        "summary": summarize(run),
-        "remote": None if run.remote is None else {
+    ready = run.setup_seconds + _ready(results)
+    report = _header(spec, started_at, run.namespace, run.platform.torch_version, run.device,
+                     run.results[0].gpu if run.results else None, asdict(run.platform), results)
+    report.update(
+        executor={"kind": "process"},
+        cache_dir=run.cache_dir,
+        summary=_summary(results, ready_seconds=ready,
+                         process_seconds_to_ready=None if run.process_age_at_start is None
+                         else run.process_age_at_start + ready,
+                         cache_bytes=run.cache_bytes, cache_files=run.cache_files, wall_seconds=run.wall_seconds),
+        remote=None if run.remote is None else {
             "url": run.remote,
             "pull": asdict(run.pull) if run.pull else None,  # None: nothing published yet (or --fresh)
             "publish": asdict(run.publish) if run.publish else None,
             "publish_error": run.publish_error,
-        },
+        })
+    return report
+
+
+def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at: datetime) -> dict[str, Any]:
+    """The report of a Ray warmup: compile-wave and warm-wave records of every rank, one summary."""
+    results = fleet.results
+    first = fleet.runs[0] if fleet.runs else {"namespace": None, "platform": {}, "device": None}
+    ranks_ready = [run["setup_seconds"] + _ready([r for r in results if r["phase"] == "warm" and r["rank"] == run["rank"]])
+                   for run in fleet.runs if run["wave"] == "warm"]
+    report = _header(spec, started_at, first["namespace"], first["platform"].get("torch_version"), first["device"],
+                     ", ".join(sorted({t.gpu_class for t in fleet.targets})), first["platform"], results)
+    report.update(
+        namespaces=sorted({run["namespace"] for run in fleet.runs}),
+        executor={"kind": "ray", "address": fleet.address or "local", "nodes": len(fleet.nodes),
+                  "ranks": len(fleet.targets), "compile_units": len(fleet.units), "wave_seconds": fleet.wave_seconds},
+        summary={**_summary([r for r in results if r["phase"] == "warm"] or results,
+                            ready_seconds=max(ranks_ready, default=None), process_seconds_to_ready=None,
+                            cache_bytes=max((r["cache_bytes"] for r in fleet.runs), default=0),
+                            cache_files=max((r["cache_files"] for r in fleet.runs), default=0),
+                            wall_seconds=fleet.wall_seconds),
+                 "buckets_failed": sum(1 for r in results if r["status"] != "ok"),
+                 "fleet": {**fleet_summary(results), "pull_seconds": _spread(
+                     [run["pull"]["seconds"] for run in fleet.runs if run["wave"] == "warm" and run["pull"]])}},
+        remote={"url": remote_url,
+                "published_generations": sorted({r["publish"]["generation"] for r in fleet.runs if r["publish"]}),
+                "publish_errors": [r["publish_error"] for r in fleet.runs if r["publish_error"]]})
+    return report
+
+
+def _header(spec: WarmupSpec, started_at: datetime, namespace: Any, torch_version: Any, device: Any, gpu: Any,
+            platform: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": spec.name,
+        "namespace": namespace,
+        "torch_version": torch_version,
+        "device": device,
+        "gpu": gpu,
+        "platform": platform,
+        "config_hash": spec.identity_hash(),
+        "compile": spec.compile.model_dump(mode="json"),
+        "buckets": list(spec.buckets),
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "results": results,
     }
 
 
-def summarize(run: WarmupRun) -> dict[str, Any]:
-    ok = [r for r in run.results if r.status == "ok"]
-    phases = {r.phase for r in ok}
-    speedups = [r.speedup for r in ok if r.speedup is not None]
-    throughput = [r.throughput_speedup for r in ok if r.throughput_speedup is not None]
-    age = run.process_age_at_start
-    compile_total = sum(r.compile_seconds or 0.0 for r in run.results)
-    record_total = sum(r.graph_record_seconds or 0.0 for r in run.results)
+def _ready(results: list[dict[str, Any]]) -> float:
+    """Compile (or load) plus graph recording of the given buckets: the time until they can serve."""
+    return sum((r["compile_seconds"] or 0.0) + (r["graph_record_seconds"] or 0.0) for r in results)
+
+
+def _summary(results: list[dict[str, Any]], *, ready_seconds: Optional[float],
+             process_seconds_to_ready: Optional[float], cache_bytes: int, cache_files: int,
+             wall_seconds: float) -> dict[str, Any]:
+    ok = [r for r in results if r["status"] == "ok"]
+    states = {r["cache_state"] for r in ok}
+    speedups = [r["speedup"] for r in ok if r["speedup"] is not None]
+    throughput = [r["throughput_speedup"] for r in ok if r["throughput_speedup"] is not None]
     return {
         "buckets_ok": len(ok),
-        "buckets_failed": len(run.results) - len(ok),
+        "buckets_failed": len(results) - len(ok),
         # warm: every bucket loaded from the cache without a single miss
-        "cache_state": "warm" if phases == {"warm"} else "cold" if phases == {"compile"} else "partial",
-        "cache_hits": sum(r.cache_hits or 0 for r in run.results),
-        "cache_misses": sum(r.cache_misses or 0 for r in run.results),
-        "compile_seconds_total": compile_total,
-        "graph_record_seconds_total": record_total,
+        "cache_state": "warm" if states == {"hit"} else "cold" if states == {"miss"} else "partial",
+        "cache_hits": sum(r["cache_hits"] or 0 for r in results),
+        "cache_misses": sum(r["cache_misses"] or 0 for r in results),
+        "compile_seconds_total": sum(r["compile_seconds"] or 0.0 for r in results),
+        "graph_record_seconds_total": sum(r["graph_record_seconds"] or 0.0 for r in results),
         # from job start (model built, nothing compiled) to every bucket compiled and its graphs recorded
-        "ready_seconds": run.setup_seconds + compile_total + record_total,
+        "ready_seconds": ready_seconds,
         # the same counted from process spawn (imports, CUDA init): what a new replica waits
-        "process_seconds_to_ready": None if age is None else age + run.setup_seconds + compile_total + record_total,
+        "process_seconds_to_ready": process_seconds_to_ready,
         "speedup_min": min(speedups, default=None),
         "speedup_median": statistics.median(speedups) if speedups else None,
         "speedup_max": max(speedups, default=None),
         "throughput_speedup_median": statistics.median(throughput) if throughput else None,
-        "graph_breaks": sum(r.graph_breaks or 0 for r in run.results),
-        "recompiles": sum(r.recompiles or 0 for r in run.results),
-        "cache_bytes": run.cache_bytes,
-        "cache_files": run.cache_files,
-        "wall_seconds": run.wall_seconds,
+        "graph_breaks": sum(r["graph_breaks"] or 0 for r in results),
+        "recompiles": sum(r["recompiles"] or 0 for r in results),
+        "cache_bytes": cache_bytes,
+        "cache_files": cache_files,
+        "wall_seconds": wall_seconds,
     }
 
 
@@ -91,19 +137,23 @@ def write_json(report: dict[str, Any], path: Path) -> None:
 
 
 def render_table(report: dict[str, Any], console: Console) -> None:
+    fleet = report["executor"]["kind"] == "ray"
     table = Table(title=f"{report['model']} on {report['gpu'] or report['device']} "
                         f"(torch {report['torch_version']}, mode={report['compile']['mode']})")
-    for column in ("bucket", "phase", "status", "compile s", "record s", "cache hit/miss",
-                   "eager ms", "compiled ms", "speedup", "b2b speedup", "breaks", "recompiles", "max |err|"):
-        table.add_column(column, justify="right" if column not in ("phase", "status") else "left")
+    columns = (["wave", "rank", "node"] if fleet else ["phase"]) + [
+        "bucket", "status", "compile s", "record s", "cache hit/miss", "eager ms", "compiled ms", "speedup",
+        "b2b speedup", "breaks", "recompiles", "max |err|"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("wave", "phase", "status", "node") else "right")
     for r in report["results"]:
+        where = [r["phase"], _num(r["rank"], "d"), r["node"]] if fleet else [r["phase"]]
         table.add_row(
-            str(r["bucket"]), r["phase"], "ok" if r["status"] == "ok" else "[red]failed[/red]",
+            *where, str(r["bucket"]), "ok" if r["status"] == "ok" else "[red]failed[/red]",
             _num(r["compile_seconds"], ".2f"), _num(r["graph_record_seconds"], ".3f"),
             f"{_num(r['cache_hits'], 'd')}/{_num(r['cache_misses'], 'd')}",
             _num(r["eager_ms"], ".3f"), _num(r["compiled_ms"], ".3f"), _num(r["speedup"], ".2f", "x"),
-            _num(r["throughput_speedup"], ".2f", "x"),
-            _num(r["graph_breaks"], "d"), _num(r["recompiles"], "d"), _num(r["max_abs_error"], ".1e"))
+            _num(r["throughput_speedup"], ".2f", "x"), _num(r["graph_breaks"], "d"), _num(r["recompiles"], "d"),
+            _num(r["max_abs_error"], ".1e"))
     console.print(table)
     for r in report["results"]:
         if r["error"]:
@@ -113,21 +163,36 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         for reason in r["cudagraph_skip_reasons"]:
             skipped.setdefault(reason, []).append(str(r["bucket"]))
     for reason, buckets in skipped.items():
-        console.print(f"no CUDA graphs for bucket {', '.join(buckets)}: {reason}", highlight=False, style="yellow")
+        console.print(f"no CUDA graphs for bucket {', '.join(sorted(set(buckets), key=int))}: {reason}",
+                      highlight=False, style="yellow")
     s = report["summary"]
     remote = report["remote"]
-    if remote:
+    if remote and fleet:
+        console.print(f"store {remote['url']}: published generations {remote['published_generations']}"
+                      + "".join(f"; publish error: {e}" for e in remote["publish_errors"]), highlight=False)
+    elif remote:
         pulled, published = remote["pull"], remote["publish"]
         console.print(f"store {remote['url']}: pulled " + (
             f"generation {pulled['generation']} ({pulled['files']} files, {pulled['bytes'] / 1e6:.1f} MB, "
             f"{pulled['seconds']:.2f} s)" if pulled else "nothing") + "; published " + (
             f"generation {published['generation']} ({published['files']} new files, {published['seconds']:.2f} s)"
             if published else remote["publish_error"] or "nothing"), highlight=False)
+    if fleet:
+        for bucket, row in s["fleet"]["buckets"].items():
+            load, speedup = row["warm_load_seconds"], row["speedup"]
+            console.print(
+                f"bucket {bucket}: cold compile {_num(row['cold_compile_seconds'], '.2f')} s; warm load across "
+                f"{row['ranks_ok']} ranks " + (f"{load['min']:.2f}/{load['median']:.2f}/{load['max']:.2f} s" if load
+                                               else "-")
+                + "; speedup " + (f"{speedup['min']:.2f}/{speedup['median']:.2f}/{speedup['max']:.2f}x" if speedup
+                                  else "-") + " (min/median/max)", highlight=False)
+        for deviant in s["fleet"]["deviating_ranks"]:
+            console.print(f"rank {deviant['rank']} bucket {deviant['bucket']} deviates: {deviant['why']}",
+                          highlight=False, style="yellow")
     console.print(
         f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses) in {report['namespace']}; "
-        f"ready in {s['ready_seconds']:.1f} s (compile {s['compile_seconds_total']:.1f} s + "
-        f"graphs {s['graph_record_seconds_total']:.2f} s); {s['buckets_ok']} ok, {s['buckets_failed']} failed",
-        highlight=False)
+        + (f"ready in {s['ready_seconds']:.1f} s; " if s["ready_seconds"] is not None else "")
+        + f"{s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all", highlight=False)
 
 
 def _num(value: Any, fmt: str, suffix: str = "") -> str:

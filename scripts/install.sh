@@ -10,6 +10,17 @@ cd "$(dirname "$0")/.."
 extras=${EXTRAS:-dev}
 python=${PYTHON:-python3}
 
+# The test suite's multi-node Ray cluster lives in network namespaces (iproute2) and its tests find
+# worker processes with pgrep (procps): system packages, installed where we may.
+if [[ $extras == *dev* ]]; then
+  missing=()
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+  if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 

@@ -33,7 +33,7 @@ def test_output_mismatch_fails_the_bucket(tmp_path):
         buckets: [1, 4]
         bench: {iterations: 3, warmup: 1}
     """))
-    proc = orchestrate("warmup", "--model", str(tmp_path / "cfg.yaml"), "--device", "cpu", "--json",
+    proc = orchestrate("warmup", "--no-ray", "--model", str(tmp_path / "cfg.yaml"), "--device", "cpu", "--json",
                        cache_dir=tmp_path / "cache")
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)

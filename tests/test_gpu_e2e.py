@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow,
 def test_cuda_graphs_recorded_and_second_process_warm(tmp_path):
     runs = []
     for _ in range(2):
-        proc = orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,4", "--device", "cuda",
+        proc = orchestrate("warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,4", "--device", "cuda",
                            "--json", cache_dir=tmp_path)
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout))

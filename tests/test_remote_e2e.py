@@ -22,7 +22,7 @@ def fleet(tmp_path_factory):
     base = tmp_path_factory.mktemp("fleet")
     (base / "store").mkdir()
     remote = f"file://{base / 'store'}"
-    common = ["warmup", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", "--remote", remote,
+    common = ["warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", "--remote", remote,
               "--json"]
     node_a = orchestrate(*common, cache_dir=base / "node-a", env=SIGNED)
     node_b = orchestrate(*common, cache_dir=base / "node-b", env=SIGNED)
@@ -56,7 +56,7 @@ def test_init_container_pull_then_server_starts_warm(fleet):
     assert pulled.returncode == 0, pulled.stderr
     summary = json.loads(pulled.stdout)
     assert summary["hit"] and summary["namespace"] == namespace and summary["files"] > 0
-    served = orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu",
+    served = orchestrate("warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu",
                          "--json", cache_dir=base / "replica")
     assert served.returncode == 0, served.stderr
     assert json.loads(served.stdout)["summary"]["cache_state"] == "warm"

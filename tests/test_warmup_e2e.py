@@ -15,7 +15,7 @@ CONTRACT_RESULT = {"rank", "node", "gpu", "bucket", "phase", "status", "compile_
 
 
 def warmup(cache_dir, *extra):
-    return orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", *extra,
+    return orchestrate("warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", *extra,
                        cache_dir=cache_dir)
 
 

@@ -1,0 +1,115 @@
+"""Who does what: targets (ranks) grouped by GPU class, one compile per (class, bucket), then
+every rank warms. Pure data, no Ray: the driver turns it into tasks, tests check it directly."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Optional
+
+ACCELERATOR_PREFIX = "accelerator_type:"
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    ip: str
+    gpus: int
+    cpus: int
+    gpu_class: str  # Ray's accelerator type ("H200"), "gpu" when undeclared, "cpu" without GPUs
+
+
+@dataclass(frozen=True)
+class Target:
+    """One rank: a GPU (or a CPU worker on a machine without GPUs) on one node."""
+
+    rank: int
+    node: Node
+
+    @property
+    def gpu_class(self) -> str:
+        return self.node.gpu_class
+
+
+@dataclass(frozen=True)
+class CompileUnit:
+    gpu_class: str
+    bucket: int
+    num_gpus: float  # fractional where buckets outnumber the class's GPUs: compiling is mostly CPU work
+
+
+def nodes_from_ray(ray_nodes: list[dict[str, Any]]) -> list[Node]:
+    """`ray.nodes()` -> Node list (alive nodes only)."""
+    found = []
+    for info in ray_nodes:
+        if not info.get("Alive"):
+            continue
+        resources = info.get("Resources", {})
+        gpus = int(resources.get("GPU", 0))
+        classes = [k[len(ACCELERATOR_PREFIX):] for k in resources if k.startswith(ACCELERATOR_PREFIX)]
+        gpu_class = classes[0] if classes else ("gpu" if gpus else "cpu")
+        found.append(Node(info["NodeID"], info.get("NodeManagerAddress", ""), gpus, int(resources.get("CPU", 0)),
+                          gpu_class))
+    return sorted(found, key=lambda n: (n.ip, n.node_id))
+
+
+def targets(nodes: list[Node], ranks: Optional[int] = None) -> list[Target]:
+    """Every GPU of the cluster is a rank; with no GPU anywhere, one CPU worker per node.
+    `ranks` caps the count, taken round-robin across nodes so a cap still spans the cluster."""
+    gpu_nodes = [n for n in nodes if n.gpus > 0]
+    slots = [[n] * n.gpus for n in gpu_nodes] if gpu_nodes else [[n] for n in nodes]
+    order: list[Node] = []
+    while any(slots):
+        for column in slots:
+            if column:
+                order.append(column.pop())
+    if ranks is not None:
+        if ranks > len(order) and gpu_nodes:
+            raise ValueError(f"--ranks {ranks}: the cluster has only {len(order)} GPUs")
+        if ranks > len(order):  # CPU workers: more ranks than nodes share nodes
+            order = [order[i % len(order)] for i in range(ranks)]
+        order = order[:ranks]
+    return [Target(rank, node) for rank, node in enumerate(order)]
+
+
+def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUnit]:
+    """One unit per (GPU class, bucket). A class with fewer GPUs than buckets shares them."""
+    units = []
+    for gpu_class in sorted({t.gpu_class for t in targets_}):
+        gpus = sum(1 for t in targets_ if t.gpu_class == gpu_class and t.node.gpus > 0)
+        share = 0.0 if gpus == 0 else min(1.0, gpus / len(buckets))
+        units += [CompileUnit(gpu_class, bucket, round(share, 4)) for bucket in buckets]
+    return units
+
+
+def fleet_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per bucket: cold compile time, warm load time across ranks, speedup across ranks; and the
+    ranks whose speedup is far from the others' or that failed."""
+    per_bucket: dict[str, Any] = {}
+    deviating: list[dict[str, Any]] = []
+    for bucket in sorted({r["bucket"] for r in results}):
+        compiled = [r for r in results if r["bucket"] == bucket and r["phase"] == "compile" and r["status"] == "ok"]
+        warm = [r for r in results if r["bucket"] == bucket and r["phase"] == "warm"]
+        ok_warm = [r for r in warm if r["status"] == "ok"]
+        speedups = [r["speedup"] for r in ok_warm if r["speedup"]]
+        per_bucket[str(bucket)] = {
+            "cold_compile_seconds": max((r["compile_seconds"] for r in compiled), default=None),
+            "warm_load_seconds": spread([r["compile_seconds"] for r in ok_warm]),
+            "speedup": spread(speedups),
+            "ranks_ok": len(ok_warm),
+            "ranks_failed": len(warm) - len(ok_warm),
+        }
+        middle = statistics.median(speedups) if speedups else None
+        for r in warm:
+            if r["status"] != "ok":
+                deviating.append({"rank": r["rank"], "bucket": bucket, "why": r["error"]})
+            elif middle and r["speedup"] and abs(r["speedup"] - middle) > 0.2 * middle:
+                deviating.append({"rank": r["rank"], "bucket": bucket,
+                                  "why": f"speedup {r['speedup']:.2f}x vs median {middle:.2f}x"})
+    return {"buckets": per_bucket, "deviating_ranks": deviating}
+
+
+def spread(values: list[float]) -> Optional[dict[str, float]]:
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}

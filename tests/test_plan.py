@@ -1,0 +1,64 @@
+"""Planning is pure: which ranks exist, what compiles where, what the fleet summary says."""
+
+import pytest
+
+from orchestrator.plan import Node, compile_units, fleet_summary, nodes_from_ray, targets
+
+RAY_NODES = [
+    {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",
+     "Resources": {"CPU": 16.0, "GPU": 2.0, "accelerator_type:H200": 1.0}},
+    {"NodeID": "a" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 4.0}},
+    {"NodeID": "c" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.3",
+     "Resources": {"CPU": 16.0, "GPU": 1.0, "accelerator_type:A10G": 1.0}},
+    {"NodeID": "d" * 56, "Alive": False, "NodeManagerAddress": "10.0.0.4", "Resources": {"GPU": 8.0}},
+]
+
+
+def test_nodes_from_ray_reads_gpu_class_and_skips_dead_nodes():
+    nodes = nodes_from_ray(RAY_NODES)
+    assert [(n.ip, n.gpus, n.gpu_class) for n in nodes] == [
+        ("10.0.0.1", 0, "cpu"), ("10.0.0.2", 2, "H200"), ("10.0.0.3", 1, "A10G")]
+
+
+def test_every_gpu_is_a_rank_spread_round_robin():
+    ranks = targets(nodes_from_ray(RAY_NODES))
+    assert [(t.rank, t.node.ip) for t in ranks] == [(0, "10.0.0.2"), (1, "10.0.0.3"), (2, "10.0.0.2")]
+    assert [t.node.ip for t in targets(nodes_from_ray(RAY_NODES), ranks=2)] == ["10.0.0.2", "10.0.0.3"]
+    with pytest.raises(ValueError, match="only 3 GPUs"):
+        targets(nodes_from_ray(RAY_NODES), ranks=4)
+
+
+def test_cpu_only_cluster_gets_cpu_workers():
+    cpu = [Node("n1", "127.0.0.1", 0, 2, "cpu"), Node("n2", "127.0.0.2", 0, 2, "cpu")]
+    assert [t.node.node_id for t in targets(cpu)] == ["n1", "n2"]
+    assert [t.node.node_id for t in targets(cpu, ranks=3)] == ["n1", "n2", "n1"]
+
+
+def test_one_compile_per_class_and_bucket_sharing_gpus_when_buckets_outnumber_them():
+    units = compile_units(targets(nodes_from_ray(RAY_NODES)), [1, 8, 32])
+    assert [(u.gpu_class, u.bucket, u.num_gpus) for u in units] == [
+        ("A10G", 1, 0.3333), ("A10G", 8, 0.3333), ("A10G", 32, 0.3333),
+        ("H200", 1, 0.6667), ("H200", 8, 0.6667), ("H200", 32, 0.6667)]
+    cpu = targets([Node("n1", "127.0.0.1", 0, 2, "cpu")])
+    assert [u.num_gpus for u in compile_units(cpu, [1, 2])] == [0.0, 0.0]
+
+
+def record(phase, rank, bucket, status="ok", speedup=2.0, compile_seconds=1.0, error=None):
+    return {"phase": phase, "rank": rank, "bucket": bucket, "status": status, "speedup": speedup,
+            "compile_seconds": compile_seconds, "error": error}
+
+
+def test_fleet_summary_spreads_and_deviations():
+    results = [record("compile", None, 8, compile_seconds=12.0),
+               record("warm", 0, 8, speedup=4.0, compile_seconds=0.5),
+               record("warm", 1, 8, speedup=4.2, compile_seconds=0.7),
+               record("warm", 2, 8, speedup=2.0, compile_seconds=0.6),
+               record("warm", 3, 8, status="failed", speedup=None, error="warm: OutOfMemoryError")]
+    summary = fleet_summary(results)
+    row = summary["buckets"]["8"]
+    assert row["cold_compile_seconds"] == 12.0
+    assert row["warm_load_seconds"] == {"min": 0.5, "median": 0.6, "max": 0.7}
+    assert row["speedup"] == {"min": 2.0, "median": 4.0, "max": 4.2}
+    assert (row["ranks_ok"], row["ranks_failed"]) == (3, 1)
+    assert [(d["rank"], d["why"]) for d in summary["deviating_ranks"]] == [
+        (2, "speedup 2.00x vs median 4.00x"), (3, "warm: OutOfMemoryError")]

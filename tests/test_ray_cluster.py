@@ -1,0 +1,199 @@
+"""Distributed warmup on a real Ray cluster: a head on the host plus two worker nodes in network
+namespaces (../shared/tools/netns-hosts), each declaring one GPU of class H200, so GPU scheduling
+is exercised on a machine without GPUs (the workers compile on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, orchestrate
+
+pytestmark = pytest.mark.slow
+
+NETNS_HOSTS = ROOT.parent / "shared" / "tools" / "netns-hosts"
+RAY = str(Path(sys.executable).with_name("ray"))
+HEAD_IP, PORT = "10.201.0.1", 6390
+MODELS = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def tiny():
+        return nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 32))
+
+    class RaisesAtTwo(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny()
+
+        def forward(self, x):
+            if x.shape[0] == 2:
+                raise ValueError("this model refuses batch 2")
+            return self.inner(x)
+
+    def raises_at_two():
+        return RaisesAtTwo()
+
+    def broken_factory():
+        raise RuntimeError("weights not found")
+""")
+
+
+def config(tmp_path: Path, factory: str, buckets: str = "[1, 2]") -> Path:
+    (tmp_path / "models.py").write_text(MODELS)
+    path = tmp_path / f"{factory}.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: tiny
+        model: {{factory: models.py:{factory}}}
+        inputs: [{{shape: [batch, 32]}}]
+        buckets: {buckets}
+        bench: {{iterations: 5, warmup: 1}}
+    """))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for network namespaces")
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"}
+    full_env = {**os.environ, **env}
+
+    def run(*cmd: str) -> None:
+        subprocess.run(cmd, env=full_env, check=True, capture_output=True, timeout=180)
+
+    subprocess.run(["bash", str(NETNS_HOSTS), "up", "2"], check=True, capture_output=True)
+    try:
+        run(RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(PORT), "--num-cpus", "1",
+            "--num-gpus", "0", "--include-dashboard", "false")
+        for i, ip in ((1, "10.201.0.2"), (2, "10.201.0.3")):
+            run("ip", "netns", "exec", f"orch-h{i}", RAY, "start", "--address", f"{HEAD_IP}:{PORT}",
+                "--node-ip-address", ip, "--num-cpus", "2", "--num-gpus", "1",
+                "--resources", '{"accelerator_type:H200": 1}')
+        yield {**env, "address": f"{HEAD_IP}:{PORT}"}
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=full_env, capture_output=True, timeout=120)
+        subprocess.run(["bash", str(NETNS_HOSTS), "down"], capture_output=True)
+
+
+def warmup(cluster: dict, cfg: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in cluster.items() if k != "address"}
+    return orchestrate("warmup", "--model", str(cfg), "--ray-address", cluster["address"], "--json", *extra,
+                       cache_dir=cache, env=env)
+
+
+def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
+    proc = warmup(cluster, config(tmp_path, "tiny"), tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    executor = report["executor"]
+    assert (executor["kind"], executor["address"], executor["nodes"], executor["ranks"], executor["compile_units"]) == (
+        "ray", cluster["address"], 3, 2, 2)
+    assert set(executor["wave_seconds"]) == {"start", "compile", "warm"}
+    compiled = [r for r in report["results"] if r["phase"] == "compile"]
+    warm = [r for r in report["results"] if r["phase"] == "warm"]
+    # compile wave: one task per (class, bucket), each a genuine compile
+    assert sorted(r["bucket"] for r in compiled) == [1, 2]
+    assert all(r["status"] == "ok" and r["cache"]["fx_graph_misses"] == 1 for r in compiled)
+    # warm wave: every (rank, bucket) loaded from the cache, on both worker nodes
+    assert sorted((r["rank"], r["bucket"]) for r in warm) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert {r["node"] for r in warm} == {"10.201.0.2", "10.201.0.3"}
+    for r in warm:
+        assert r["status"] == "ok", r["error"]
+        assert r["cache_state"] == "hit" and r["cache"]["fx_graph_misses"] == 0
+        assert r["speedup"] > 0 and r["gpu"] is None  # declared GPUs, CPU compute
+    assert report["summary"]["cache_state"] == "warm"
+    assert report["summary"]["fleet"]["buckets"]["1"]["ranks_ok"] == 2
+    # both nodes pulled into their own directory: nothing was shared through the filesystem
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("node-")) == [
+        "node-10.201.0.2", "node-10.201.0.3"]
+    assert "compile bucket 1 [H200]" in proc.stderr and "warm rank 1" in proc.stderr
+
+
+def test_a_worker_killed_mid_compile_is_retried(cluster, tmp_path):
+    env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
+    cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[4]")),
+           "--ray-address", cluster["address"], "--json", "--cache-dir", str(tmp_path / "cache")]
+    driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and time.monotonic() < deadline and driver.poll() is None:
+        found = subprocess.run(["pgrep", "-f", "ray::compile"], capture_output=True, text=True).stdout.split()
+        if found:
+            time.sleep(1.0)  # let it get into the compile
+            os.kill(int(found[0]), signal.SIGKILL)
+            killed = int(found[0])
+        time.sleep(0.1)
+    out, err = driver.communicate(timeout=600)
+    assert killed is not None, "never saw a compile task running"
+    assert driver.returncode == 0, err
+    report = json.loads(out)
+    assert all(r["status"] == "ok" for r in report["results"])
+    assert [r["bucket"] for r in report["results"] if r["phase"] == "compile"] == [4]
+
+
+def test_a_failing_bucket_is_reported_and_the_rest_succeed(cluster, tmp_path):
+    proc = warmup(cluster, config(tmp_path, "raises_at_two"), tmp_path / "cache")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    by_bucket = {b: [r for r in report["results"] if r["bucket"] == b] for b in (1, 2)}
+    assert all(r["status"] == "ok" for r in by_bucket[1]) and len(by_bucket[1]) == 3  # 1 compile + 2 ranks
+    assert len(by_bucket[2]) == 3
+    for r in by_bucket[2]:
+        assert r["status"] == "failed" and "refuses batch 2" in r["error"]
+    assert report["summary"]["fleet"]["buckets"]["2"]["ranks_failed"] == 2
+
+
+def test_a_factory_that_fails_everywhere_is_a_config_error(cluster, tmp_path):
+    proc = warmup(cluster, config(tmp_path, "broken_factory"), tmp_path / "cache")
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: error:")]
+    assert len(errors) == 1 and "weights not found" in errors[0]
+
+
+def test_unreachable_cluster_is_one_line(tmp_path):
+    proc = orchestrate("warmup", "--model", str(config(tmp_path, "tiny")), "--ray-address", "127.0.0.1:9",
+                       cache_dir=tmp_path / "cache", env={"RAY_USAGE_STATS_ENABLED": "0"})
+    assert proc.returncode == 6
+    assert "Traceback" not in proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: error: cannot join")]
+
+
+def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
+    env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
+    cache = tmp_path / "cache"
+    cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[8, 16]")),
+           "--ray-address", cluster["address"], "--cache-dir", str(cache)]
+    driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and driver.poll() is None:
+        if subprocess.run(["pgrep", "-f", "ray::compile"], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130, err
+    assert "orchestrate: error: interrupted" in err
+    # the cancelled compile tasks are gone, and the store holds only whole, verifiable states
+    for _ in range(100):
+        if subprocess.run(["pgrep", "-f", "ray::compile"], capture_output=True).returncode != 0:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("compile tasks still running after Ctrl-C")
+    store = cache / "store"
+    assert not [p for p in store.rglob("*") if p.name.startswith(".tmp-")]
+    verify = orchestrate("cache", "verify", "--remote", f"file://{store}", "--signing-key-file",
+                         str(cache / ".signing-key"))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
