@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import sys
+import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,10 +57,13 @@ def cli() -> None:
 @click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
 @click.option("--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU).")
 @click.option("--no-ray", is_flag=True, help="Run everything in this process: no Ray, no store unless --remote.")
+@click.option("--pushgateway", metavar="URL", help="Push metrics here at the end (pushadd; job + model grouping).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve /metrics on this port while running.")
 @_store_options
 def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache_dir: Optional[str], fresh: bool,
            report_path: Optional[Path], as_json: bool, ray_address: Optional[str], ranks: Optional[int],
-           no_ray: bool, remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]) -> None:
+           no_ray: bool, pushgateway: Optional[str], metrics_port: Optional[int], remote: Optional[str],
+           allow_unsigned: bool, signing_key_file: Optional[str]) -> None:
     """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager.
 
     On Ray (the default; a local instance unless --ray-address): each bucket is compiled once
@@ -81,10 +85,13 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     from orchestrator.report import build_report, render_table, write_json
 
     remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
+    metrics = _metrics(spec, metrics_port) if (pushgateway or metrics_port) else None
+    observe = metrics.observe if metrics else (lambda record: None)
+    report, clock = None, time.perf_counter()
     try:
         with _stdout_to_stderr(as_json):
             if no_ray:
-                with BucketProgress(err) as progress:
+                with BucketProgress(err, on_result=observe) as progress:
                     run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store)
                 report = build_report(spec, run, started_at)
                 publish_errors = [run.publish_error] if run.publish_error else []
@@ -95,11 +102,19 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
                 preflight(spec, local_cluster=ray_address is None)
                 remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
                 fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks,
-                                   fresh=fresh, report=lambda line: err.print(line, markup=False, highlight=False))
+                                   fresh=fresh, report=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
+                                   on_record=observe)
                 report = build_fleet_report(spec, fleet, remote_store.url, started_at)
                 publish_errors = report["remote"]["publish_errors"]
     except SetupError as exc:
         raise UserError(str(exc)) from None
+    finally:
+        # in `finally`: a failed or interrupted run is pushed too, and never moves last-success
+        if metrics:
+            metrics.finish(report) if report else metrics.fail(time.perf_counter() - clock)
+            warning = metrics.push(pushgateway) if pushgateway else None
+            if warning:
+                click.echo(f"orchestrate: warning: {warning}", err=True)
     if report_path:
         try:
             write_json(report, report_path)
@@ -114,6 +129,18 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
         _fail(f"publish failed, results above stand: {publish_errors[0]}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:
         sys.exit(EXIT_BUCKET_FAILED)
+
+
+def _metrics(spec, port: Optional[int]):
+    from orchestrator.metrics import WarmupMetrics
+
+    metrics = WarmupMetrics(spec.name, spec.compile.mode)
+    if port:
+        try:
+            metrics.serve(port)
+        except OSError as exc:
+            raise UserError(f"--metrics-port {port}: cannot listen ({exc.strerror}); pick a free port") from None
+    return metrics
 
 
 def _embedded_store(root: Path, allow_unsigned: bool):

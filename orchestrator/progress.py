@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -14,8 +14,9 @@ from jobs.engine import BucketResult
 class BucketProgress:
     """Implements jobs.engine.Progress. Use as a context manager around the run."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, on_result: Callable[[dict], None] = lambda record: None) -> None:
         self.console = console
+        self.on_result = on_result
         self.live = console.is_terminal
         self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                               TimeElapsedColumn(), console=console, transient=False)
@@ -32,12 +33,12 @@ class BucketProgress:
             self._bars.stop()
 
     def step(self, name: str) -> None:
-        self.console.print(name, highlight=False)
+        self.console.print(name, highlight=False, markup=False, soft_wrap=True)
 
     def phase(self, bucket: int, name: str, total: Optional[int] = None) -> None:
         self._since[bucket] = time.perf_counter()
         if not self.live:
-            self.console.print(f"bucket {bucket}: {name}", highlight=False)
+            self.console.print(f"bucket {bucket}: {name}", highlight=False, soft_wrap=True)
             return
         description = f"bucket {bucket:>4} · {name}"
         if bucket not in self._tasks:
@@ -50,6 +51,7 @@ class BucketProgress:
             self._bars.advance(self._tasks[bucket])
 
     def finish(self, result: BucketResult) -> None:
+        self.on_result(result.to_dict())
         if result.status == "ok":
             line = (f"bucket {result.bucket}: {result.phase} ok, first call {result.compile_seconds:.2f} s, "
                     f"{result.cache_hits} hits/{result.cache_misses} misses, speedup {result.speedup:.2f}x")
@@ -59,4 +61,4 @@ class BucketProgress:
             task = self._tasks[result.bucket]
             self._bars.update(task, description=line, total=1, completed=1)
         else:
-            self.console.print(line, highlight=False)
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)

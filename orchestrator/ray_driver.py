@@ -61,7 +61,8 @@ def preflight(spec: WarmupSpec, *, local_cluster: bool) -> None:
 
 def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: Optional[str] = None,
                ranks: Optional[int] = None, fresh: bool = False,
-               report: Callable[[str], None] = lambda line: None) -> FleetRun:
+               report: Callable[[str], None] = lambda line: None,
+               on_record: Callable[[dict[str, Any]], None] = lambda record: None) -> FleetRun:
     import ray
 
     started = time.perf_counter()
@@ -92,7 +93,7 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
         units = compile_units(planned, spec.buckets)
         report(f"ray: {len(nodes)} nodes, {len(planned)} ranks "
                f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} (class, bucket) units")
-        fleet = FleetRun(nodes, planned, units, [], address=address)
+        fleet = FleetRun(nodes, planned, units, _ObservedList(on_record), address=address)
         fleet.wave_seconds["start"] = time.perf_counter() - started
         wave_started = time.perf_counter()
         _compile_wave(ray, spec, cache_root, remote, fresh, units, fleet, report)
@@ -105,6 +106,18 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
     finally:
         if owns_cluster:
             ray.shutdown()
+
+
+class _ObservedList(list):
+    """The fleet's results; every record appended is also handed to an observer (live metrics)."""
+
+    def __init__(self, observer: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__()
+        self._observer = observer
+
+    def append(self, record: dict[str, Any]) -> None:
+        super().append(record)
+        self._observer(record)
 
 
 def _probe(address: str) -> None:

@@ -10,14 +10,23 @@ cd "$(dirname "$0")/.."
 extras=${EXTRAS:-dev}
 python=${PYTHON:-python3}
 
-# The test suite's multi-node Ray cluster lives in network namespaces (iproute2) and its tests find
-# worker processes with pgrep (procps): system packages, installed where we may.
+# System packages the tests use, installed where we may (root with apt): the multi-node Ray
+# cluster lives in network namespaces (iproute2), tests find workers with pgrep (procps), and the
+# metrics tests run a real Prometheus and Pushgateway on loopback.
 if [[ $extras == *dev* ]]; then
   missing=()
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+  command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  command -v prometheus-pushgateway >/dev/null 2>&1 || missing+=(prometheus-pushgateway)
   if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # keep the packages' services from starting: the tests start their own on loopback
+    made_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+      chmod +x /usr/sbin/policy-rc.d; made_policy=1; fi
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+    [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
   fi
 fi
 
