@@ -39,8 +39,7 @@ class LocalCache:
         os.replace(self.path, trash)
         shutil.rmtree(trash, ignore_errors=True)
 
-    def size_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
-
-    def file_count(self) -> int:
-        return sum(1 for f in self.path.rglob("*") if f.is_file())
+    def usage(self) -> tuple[int, int]:
+        """(files, bytes) under the namespace directory."""
+        sizes = [f.stat().st_size for f in self.path.rglob("*") if f.is_file()]
+        return len(sizes), sum(sizes)

@@ -1,5 +1,8 @@
 """The worker engine: compile, warm, check and benchmark every bucket of one model in one process.
 
+With a store, the namespace is pulled before anything compiles and what compiled correctly is
+published afterwards (a bucket that fails leaves no files behind).
+
 Per bucket, in this order, each timed on its own:
   1. eager reference call (also pays cuBLAS/cuDNN initialisation, so compile timing does not)
   2. first compiled call: Dynamo trace + Inductor compile or cache load  -> compile_seconds
@@ -191,10 +194,11 @@ def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank:
                                      meta={"model": spec.name, "platform": asdict(platform)}, exclude=quarantined)
         except (StoreError, IntegrityError) as exc:
             publish_error = str(exc)
+    files, size = local.usage()
     return WarmupRun(platform=platform, namespace=local.namespace, device=str(device), cache_dir=str(local.path),
                      results=results, wall_seconds=time.perf_counter() - started, setup_seconds=setup_seconds,
                      process_age_at_start=process_age,
-                     cache_bytes=local.size_bytes(), cache_files=local.file_count(),
+                     cache_bytes=size, cache_files=files,
                      remote=remote.url if remote else None, pull=pulled, publish=published,
                      publish_error=publish_error)
 

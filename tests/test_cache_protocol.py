@@ -117,7 +117,7 @@ def check_consistent(store, publishers: int) -> None:
 def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
     """8 publisher processes on one namespace while a reader pulls in a loop: every pull sees a
     complete, verified state, and the end state holds all 8 publishers' files."""
-    seen, errors, stop = [], [], threading.Event()
+    pulls, errors, stop = [], [], threading.Event()
 
     def reader():
         n = 0
@@ -132,7 +132,7 @@ def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
             if pulled is not None:
                 manifest_files = json.loads(store.read(sync._manifest_key(NS, pulled.generation)))["body"]["files"]
                 assert sorted(tree(target)) == sorted(manifest_files)
-                seen.append(pulled.generation)
+                pulls.append(pulled.generation)
 
     thread = threading.Thread(target=reader)
     thread.start()
@@ -142,6 +142,7 @@ def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
     assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
     assert sorted(int(r.stdout.split()[0]) for r in results) == list(range(1, 9))
     assert errors == []
+    assert pulls == sorted(pulls)  # a reader never goes back to an older generation
     check_consistent(store, 8)
     # first writer wins per path: the shared file keeps generation 1's bytes in every later one
     gen1 = json.loads(store.read(sync._manifest_key(NS, 1)))["body"]["files"]["inductor/shared/code.py"]

@@ -66,7 +66,7 @@ def test_local_cache_wipe_removes_only_its_namespace(tmp_path):
     mine, other = LocalCache(tmp_path, "a").prepare(), LocalCache(tmp_path, "b").prepare()
     (mine.inductor_dir / "entry").write_text("x")
     (other.inductor_dir / "entry").write_text("y")
-    assert mine.size_bytes() == 1 and mine.file_count() == 1
+    assert mine.usage() == (1, 1)
     mine.wipe()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     assert (other.inductor_dir / "entry").read_text() == "y"
