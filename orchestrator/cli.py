@@ -35,8 +35,9 @@ def _store_options(command):
                            help="HMAC key for manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]).")(command)
     command = click.option("--allow-unsigned", is_flag=True,
                            help="Accept and write unsigned manifests (local experiments only).")(command)
-    return click.option("--remote", metavar="URL",
-                        help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL.")(command)
+    return click.option("--remote", metavar="URL", envvar="ORCHESTRATE_REMOTE",
+                        help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL "
+                             "(default $ORCHESTRATE_REMOTE, then the config's `remote`).")(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -208,6 +209,110 @@ def pull(model_path: str, to_dir: str, device: Optional[str], allow_miss: bool, 
     if transfer is None and not allow_miss:
         _fail(f"namespace {namespace} was never published to {store_url}; run `orchestrate warmup --remote` "
               "first, or pass --allow-miss to start cold", EXIT_MISS)
+
+
+@cli.command()
+@click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
+@click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")
+@click.option("--ray-address", metavar="URL", help="The Ray dashboard (Jobs API), e.g. http://head:8265.")
+@click.option("--k8s", "as_k8s", is_flag=True, help="Render a KubeRay RayJob instead (see `render k8s`).")
+@click.option("--image", metavar="IMAGE", help="--k8s: container image with orchestrate, torch and ray.")
+@click.option("--apply", is_flag=True, help="--k8s: create it with the kubernetes client where a cluster answers.")
+@click.option("--remote", metavar="URL", help="Shared store the job pulls from and publishes to.")
+@click.option("--pushgateway", metavar="URL", help="Pushgateway the job pushes its metrics to.")
+@click.option("--wait", is_flag=True, help="Follow the job's logs and exit with its outcome.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --wait: write the job's JSON report here.")
+def submit(model_path: str, buckets: Optional[str], ray_address: Optional[str], as_k8s: bool, image: Optional[str],
+           apply: bool, remote: Optional[str], pushgateway: Optional[str], wait: bool,
+           report_path: Optional[Path]) -> None:
+    """Run a warmup on a Ray cluster (Jobs API) or as a KubeRay RayJob."""
+    spec = apply_overrides(load_spec(model_path), buckets=None if buckets is None else parse_buckets(buckets))
+    remote = remote or spec.remote
+    if as_k8s:
+        _emit_k8s(spec, Path(model_path), image, remote, pushgateway, apply)
+        return
+    if not ray_address:
+        raise UserError("submit needs --ray-address http://head:8265 (the Ray dashboard), or --k8s")
+    from orchestrator.submit import exit_code_for
+    from orchestrator.submit import submit as submit_job
+
+    extra = (["--remote", remote] if remote else []) + (["--pushgateway", pushgateway] if pushgateway else [])
+    outcome = submit_job(ray_address, spec, Path(model_path).resolve(), extra_args=extra, wait=wait,
+                         log=lambda line: click.echo(line, err=True))
+    if report_path and outcome.report:
+        write_report = __import__("orchestrator.report", fromlist=["write_json"]).write_json
+        write_report(outcome.report, report_path)
+    click.echo(json.dumps({"submission_id": outcome.submission_id, "status": outcome.status, "new": outcome.new,
+                           "message": outcome.message}))
+    if exit_code_for(outcome):
+        _fail(f"job {outcome.submission_id} {outcome.status}: {outcome.message}", exit_code_for(outcome))
+
+
+@cli.group()
+def render() -> None:
+    """Render deployment manifests."""
+
+
+@render.command("k8s")
+@click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
+@click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")
+@click.option("--image", required=True, metavar="IMAGE", help="Container image with orchestrate, torch and ray.")
+@click.option("--remote", metavar="URL", help="Shared store (s3://bucket/prefix).")
+@click.option("--pushgateway", metavar="URL", help="Pushgateway for the job's metrics.")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="GPU worker pods.")
+@click.option("--gpus-per-worker", type=click.IntRange(min=1), default=1, show_default=True)
+def render_k8s(model_path: str, buckets: Optional[str], image: str, remote: Optional[str], pushgateway: Optional[str],
+               namespace: str, workers: int, gpus_per_worker: int) -> None:
+    """A RayJob (ray.io/v1) and the ConfigMap carrying the model config, as YAML on stdout."""
+    spec = apply_overrides(load_spec(model_path), buckets=None if buckets is None else parse_buckets(buckets))
+    from orchestrator.k8s import ClusterShape, render as render_manifests, to_yaml
+
+    shape = ClusterShape(image=image, namespace=namespace, workers=workers, gpus_per_worker=gpus_per_worker)
+    try:
+        documents = render_manifests(spec, Path(model_path).read_text(), Path(model_path).name, shape,
+                                     remote=remote or spec.remote, pushgateway=pushgateway)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    click.echo(to_yaml(documents), nl=False)
+
+
+def _emit_k8s(spec, config: Path, image: Optional[str], remote: Optional[str], pushgateway: Optional[str],
+              apply: bool) -> None:
+    from orchestrator.k8s import ClusterShape, render as render_manifests, to_yaml
+
+    if not image:
+        raise UserError("--k8s needs --image (a container image with orchestrate, torch and ray)")
+    try:
+        documents = render_manifests(spec, config.read_text(), config.name, ClusterShape(image=image),
+                                     remote=remote, pushgateway=pushgateway)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if apply and _apply(documents):
+        return
+    click.echo(to_yaml(documents), nl=False)
+
+
+def _apply(documents: list) -> bool:
+    """Create the manifests where the kubernetes client and a cluster are available."""
+    try:
+        from kubernetes import client, config as kube_config, utils
+        kube_config.load_config()
+    except Exception as exc:  # no client installed, or no kubeconfig / in-cluster account
+        click.echo(f"orchestrate: warning: no Kubernetes cluster to apply to ({type(exc).__name__}); "
+                   "printing the manifests instead", err=True)
+        return False
+    api = client.ApiClient()
+    for document in documents:
+        if document["kind"] == "RayJob":
+            group, version = document["apiVersion"].split("/")
+            client.CustomObjectsApi(api).create_namespaced_custom_object(
+                group, version, document["metadata"]["namespace"], "rayjobs", document)
+        else:
+            utils.create_from_dict(api, document)
+        click.echo(f"created {document['kind']} {document['metadata']['name']}", err=True)
+    return True
 
 
 @cli.group()

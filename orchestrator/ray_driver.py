@@ -74,8 +74,12 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
         try:
             # "local": a new instance of our own, even where `ray start` left one running
             # (--ray-address auto joins that one instead)
-            ray.init(address=address or "local", runtime_env={"env_vars": env}, log_to_driver=False,
-                     include_dashboard=False if address is None else None, configure_logging=False)
+            # Submitted as a Ray job, the job's own runtime_env already carries our variables, and
+            # Ray refuses a second one that repeats them.
+            as_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+            ray.init(address=address or "local", runtime_env=None if as_job else {"env_vars": env},
+                     log_to_driver=False, include_dashboard=False if address is None else None,
+                     configure_logging=False)
         except (ConnectionError, RuntimeError) as exc:
             raise ClusterUnreachable(f"cannot join the Ray cluster at {address or 'a new local instance'}: "
                                      f"{str(exc).splitlines()[0]}; check --ray-address, and RAY_AUTH_TOKEN where "

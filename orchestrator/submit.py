@@ -1,0 +1,124 @@
+"""Submit a warmup to a running Ray cluster through the Jobs API (the dashboard's HTTP address).
+
+The config travels with the job as its working_dir (the config's folder, so factory files next to
+it come along). The submission id is derived from the config's identity and the buckets: the same
+warmup submitted twice is recognised and followed, not run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from jobs.spec import WarmupSpec
+from orchestrator.errors import ClusterUnreachable
+
+_PASS_ENV = ("ORCHESTRATE_", "AWS_")
+FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+@dataclass
+class Submission:
+    submission_id: str
+    status: str
+    new: bool
+    message: str = ""
+    report: Optional[dict[str, Any]] = None
+
+
+def submission_id(spec: WarmupSpec) -> str:
+    key = json.dumps({"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device,
+                      "remote": spec.remote}, sort_keys=True)
+    name = re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-")[:32]
+    return f"orchestrate-{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: list[str],
+           wait: bool, log: Callable[[str], None]) -> Submission:
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        client = JobSubmissionClient(address)
+    except Exception as exc:  # ConnectionError, or a RuntimeError naming the address
+        raise ClusterUnreachable(f"cannot reach the Ray Jobs API at {address}: {str(exc).splitlines()[0]}; "
+                                 "pass the dashboard address (e.g. http://head:8265) and, where the cluster uses token "
+                                 "authentication, its RAY_AUTH_TOKEN") from None
+    job_id, existing = _reusable(client, submission_id(spec))
+    if existing is None:
+        args = ["orchestrate", "warmup", "--model", config_path.name, "--ray-address", "auto", "--json",
+                "--buckets", ",".join(map(str, spec.buckets)), *extra_args]
+        env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
+        client.submit_job(entrypoint=shlex.join(args), submission_id=job_id,
+                          runtime_env={"working_dir": str(config_path.parent), "env_vars": env},
+                          metadata={"orchestrate.model": spec.name})
+        log(f"submitted {job_id} to {address}")
+    else:
+        log(f"{job_id} was already submitted ({_status(existing)}); following it instead of running it again")
+    if not wait:
+        info = _job_info(client, job_id)
+        return Submission(job_id, _status(info), existing is None, info.message or "")
+    asyncio.run(_follow(client, job_id, log))
+    info = client.get_job_info(job_id)
+    logs = client.get_job_logs(job_id)
+    return Submission(job_id, _status(info), existing is None, _reason(info, logs), _report(logs))
+
+
+def _status(info: Any) -> str:
+    return getattr(info.status, "value", str(info.status))
+
+
+def _reusable(client: Any, base_id: str) -> tuple[str, Any]:
+    """The id to use and the job already under it: a pending, running or succeeded job is followed;
+    after a failed or stopped one, the next attempt gets the next id (`-2`, `-3`, ...)."""
+    for attempt in range(1, 100):
+        job_id = base_id if attempt == 1 else f"{base_id}-{attempt}"
+        info = _job_info(client, job_id)
+        if info is None or _status(info) not in ("FAILED", "STOPPED"):
+            return job_id, info
+    raise RuntimeError(f"{base_id}: 99 failed attempts; stop and inspect the job logs")
+
+
+def _job_info(client: Any, job_id: str) -> Any:
+    try:
+        return client.get_job_info(job_id)
+    except RuntimeError as exc:  # the Jobs API answers 404 as RuntimeError
+        if "does not exist" in str(exc) or "404" in str(exc):
+            return None
+        raise
+
+
+async def _follow(client: Any, job_id: str, log: Callable[[str], None]) -> None:
+    async for lines in client.tail_job_logs(job_id):
+        for line in lines.splitlines():
+            log(f"[{job_id}] {line}")
+
+
+def _reason(info: Any, logs: str) -> str:
+    """The job's own one-line error where it printed one, else what Ray says."""
+    errors = [line for line in logs.splitlines() if line.startswith("orchestrate: error:")]
+    return errors[-1].removeprefix("orchestrate: error: ") if errors else (info.message or "")
+
+
+def _report(logs: str) -> Optional[dict[str, Any]]:
+    """The JSON report the job printed with --json (its stderr progress is interleaved in the logs)."""
+    lines = logs.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == "{"]
+    for start in reversed(starts):
+        ends = [i for i in range(start, len(lines)) if lines[i] == "}"]
+        if ends:
+            try:
+                return json.loads("\n".join(lines[start:ends[-1] + 1]))
+            except ValueError:
+                continue
+    return None
+
+
+def exit_code_for(submission: Submission) -> int:
+    return {"SUCCEEDED": 0, "PENDING": 0, "RUNNING": 0}.get(submission.status, 1)

@@ -1,0 +1,130 @@
+"""Every rendered and shipped manifest validates offline: RayJob against KubeRay's CRD with unknown
+fields rejected, core kinds with kubernetes-validate --strict, and `kubectl kustomize k8s/` builds."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import ROOT, orchestrate
+
+SCHEMAS = ROOT.parent / "shared" / "schemas" / "kuberay"
+K8S_VERSION = "1.32"
+
+
+def crd_schema(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
+
+
+def k8s_like(s, strict=True):
+    """What the API server accepts: required-with-default becomes optional, unknown fields rejected."""
+    s = dict(s)
+    if "properties" in s:
+        s["properties"] = {k: k8s_like(v, strict) for k, v in s["properties"].items()}
+        required = [r for r in s.get("required", []) if "default" not in s["properties"].get(r, {})]
+        s.pop("required", None)
+        if required:
+            s["required"] = required
+        if strict and not s.get("x-kubernetes-preserve-unknown-fields"):
+            s.setdefault("additionalProperties", False)
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(s.get(key), dict):
+            s[key] = k8s_like(s[key], strict)
+    for key in ("anyOf", "allOf", "oneOf"):
+        if key in s:
+            s[key] = [k8s_like(x, strict) for x in s[key]]
+    return s
+
+
+@pytest.fixture(scope="module")
+def rayjob_validator():
+    return jsonschema.Draft4Validator(k8s_like(crd_schema(SCHEMAS / "ray.io_rayjobs.yaml.gz")))
+
+
+def validate(document, rayjob_validator):
+    if document["kind"] == "RayJob":
+        assert document["apiVersion"] == "ray.io/v1"
+        errors = sorted(rayjob_validator.iter_errors(document), key=lambda e: list(e.path))
+        assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
+    else:
+        kubernetes_validate.validate(document, K8S_VERSION, strict=True)
+
+
+def rendered(*extra):
+    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1",
+                       *extra)
+    assert proc.returncode == 0, proc.stderr
+    return list(yaml.safe_load_all(proc.stdout))
+
+
+def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
+    documents = rendered("--remote", "s3://bucket/cache", "--pushgateway", "http://pg:9091", "--workers", "2",
+                         "--gpus-per-worker", "4", "--namespace", "ml")
+    assert [d["kind"] for d in documents] == ["ConfigMap", "RayJob"]
+    for document in documents:
+        validate(document, rayjob_validator)
+    config_map, job = documents
+    # the config and the factory file next to it travel together
+    assert set(config_map["data"]) == {"mlp.yaml", "models.py"}
+    spec = job["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
+    assert spec["activeDeadlineSeconds"] > 0
+    assert "--remote s3://bucket/cache" in spec["entrypoint"] and "--pushgateway http://pg:9091" in spec["entrypoint"]
+    [workers] = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert workers["replicas"] == 2
+    container = workers["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == 4
+    assert workers["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert {"name": "nvme-cache", "mountPath": "/nvme/orchestrate"} in container["volumeMounts"]
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    assert secrets == {"orchestrate-signing-key", "orchestrate-store"}  # credentials only by reference
+
+
+def test_a_typo_in_a_rayjob_is_caught(rayjob_validator):
+    job = rendered()[1]
+    job["spec"]["entrypiont"] = job["spec"].pop("entrypoint")
+    assert list(rayjob_validator.iter_errors(job))
+
+
+def test_shipped_warmup_manifest_is_what_render_writes():
+    shipped = list(yaml.safe_load_all((ROOT / "k8s" / "warmup" / "warmup-mlp.yaml").read_text()))
+    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", "--image", "ghcr.io/your-org/orchestrate:0.1.0",
+                       "--remote", "s3://your-bucket/compile-cache", "--pushgateway",
+                       "http://prometheus-pushgateway.monitoring.svc:9091", "--namespace", "ml-serving")
+    assert list(yaml.safe_load_all(proc.stdout)) == shipped  # re-render k8s/warmup/ after changing examples/mlp.yaml
+
+
+def test_kustomize_builds_and_everything_validates(rayjob_validator):
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl (with kustomize) is not installed")
+    built = subprocess.run(["kubectl", "kustomize", str(ROOT / "k8s")], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    documents = list(yaml.safe_load_all(built.stdout))
+    assert {d["kind"] for d in documents} == {"ConfigMap", "Deployment", "RayJob"}
+    for document in documents:
+        validate(document, rayjob_validator)
+    for document in yaml.safe_load_all((ROOT / "k8s" / "secrets.example.yaml").read_text()):
+        validate(document, rayjob_validator)
+        assert all("REPLACE" in v or v == "us-east-1" for v in document["stringData"].values())
+
+
+def test_serving_pod_pulls_into_the_volume_its_server_uses():
+    deployment = yaml.safe_load((ROOT / "k8s" / "serving" / "deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["command"][:2] == ["orchestrate", "pull"]
+    target = init["command"][init["command"].index("--to") + 1]
+    cache_mount = next(m for m in init["volumeMounts"] if m["mountPath"] == target)
+    [server] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{target}/inductor" and env["TRITON_CACHE_DIR"] == f"{target}/triton"
+    assert any(m["name"] == cache_mount["name"] and m["mountPath"] == target for m in server["volumeMounts"])
