@@ -82,7 +82,7 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
     from jobs.engine import Remote, run_warmup
     from jobs.errors import SetupError
-    from orchestrator.progress import BucketProgress
+    from orchestrator.progress import BucketProgress, FleetProgress
     from orchestrator.report import build_report, render_table, write_json
 
     remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
@@ -102,9 +102,10 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
 
                 preflight(spec, local_cluster=ray_address is None)
                 remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
-                fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks,
-                                   fresh=fresh, report=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
-                                   on_record=observe)
+                with FleetProgress(err, on_record=observe) as progress:
+                    fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks,
+                                       fresh=fresh, report=progress.line, on_plan=progress.planned,
+                                       on_record=progress.record)
                 report = build_fleet_report(spec, fleet, remote_store.url, started_at)
                 publish_errors = report["remote"]["publish_errors"]
     except SetupError as exc:

@@ -62,3 +62,38 @@ class BucketProgress:
             self._bars.update(task, description=line, total=1, completed=1)
         else:
             self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+class FleetProgress:
+    """Progress of a Ray warmup on stderr: a bar per wave on a terminal, and a line per finished
+    compile task and rank (the only output in logs)."""
+
+    def __init__(self, console: Console, on_record: Callable[[dict], None] = lambda record: None) -> None:
+        self.console = console
+        self.on_record = on_record
+        self.live = console.is_terminal
+        self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TimeElapsedColumn(), console=console)
+        self._waves: dict[str, TaskID] = {}
+
+    def __enter__(self) -> "FleetProgress":
+        if self.live:
+            self._bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self._bars.stop()
+
+    def line(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def planned(self, compile_units: int, warm_records: int) -> None:
+        if self.live:
+            self._waves["compile"] = self._bars.add_task("compile wave (class x bucket)", total=compile_units)
+            self._waves["warm"] = self._bars.add_task("warm wave (rank x bucket)", total=warm_records)
+
+    def record(self, record: dict) -> None:
+        self.on_record(record)
+        if self.live and record["phase"] in self._waves:
+            self._bars.advance(self._waves[record["phase"]])

@@ -62,6 +62,7 @@ def preflight(spec: WarmupSpec, *, local_cluster: bool) -> None:
 def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: Optional[str] = None,
                ranks: Optional[int] = None, fresh: bool = False,
                report: Callable[[str], None] = lambda line: None,
+               on_plan: Callable[[int, int], None] = lambda units, records: None,
                on_record: Callable[[dict[str, Any]], None] = lambda record: None) -> FleetRun:
     import ray
 
@@ -97,6 +98,7 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
         units = compile_units(planned, spec.buckets)
         report(f"ray: {len(nodes)} nodes, {len(planned)} ranks "
                f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} (class, bucket) units")
+        on_plan(len(units), len(planned) * len(spec.buckets))
         fleet = FleetRun(nodes, planned, units, _ObservedList(on_record), address=address)
         fleet.wave_seconds["start"] = time.perf_counter() - started
         wave_started = time.perf_counter()
