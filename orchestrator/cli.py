@@ -80,10 +80,9 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     started_at = datetime.now(timezone.utc)
 
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
-    from jobs.engine import Remote, run_warmup
+    from jobs.engine import Remote
     from jobs.errors import SetupError
-    from orchestrator.progress import BucketProgress, FleetProgress
-    from orchestrator.report import build_report, render_table, write_json
+    from orchestrator.report import render_table, write_json
 
     remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
     metrics = _metrics(spec, metrics_port) if (pushgateway or metrics_port) else None
@@ -92,22 +91,10 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     try:
         with _stdout_to_stderr(as_json):
             if no_ray:
-                with BucketProgress(err, on_result=observe) as progress:
-                    run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store)
-                report = build_report(spec, run, started_at)
-                publish_errors = [run.publish_error] if run.publish_error else []
+                report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at)
             else:
-                from orchestrator.ray_driver import preflight, run_on_ray
-                from orchestrator.report import build_fleet_report
-
-                preflight(spec, local_cluster=ray_address is None)
-                remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
-                with FleetProgress(err, on_record=observe) as progress:
-                    fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks,
-                                       fresh=fresh, report=progress.line, on_plan=progress.planned,
-                                       on_record=progress.record)
-                report = build_fleet_report(spec, fleet, remote_store.url, started_at)
-                publish_errors = report["remote"]["publish_errors"]
+                report, publish_errors = _on_ray(spec, fresh, remote_store, allow_unsigned, ray_address, ranks, err,
+                                                 observe, started_at)
     except SetupError as exc:
         raise UserError(str(exc)) from None
     finally:
@@ -131,6 +118,33 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
         _fail(f"publish failed, results above stand: {publish_errors[0]}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:
         sys.exit(EXIT_BUCKET_FAILED)
+
+
+def _in_process(spec, fresh: bool, remote_store, err: Console, observe, started_at: datetime):
+    """Every bucket compiled, warmed and measured in this process."""
+    from jobs.engine import run_warmup
+    from orchestrator.progress import BucketProgress
+    from orchestrator.report import build_report
+
+    with BucketProgress(err, on_result=observe) as progress:
+        run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store)
+    return build_report(spec, run, started_at), [run.publish_error] if run.publish_error else []
+
+
+def _on_ray(spec, fresh: bool, remote_store, allow_unsigned: bool, ray_address: Optional[str],
+            ranks: Optional[int], err: Console, observe, started_at: datetime):
+    """Compile wave and warm wave on Ray; the store defaults to a signed directory beside the cache."""
+    from orchestrator.progress import FleetProgress
+    from orchestrator.ray_driver import preflight, run_on_ray
+    from orchestrator.report import build_fleet_report
+
+    preflight(spec, local_cluster=ray_address is None)
+    remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
+    with FleetProgress(err, on_record=observe) as progress:
+        fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh,
+                           report=progress.line, on_plan=progress.planned, on_record=progress.record)
+    report = build_fleet_report(spec, fleet, remote_store.url, started_at)
+    return report, report["remote"]["publish_errors"]
 
 
 def _metrics(spec, port: Optional[int]):
