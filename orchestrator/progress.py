@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 from rich.console import Console
@@ -11,19 +10,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from jobs.engine import BucketResult
 
 
-class BucketProgress:
-    """Implements jobs.engine.Progress. Use as a context manager around the run."""
+class _Bars:
+    """Live bars on a terminal (a context manager around the run); plain lines always."""
 
-    def __init__(self, console: Console, on_result: Callable[[dict], None] = lambda record: None) -> None:
+    def __init__(self, console: Console) -> None:
         self.console = console
-        self.on_result = on_result
         self.live = console.is_terminal
         self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                              TimeElapsedColumn(), console=console, transient=False)
-        self._tasks: dict[int, TaskID] = {}
-        self._since: dict[int, float] = {}
+                              TimeElapsedColumn(), console=console)
 
-    def __enter__(self) -> "BucketProgress":
+    def __enter__(self):
         if self.live:
             self._bars.start()
         return self
@@ -32,13 +28,24 @@ class BucketProgress:
         if self.live:
             self._bars.stop()
 
+    def line(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+class BucketProgress(_Bars):
+    """Implements jobs.engine.Progress: a bar per bucket, its description the current phase."""
+
+    def __init__(self, console: Console, on_result: Callable[[dict], None] = lambda record: None) -> None:
+        super().__init__(console)
+        self.on_result = on_result
+        self._tasks: dict[int, TaskID] = {}
+
     def step(self, name: str) -> None:
-        self.console.print(name, highlight=False, markup=False, soft_wrap=True)
+        self.line(name)
 
     def phase(self, bucket: int, name: str, total: Optional[int] = None) -> None:
-        self._since[bucket] = time.perf_counter()
         if not self.live:
-            self.console.print(f"bucket {bucket}: {name}", highlight=False, soft_wrap=True)
+            self.line(f"bucket {bucket}: {name}")
             return
         description = f"bucket {bucket:>4} · {name}"
         if bucket not in self._tasks:
@@ -54,39 +61,25 @@ class BucketProgress:
         self.on_result(result.to_dict())
         if result.status == "ok":
             line = (f"bucket {result.bucket}: {result.phase} ok, first call {result.compile_seconds:.2f} s, "
-                    f"{result.cache_hits} hits/{result.cache_misses} misses, speedup {result.speedup:.2f}x")
+                    f"{result.cache_hits} hits/{result.cache_misses} misses"
+                    + (f", speedup {result.speedup:.2f}x" if result.speedup is not None else ""))
         else:
             line = f"bucket {result.bucket}: FAILED at {result.error}"
         if self.live and result.bucket in self._tasks:
             task = self._tasks[result.bucket]
             self._bars.update(task, description=line, total=1, completed=1)
         else:
-            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+            self.line(line)
 
 
-class FleetProgress:
+class FleetProgress(_Bars):
     """Progress of a Ray warmup on stderr: a bar per wave on a terminal, and a line per finished
     compile task and rank (the only output in logs)."""
 
     def __init__(self, console: Console, on_record: Callable[[dict], None] = lambda record: None) -> None:
-        self.console = console
+        super().__init__(console)
         self.on_record = on_record
-        self.live = console.is_terminal
-        self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                              TimeElapsedColumn(), console=console)
         self._waves: dict[str, TaskID] = {}
-
-    def __enter__(self) -> "FleetProgress":
-        if self.live:
-            self._bars.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live:
-            self._bars.stop()
-
-    def line(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def planned(self, compile_units: int, warm_records: int) -> None:
         if self.live:
