@@ -1,30 +1,84 @@
-"""Fleet warmup through Ray against the naive way, where every rank compiles every bucket itself.
+"""Fleet warmup through Ray against the naive way, and against the issue's target.
 
-    python bench/fleet_warmup.py --example mlp --buckets 1,8,32 [--ranks N] [--ray-address ADDR]
+    python bench/fleet_warmup.py --example mlp --buckets 1,8,32 [--ranks N] [--cluster existing|local|both]
 
-Both start cold (--fresh, empty cache directories). "fleet" is one `orchestrate warmup` on Ray
-(local instance unless --ray-address): compile wave, then every rank warms from the store.
-"naive" runs N `orchestrate warmup --no-ray` processes at once, each compiling all buckets.
-Reports wall times and the target of the issue: fleet wall / (slowest bucket's cold compile +
-the slowest pull).
+Everything starts cold (--fresh, empty directories) and every time is from a process spawn to the
+moment its result exists (the report on stdout), as a replica or a job would feel it:
+
+- fleet: one `orchestrate warmup` on Ray: every bucket compiled once, every rank warm and
+  benchmarked. "existing": on a cluster that is already up (started here with `ray start --head`,
+  as a RayJob's cluster is); "local": the embedded default, which starts Ray itself.
+- naive: every rank compiles every bucket itself: N `orchestrate warmup --no-ray` processes at once.
+- alone: one fresh process compiling a single bucket (spawn, imports, CUDA, model, compile, CUDA
+  graphs, check), for every bucket, one after the other. The target of issue 4 is
+  fleet <= 1.25 x (slowest bucket alone + the slowest rank's pulls).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RAY_PORT = 6399
 
 
-def orchestrate(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", "warmup", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def timed(cmd: list[str]) -> tuple[float, float, str, str, int]:
+    """Run `cmd`; (seconds until its first stdout bytes, seconds until it exited, stdout, stderr, rc).
+    Unbuffered, so the first bytes arrive when the child writes its result, not when it exits."""
+    spawned = time.time()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    first: list[float] = []
+    chunks: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            first or first.append(time.time())
+            chunks.append(line)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    err = proc.stderr.read()
+    proc.wait()
+    reader.join()
+    exited = time.time()
+    return (first[0] if first else exited) - spawned, exited - spawned, "".join(chunks), err, proc.returncode
+
+
+def warmup_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator", "warmup", *args]
+
+
+def alone(model: str, bucket: int, cache_dir: str) -> None:
+    """The child of the "alone" measurement: compile one bucket from a fresh process, print when ready."""
+    sys.path.insert(0, str(ROOT))
+    from jobs.engine import run_warmup
+    from orchestrator.config import load_spec
+
+    spec = load_spec(model)
+    run = run_warmup(spec.replaced(buckets=[bucket]), Path(cache_dir), fresh=True, benchmark=False, publish=False)
+    result = run.results[0]
+    print(json.dumps({"status": result.status, "compile_seconds": result.compile_seconds}), flush=True)
+
+
+def fleet(args: argparse.Namespace, model: str, work: Path, address: str | None) -> dict:
+    cmd = warmup_cmd("--model", model, "--buckets", args.buckets, "--fresh", "--json",
+                     "--cache-dir", str(work / f"fleet-{address and 'existing' or 'local'}"))
+    cmd += ["--ranks", str(args.ranks)] if args.ranks else []
+    cmd += ["--ray-address", address] if address else []
+    ready, exited, out, err, rc = timed(cmd)
+    if rc != 0:
+        raise SystemExit(f"fleet run failed ({rc}):\n{err[-3000:]}")
+    return {"ready": ready, "exited": exited, "report": json.loads(out)}
 
 
 def main() -> None:
@@ -32,46 +86,89 @@ def main() -> None:
     parser.add_argument("--example", default="mlp")
     parser.add_argument("--buckets", default="1,8,32")
     parser.add_argument("--ranks", type=int, default=None)
-    parser.add_argument("--ray-address")
+    parser.add_argument("--cluster", choices=["existing", "local", "both"], default="both")
+    parser.add_argument("--save", type=Path, help="Also copy the fleet reports into this directory.")
+    parser.add_argument("--alone", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     model = str(ROOT / "examples" / f"{args.example}.yaml")
-    common = ["--model", model, "--buckets", args.buckets, "--fresh", "--json"]
+    if args.alone is not None:
+        return alone(model, args.alone, args.cache_dir)
+    work = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    buckets = [int(b) for b in args.buckets.split(",")]
 
-    start = time.perf_counter()
-    fleet_cmd = common + ["--cache-dir", str(work / "fleet")]
-    fleet_cmd += ["--ranks", str(args.ranks)] if args.ranks else []
-    fleet_cmd += ["--ray-address", args.ray_address] if args.ray_address else []
-    fleet = orchestrate(*fleet_cmd)
-    out, err = fleet.communicate()
-    fleet_wall = time.perf_counter() - start
-    if fleet.returncode != 0:
-        raise SystemExit(f"fleet run failed ({fleet.returncode}):\n{err[-3000:]}")
-    report = json.loads(out)
-    ranks = report["executor"]["ranks"]
+    runs = {}
+    if args.cluster in ("existing", "both"):
+        # Ray's CLI through this interpreter: the `ray` script of a --target install may not be on PATH
+        ray = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+        # token authentication, as a production cluster has it; children inherit the token
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+        started = subprocess.run([*ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(RAY_PORT),
+                                  "--include-dashboard", "false", "--disable-usage-stats"],
+                                 capture_output=True, text=True)
+        if started.returncode != 0:
+            raise SystemExit(f"ray start failed:\n{started.stdout[-2000:]}\n{started.stderr[-3000:]}")
+        time.sleep(10)  # let the head's prestarted workers come up: a cluster that is up is idle
+        try:
+            runs["existing"] = fleet(args, model, work, f"127.0.0.1:{RAY_PORT}")
+        finally:
+            subprocess.run([*ray, "stop", "--force"], capture_output=True)
+    if args.cluster in ("local", "both"):
+        runs["local"] = fleet(args, model, work, None)
+    ranks = next(iter(runs.values()))["report"]["executor"]["ranks"]
 
-    start = time.perf_counter()
-    naive = [orchestrate(*common, "--no-ray", "--cache-dir", str(work / f"naive-{i}")) for i in range(ranks)]
+    naive = [subprocess.Popen(warmup_cmd("--model", model, "--buckets", args.buckets, "--fresh", "--json", "--no-ray",
+                                         "--cache-dir", str(work / f"naive-{i}")),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(ranks)]
+    started = time.time()
     naive_reports = [json.loads(p.communicate()[0]) for p in naive]
-    naive_wall = time.perf_counter() - start
+    naive_wall = time.time() - started
 
-    compiled = [r for r in report["results"] if r["phase"] == "compile"]
-    slowest = max(r["compile_seconds"] for r in compiled)
-    waves = report["executor"]["wave_seconds"]
-    pulls = report["summary"]["fleet"]["pull_seconds"]
-    slowest_pull = pulls["max"] if pulls else 0.0
-    print(f"{report['gpu'] or report['device']}, {args.example}, buckets {args.buckets}, {ranks} ranks\n")
-    print("| | wall | detail |")
-    print("|---|---|---|")
-    print(f"| fleet (Ray) | {fleet_wall:.1f} s | ray start {waves['start']:.1f} s, compile wave {waves['compile']:.1f} s, "
-          f"warm wave {waves['warm']:.1f} s; slowest bucket cold compile {slowest:.1f} s, slowest pull "
-          f"{slowest_pull:.2f} s |")
-    naive_compile = [sum(r["compile_seconds"] or 0 for r in n["results"]) for n in naive_reports]
-    print(f"| naive (each rank compiles all) | {naive_wall:.1f} s | per-rank sum of first calls "
-          f"{', '.join(f'{c:.1f}' for c in naive_compile)} s |")
-    print(f"\nfleet / naive: {fleet_wall / naive_wall:.2f}; "
-          f"compile wave / (slowest cold compile + pull): {waves['compile'] / (slowest + slowest_pull):.2f}; "
-          f"fleet wall / (slowest cold compile + pull): {fleet_wall / (slowest + slowest_pull):.2f}")
+    single = {}
+    for bucket in buckets:
+        ready, _, out, err, rc = timed([sys.executable, __file__, "--example", args.example, "--alone", str(bucket),
+                                        "--cache-dir", str(work / f"alone-{bucket}")])
+        if rc != 0:
+            raise SystemExit(f"alone {bucket} failed:\n{err[-3000:]}")
+        single[bucket] = {"ready": ready, **json.loads(out)}
+    slowest = max(single, key=lambda b: single[b]["ready"])
+
+    first = next(iter(runs.values()))["report"]
+    print(f"{first['gpu'] or first['device']}, {args.example}, buckets {args.buckets}, {ranks} ranks\n")
+    print("| run | ready | exited | detail |")
+    print("|---|---|---|---|")
+    for name, run in runs.items():
+        report = run["report"]
+        waves = report["executor"]["wave_seconds"]
+        pull = (report["summary"]["fleet"]["pull_seconds"] or {}).get("max", 0.0)
+        compiled = {r["bucket"]: r["compile_seconds"] for r in report["results"] if r["phase"] == "compile"}
+        loads = [r["compile_seconds"] for r in report["results"] if r["phase"] == "warm" and r["status"] == "ok"]
+        timeline = report["executor"]["timeline"]
+        compile_end = max(row["ended_s"] for row in timeline if row["wave"] == "compile")
+        print(f"| fleet, {name} cluster | {run['ready']:.1f} s | {run['exited']:.1f} s | until plan "
+              f"{waves['start']:.1f} s, compile wave {waves['compile']:.1f} s (tasks' first calls "
+              f"{', '.join(f'{compiled[b]:.1f}' for b in buckets)} s; last task done at {compile_end:.1f} s), "
+              f"after it {waves['warm']:.1f} s; ranks' loads {min(loads):.2f}-{max(loads):.2f} s per bucket, "
+              f"pulls {pull:.2f} s per rank |")
+        run["pull"] = pull
+    naive_first = [sum(r["compile_seconds"] or 0 for r in n["results"]) for n in naive_reports]
+    print(f"| naive: {ranks} x every bucket | {naive_wall:.1f} s | | first calls per process "
+          f"{', '.join(f'{c:.1f}' for c in naive_first)} s |")
+    for bucket in buckets:
+        print(f"| bucket {bucket} alone | {single[bucket]['ready']:.1f} s | | first call "
+              f"{single[bucket]['compile_seconds']:.1f} s |")
+    print()
+    for name, run in runs.items():
+        reference = single[slowest]["ready"] + run["pull"]
+        print(f"{name} cluster: fleet / naive {run['ready'] / naive_wall:.2f}; fleet / (slowest bucket alone "
+              f"{single[slowest]['ready']:.1f} s + pulls {run['pull']:.2f} s) = {run['ready'] / reference:.2f} "
+              f"(target <= 1.25)")
+    for directory in filter(None, [work, args.save]):
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, run in runs.items():
+            (directory / f"fleet-{name}.json").write_text(json.dumps(run["report"], indent=2))
+    print(f"\nreports: {args.save or work}")
 
 
 if __name__ == "__main__":

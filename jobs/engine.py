@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import resource
-import socket
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -31,6 +30,7 @@ from cache.namespace import Platform, namespace
 from cache.store import StoreError, open_store
 from jobs import torch_internals as ti
 from jobs.errors import OutputMismatch, SetupError, brief
+from jobs.records import BucketResult, Remote  # noqa: F401  (Remote: part of this module's interface)
 from jobs.model import build_model, make_inputs, resolve_device
 from jobs.spec import WarmupSpec
 from jobs.timing import Clock, median, p90, process_age_seconds
@@ -71,57 +71,6 @@ class NoProgress:
 
 
 @dataclass
-class BucketResult:
-    bucket: int
-    rank: int = 0
-    node: str = field(default_factory=socket.gethostname)
-    gpu: Optional[str] = None
-    phase: str = "compile"  # the wave; in one process: "warm" when every cache lookup hit
-    cache_state: Optional[str] = None  # "hit" (all lookups hit), "miss" (none hit) or "mixed"
-    status: str = "ok"
-    stage: str = "pending"  # last stage entered; names where a failed bucket failed
-    stage_seconds: dict[str, float] = field(default_factory=dict)  # wall time spent in each stage
-    error: Optional[str] = None
-    error_detail: Optional[str] = None  # the whole exception message, for logs
-    compile_seconds: Optional[float] = None
-    graph_record_seconds: Optional[float] = None
-    cache_hits: Optional[int] = None
-    cache_misses: Optional[int] = None
-    cache: dict[str, int] = field(default_factory=dict)
-    eager_ms: Optional[float] = None
-    eager_p90_ms: Optional[float] = None
-    compiled_ms: Optional[float] = None
-    compiled_p90_ms: Optional[float] = None
-    speedup: Optional[float] = None  # median eager / median compiled per-call latency
-    eager_throughput_ms: Optional[float] = None  # per call, calls issued back to back
-    compiled_throughput_ms: Optional[float] = None
-    throughput_speedup: Optional[float] = None
-    graph_breaks: Optional[int] = None
-    graph_break_reasons: dict[str, int] = field(default_factory=dict)
-    frames_compiled: Optional[int] = None
-    recompiles: Optional[int] = None
-    cudagraphs: Optional[bool] = None
-    cudagraph_skip_reasons: list[str] = field(default_factory=list)
-    max_abs_error: Optional[float] = None
-    atol: Optional[float] = None
-    rtol: Optional[float] = None
-    peak_memory_bytes: Optional[int] = None
-    peak_memory_kind: Optional[str] = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Remote:
-    """The shared store a worker pulls from before compiling and publishes to afterwards."""
-
-    url: str
-    allow_unsigned: bool = False
-    key_file: Optional[str] = None
-
-
-@dataclass
 class WarmupRun:
     platform: Platform
     namespace: str
@@ -146,61 +95,144 @@ def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank:
 
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
     read or is not trusted (before anything touched the local cache)."""
-    started, process_age = time.perf_counter(), process_age_seconds()
-    device = resolve_device(spec.device)
-    platform = ti.current_platform(device)
-    local = LocalCache(cache_root, namespace(spec.name, platform, spec.identity_hash()))
-    try:
-        if fresh:
-            local.wipe()
-        _point_caches_at(local.prepare())
-    except OSError as exc:
-        raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
-    store, key, pulled = None, None, None
-    if remote:
-        store, key = open_store(remote.url), SigningKey.from_env(remote.key_file)
-        if not fresh:  # --fresh means a cold compile: the store must not warm us
-            progress.step(f"pull {local.namespace} from {remote.url}")
-            pulled = sync.pull(store, local.namespace, local.path, key, allow_unsigned=remote.allow_unsigned)
-
-    model = build_model(spec, device)
-    ti.allow_recompiles(len(spec.buckets))
-    options = spec.compile
-    compiled = torch.compile(model, **ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph,
-                                                        options.backend, options.options))
-    setup_seconds = time.perf_counter() - started
-    gpu = platform.gpu_name if device.type == "cuda" else None
-    results, quarantined = [], []
+    session = Session(spec, cache_root, fresh=fresh, rank=rank, remote=remote, progress=progress)
     for bucket in spec.buckets:
-        result = BucketResult(bucket=bucket, rank=rank, gpu=gpu)
-        before = set(sync.scan(local.path))
+        session.warm(bucket, benchmark=benchmark)
+    if publish:
+        session.publish()
+    return session.run()
+
+
+class Session:
+    """One process's work on one model: set up once, then warm buckets in any order and at any
+    pace. `run_warmup` goes straight through; a Ray rank takes each bucket as soon as the compile
+    wave has published it and benchmarks them all once compiling has stopped."""
+
+    def __init__(self, spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
+                 remote: Optional[Remote] = None, progress: Progress = NoProgress()) -> None:
+        self.started, self.process_age = time.perf_counter(), process_age_seconds()
+        self.spec, self.rank, self.remote, self.progress = spec, rank, remote, progress
+        self.device = resolve_device(spec.device)
+        self.platform = ti.current_platform(self.device)
+        self.local = LocalCache(cache_root, namespace(spec.name, self.platform, spec.identity_hash()))
         try:
-            _warm_bucket(spec, model, compiled, device, result, progress, benchmark)
+            if fresh:
+                self.local.wipe()
+            _point_caches_at(self.local.prepare())
+        except OSError as exc:
+            raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
+        self.store, self.key = (open_store(remote.url), SigningKey.from_env(remote.key_file)) if remote else (None, None)
+        self.pulls: list[sync.Transfer] = []
+        self.published: Optional[sync.Transfer] = None
+        self.publish_error: Optional[str] = None
+        if remote and not fresh:  # --fresh means a cold compile: the store must not warm us
+            self.pull()
+        self.model = build_model(spec, self.device)
+        ti.allow_recompiles(len(spec.buckets))
+        options = spec.compile
+        self.compiled = torch.compile(self.model, **ti.compile_kwargs(options.mode, options.dynamic,
+                                                                      options.fullgraph, options.backend,
+                                                                      options.options))
+        self.setup_seconds = time.perf_counter() - self.started
+        self._work: dict[int, _BucketWork] = {}
+        self._quarantined: list[str] = []
+
+    def pull(self) -> Optional[sync.Transfer]:
+        """Bring the local directory up to the store's newest generation (None: not published yet)."""
+        self.progress.step(f"pull {self.local.namespace} from {self.remote.url}")
+        transfer = sync.pull(self.store, self.local.namespace, self.local.path, self.key,
+                             allow_unsigned=self.remote.allow_unsigned)
+        if transfer:
+            self.pulls.append(transfer)
+        return transfer
+
+    def loaded(self, bucket: int) -> bool:
+        return bucket in self._work and self._work[bucket].compiled
+
+    def reference(self, bucket: int) -> BucketResult:
+        """The eager reference call alone: it needs no artifact, so a rank runs it while it waits."""
+        work = self._bucket(bucket)
+        if work.result.status == "ok" and work.reference is None:
+            self._guard(work, work.run_reference)
+        return work.result
+
+    def warm(self, bucket: int, benchmark: bool = True) -> BucketResult:
+        """Compile (or load) the bucket, record its CUDA graphs, check it and, if asked, benchmark it."""
+        work = self._bucket(bucket)
+        if work.result.status == "ok" and work.reference is None:
+            self._guard(work, work.run_reference)
+        if work.result.status == "ok" and not work.compiled:
+            self._guard(work, work.compile)
+        if benchmark:
+            return self.benchmark(bucket)
+        if work.result.status == "ok":
+            work.done()
+            self.progress.finish(work.result)
+        return work.result
+
+    def benchmark(self, bucket: int) -> BucketResult:
+        work = self._bucket(bucket)
+        if work.result.status == "ok" and work.result.speedup is None:
+            self._guard(work, work.benchmark)
+        if work.result.status == "ok":
+            work.done()
+            self.progress.finish(work.result)
+        return work.result
+
+    def publish(self) -> None:
+        """Publish what compiled correctly; a store failure is kept as publish_error, results stand."""
+        ok = [w.result.bucket for w in self._work.values() if w.result.status == "ok"]
+        if self.store is None or not ok:
+            return
+        self.progress.step(f"publish {self.local.namespace} to {self.remote.url}")
+        try:
+            self.published = sync.publish(self.store, self.local.path, self.local.namespace, self.key,
+                                          allow_unsigned=self.remote.allow_unsigned, buckets=ok,
+                                          meta={"model": self.spec.name, "platform": asdict(self.platform)},
+                                          exclude=self._quarantined)
+        except (StoreError, IntegrityError) as exc:
+            self.publish_error = str(exc)
+
+    def run(self) -> WarmupRun:
+        files, size = self.local.usage()
+        return WarmupRun(platform=self.platform, namespace=self.local.namespace, device=str(self.device),
+                         cache_dir=str(self.local.path), results=[w.result for w in self._work.values()],
+                         wall_seconds=time.perf_counter() - self.started, setup_seconds=self.setup_seconds,
+                         process_age_at_start=self.process_age, cache_bytes=size, cache_files=files,
+                         remote=self.remote.url if self.remote else None, pull=_combined(self.pulls),
+                         publish=self.published, publish_error=self.publish_error)
+
+    def _bucket(self, bucket: int) -> "_BucketWork":
+        if bucket not in self._work:
+            result = BucketResult(bucket=bucket, rank=self.rank,
+                                  gpu=self.platform.gpu_name if self.device.type == "cuda" else None)
+            self._work[bucket] = _BucketWork(self.spec, self.model, self.compiled, self.device, result, self.progress)
+        return self._work[bucket]
+
+    def _guard(self, work: "_BucketWork", step: Any) -> None:
+        """Run one step of a bucket; an exception fails that bucket only, and deletes what it compiled."""
+        before = set(sync.scan(self.local.path))
+        try:
+            step()
         except (KeyboardInterrupt, SetupError):
             raise
         except Exception as exc:  # one bad bucket must not hide the others
+            result = work.result
             result.status = "failed"
             result.error = f"{result.stage}: {brief(exc)}"
             result.error_detail = "".join(traceback.format_exception_only(exc))[-4000:]
-            quarantined += _quarantine(local.path, set(sync.scan(local.path)) - before)
-        progress.finish(result)
-        results.append(result)
-    published, publish_error = None, None
-    if publish and store is not None and any(r.status == "ok" for r in results):
-        progress.step(f"publish {local.namespace} to {remote.url}")
-        try:
-            published = sync.publish(store, local.path, local.namespace, key, allow_unsigned=remote.allow_unsigned,
-                                     buckets=[r.bucket for r in results if r.status == "ok"],
-                                     meta={"model": spec.name, "platform": asdict(platform)}, exclude=quarantined)
-        except (StoreError, IntegrityError) as exc:
-            publish_error = str(exc)
-    files, size = local.usage()
-    return WarmupRun(platform=platform, namespace=local.namespace, device=str(device), cache_dir=str(local.path),
-                     results=results, wall_seconds=time.perf_counter() - started, setup_seconds=setup_seconds,
-                     process_age_at_start=process_age,
-                     cache_bytes=size, cache_files=files,
-                     remote=remote.url if remote else None, pull=pulled, publish=published,
-                     publish_error=publish_error)
+            self._quarantined += _quarantine(self.local.path, set(sync.scan(self.local.path)) - before)
+            work.pause()
+            self.progress.finish(result)
+
+
+def _combined(pulls: list[sync.Transfer]) -> Optional[sync.Transfer]:
+    """Several pulls of one process as one transfer: the last generation, the sums of the rest."""
+    if not pulls:
+        return None
+    return sync.Transfer(generation=pulls[-1].generation, files=sum(p.files for p in pulls),
+                         bytes=sum(p.bytes for p in pulls), shards=sum(p.shards for p in pulls),
+                         seconds=sum(p.seconds for p in pulls))
 
 
 def _quarantine(directory: Path, created: set[str]) -> list[str]:
@@ -222,78 +254,100 @@ def _point_caches_at(local: LocalCache) -> None:
     os.environ["TRITON_CACHE_DIR"] = str(local.triton_dir)
 
 
-def _warm_bucket(spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device: torch.device,
-                 result: BucketResult, progress: Progress, benchmark: bool = True) -> None:
-    bucket = result.bucket
-    clock = Clock(device)
+class _BucketWork:
+    """The stages of one bucket, each timed on its own (see the module doc). Stages may run far
+    apart in time; the waits between them are not counted in any stage."""
 
-    stage_started = time.perf_counter()
+    def __init__(self, spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device: torch.device,
+                 result: BucketResult, progress: Progress) -> None:
+        self.spec, self.model, self.compiled_model, self.device = spec, model, compiled, device
+        self.result, self.progress = result, progress
+        self.clock = Clock(device)
+        self.reference: Optional[list[torch.Tensor]] = None
+        self.compiled = False
+        self._inputs: Optional[tuple[Any, Any]] = None
+        self._stage_started: Optional[float] = None
 
-    def enter(stage: str, total: Optional[int] = None) -> None:
-        nonlocal stage_started
-        now = time.perf_counter()
-        if result.stage != "pending":
-            result.stage_seconds[result.stage] = now - stage_started
-        result.stage, stage_started = stage, now
-        if stage != "done":
-            progress.phase(bucket, stage, total)
+    def enter(self, stage: str, total: Optional[int] = None) -> None:
+        self.pause()
+        self.result.stage, self._stage_started = stage, time.perf_counter()
+        self.progress.phase(self.result.bucket, stage, total)
 
-    args, kwargs = make_inputs(spec, bucket, device)
+    def pause(self) -> None:
+        if self._stage_started is not None:
+            spent = time.perf_counter() - self._stage_started
+            self.result.stage_seconds[self.result.stage] = self.result.stage_seconds.get(self.result.stage, 0.0) + spent
+            self._stage_started = None
 
-    def eager() -> Any:
-        return model(*args, **kwargs)
+    def eager(self) -> Any:
+        args, kwargs = self._inputs
+        return self.model(*args, **kwargs)
 
-    def run_compiled() -> Any:
+    def run_compiled(self) -> Any:
+        args, kwargs = self._inputs
         ti.mark_step()
-        return compiled(*args, **kwargs)
+        return self.compiled_model(*args, **kwargs)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    with torch.no_grad(), ti.cudagraph_skip_reasons() as skip_reasons:
-        enter("eager reference")
-        _, reference = clock.wall(eager)
-        reference = [t.detach().clone() for t in ti.flatten(reference)]
+    def run_reference(self) -> None:
+        self.enter("eager reference")
+        self._inputs = make_inputs(self.spec, self.result.bucket, self.device)
+        with torch.no_grad():
+            _, reference = self.clock.wall(self.eager)
+        self.reference = [t.detach().clone() for t in ti.flatten(reference)]
+        self.pause()
 
-        enter("compile")
-        window = ti.CounterWindow()
-        result.compile_seconds, first = clock.wall(run_compiled)
-        first = [t.detach().clone() for t in ti.flatten(first)]
-        compile_stats = window.stats()
-        _record_compile(result, compile_stats, spec, device, skip_reasons)
+    def compile(self) -> None:
+        result = self.result
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        with torch.no_grad(), ti.cudagraph_skip_reasons() as skip_reasons:
+            self.enter("compile")
+            window = ti.CounterWindow()
+            result.compile_seconds, first = self.clock.wall(self.run_compiled)
+            first = [t.detach().clone() for t in ti.flatten(first)]
+            _record_compile(result, window.stats(), self.spec, self.device, skip_reasons)
 
-        enter("record graphs")
-        after_first = ti.CounterWindow()
-        replay = None
-        start = time.perf_counter()
-        for _ in range(GRAPH_RECORD_CALLS):
-            _, replay = clock.wall(run_compiled)
-        result.graph_record_seconds = time.perf_counter() - start
-        replay = [t.detach().clone() for t in ti.flatten(replay)]
-
-        enter("check")
-        _check(result, reference, [first, replay], spec)
-        if not benchmark:  # a compile-only worker: correct is all it must prove before publishing
+            self.enter("record graphs")
+            after_first = ti.CounterWindow()
+            replay = None
+            start = time.perf_counter()
+            for _ in range(GRAPH_RECORD_CALLS):
+                _, replay = self.clock.wall(self.run_compiled)
+            result.graph_record_seconds = time.perf_counter() - start
+            replay = [t.detach().clone() for t in ti.flatten(replay)]
             result.recompiles = after_first.stats().frames_compiled
-            result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(device)
-            enter("done")
-            return
 
-        variants = {"eager": eager, "compiled": run_compiled}
+        self.enter("check")
+        _check(result, self.reference, [first, replay], self.spec)
+        result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
+        self.compiled = True
+        self.pause()
+
+    def benchmark(self) -> None:
+        spec, result = self.spec, self.result
+        variants = {"eager": self.eager, "compiled": self.run_compiled}
         rounds = max(3, spec.bench.iterations // BACK_TO_BACK_CALLS)
-        enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
-        latency = clock.interleaved(variants, spec.bench.iterations, spec.bench.warmup,
-                                    on_step=lambda: progress.advance(bucket))
-        throughput = clock.back_to_back(variants, rounds, BACK_TO_BACK_CALLS, on_step=lambda: progress.advance(bucket))
-        result.recompiles = after_first.stats().frames_compiled
+        bucket = result.bucket
+        self.enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
+        with torch.no_grad():
+            window = ti.CounterWindow()
+            latency = self.clock.interleaved(variants, spec.bench.iterations, spec.bench.warmup,
+                                             on_step=lambda: self.progress.advance(bucket))
+            throughput = self.clock.back_to_back(variants, rounds, BACK_TO_BACK_CALLS,
+                                                 on_step=lambda: self.progress.advance(bucket))
+            result.recompiles = (result.recompiles or 0) + window.stats().frames_compiled
+        result.eager_ms, result.eager_p90_ms = median(latency["eager"]), p90(latency["eager"])
+        result.compiled_ms, result.compiled_p90_ms = median(latency["compiled"]), p90(latency["compiled"])
+        result.speedup = _ratio(result.eager_ms, result.compiled_ms)
+        result.eager_throughput_ms = median(throughput["eager"])
+        result.compiled_throughput_ms = median(throughput["compiled"])
+        result.throughput_speedup = _ratio(result.eager_throughput_ms, result.compiled_throughput_ms)
+        if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
+            result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
+        self.pause()
 
-    result.eager_ms, result.eager_p90_ms = median(latency["eager"]), p90(latency["eager"])
-    result.compiled_ms, result.compiled_p90_ms = median(latency["compiled"]), p90(latency["compiled"])
-    result.speedup = _ratio(result.eager_ms, result.compiled_ms)
-    result.eager_throughput_ms = median(throughput["eager"])
-    result.compiled_throughput_ms = median(throughput["compiled"])
-    result.throughput_speedup = _ratio(result.eager_throughput_ms, result.compiled_throughput_ms)
-    result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(device)
-    enter("done")
+    def done(self) -> None:
+        self.result.stage = "done"
 
 
 def _record_compile(result: BucketResult, stats: ti.CompileStats, spec: WarmupSpec, device: torch.device,

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import platform as host_platform
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -45,6 +47,29 @@ def _triton_version() -> Optional[str]:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def prime_compiler(device: torch.device) -> None:
+    """Compile a one-line function once, in a scratch cache that is then deleted, so the one-off
+    start of Dynamo, AOTAutograd and Inductor (imports, registrations, the first trace, the first
+    kernel load) is paid by a process that is waiting anyway, not by its first real bucket."""
+    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="orchestrate-prime-") as scratch:
+        os.environ.update(TORCHINDUCTOR_CACHE_DIR=f"{scratch}/inductor", TRITON_CACHE_DIR=f"{scratch}/triton")
+        try:
+            # in-process compile: a worker pool started now would keep the scratch directory
+            with torch._inductor.config.patch(compile_threads=1), torch.no_grad():
+                torch.compile(_primer)(torch.ones(8, device=device))
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _primer(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x * 2.0 + 1.0)
 
 
 def allow_recompiles(n_graphs: int) -> None:

@@ -80,8 +80,8 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     started_at = datetime.now(timezone.utc)
 
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
-    from jobs.engine import Remote
     from jobs.errors import SetupError
+    from jobs.records import Remote
     from orchestrator.report import render_table, write_json
 
     remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
@@ -135,10 +135,9 @@ def _on_ray(spec, fresh: bool, remote_store, allow_unsigned: bool, ray_address: 
             ranks: Optional[int], err: Console, observe, started_at: datetime):
     """Compile wave and warm wave on Ray; the store defaults to a signed directory beside the cache."""
     from orchestrator.progress import FleetProgress
-    from orchestrator.ray_driver import preflight, run_on_ray
+    from orchestrator.ray_driver import run_on_ray
     from orchestrator.report import build_fleet_report
 
-    preflight(spec, local_cluster=ray_address is None)
     remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
     with FleetProgress(err, on_record=observe) as progress:
         fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh,
@@ -163,7 +162,7 @@ def _embedded_store(root: Path, allow_unsigned: bool):
     """The store when none is given: a directory beside the local cache, with a signing key made
     once and kept there (mode 0600), so the default path is signed and verified like production."""
     from cache.manifest import KEY_ENV, KEY_FILE_ENV
-    from jobs.engine import Remote
+    from jobs.records import Remote
 
     store = root / "store"
     try:

@@ -3,11 +3,16 @@ every rank warms. Pure data, no Ray: the driver turns it into tasks, tests check
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
 ACCELERATOR_PREFIX = "accelerator_type:"
+# A rank's process lives through the whole job, beside the compile tasks, so neither may take a
+# whole GPU. Over half keeps two ranks off one GPU (Ray packs fractions); compile tasks share the
+# rest. Either way Ray makes the process see exactly one GPU, as cuda:0.
+RANK_GPU_SHARE = 0.51
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,10 @@ class Target:
 class CompileUnit:
     gpu_class: str
     bucket: int
-    num_gpus: float  # fractional where buckets outnumber the class's GPUs: compiling is mostly CPU work
+    num_gpus: float  # a fraction: compiling is mostly CPU work, and the GPU's rank runs beside it
+    # Inductor's compile workers for this task: the node's CPUs split among the tasks compiling on
+    # it at once. Each task would otherwise start a worker per CPU, and each worker imports torch.
+    compile_threads: int = 1
 
 
 def nodes_from_ray(ray_nodes: list[dict[str, Any]]) -> list[Node]:
@@ -73,12 +81,17 @@ def targets(nodes: list[Node], ranks: Optional[int] = None) -> list[Target]:
 
 
 def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUnit]:
-    """One unit per (GPU class, bucket). A class with fewer GPUs than buckets shares them."""
+    """One unit per (GPU class, bucket), all compiling at once: what the ranks leave of each GPU
+    is split among the buckets that land on it."""
     units = []
     for gpu_class in sorted({t.gpu_class for t in targets_}):
         gpus = sum(1 for t in targets_ if t.gpu_class == gpu_class and t.node.gpus > 0)
-        share = 0.0 if gpus == 0 else min(1.0, gpus / len(buckets))
-        units += [CompileUnit(gpu_class, bucket, round(share, 4)) for bucket in buckets]
+        per_gpu = math.ceil(len(buckets) / gpus) if gpus else 0
+        share = math.floor((1 - RANK_GPU_SHARE) / per_gpu * 1e4) / 1e4 if gpus else 0.0
+        nodes = {t.node for t in targets_ if t.gpu_class == gpu_class}
+        per_node = math.ceil(len(buckets) / len(nodes))
+        threads = max(1, min(n.cpus for n in nodes) // per_node)
+        units += [CompileUnit(gpu_class, bucket, share, threads) for bucket in buckets]
     return units
 
 

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from jobs.engine import BucketResult
+from jobs.records import BucketResult
 
 
 class _Bars:

@@ -1,9 +1,10 @@
 """Warmup across a Ray cluster: compile each (GPU class, bucket) once, then warm every rank.
 
-Compile wave: one task per (class, bucket), spread over distinct workers so buckets compile in
-parallel; each pulls what the store has, compiles its bucket, checks it and publishes. Warm
-wave: one task per rank, pinned to its node with one whole GPU (so artifacts are always for
-cuda:0); it pulls, loads (hits only), records CUDA graphs and benchmarks every bucket.
+Compile wave: one process per (class, bucket), spread over the cluster so buckets compile in
+parallel; each compiles its bucket, checks it and publishes. Warm wave: one process per rank,
+pinned to its node, seeing one GPU (so artifacts are always for cuda:0). Both start together:
+a rank sets up while the compile wave runs, pulls and loads each bucket (hits only) as soon as
+it is published, and records CUDA graphs and benchmarks once compiling has stopped.
 
 Workers keep their cache under `<cache root>/node-<ip>`: nodes of a test cluster share one
 filesystem, and without the node key they would never need to pull.
@@ -11,23 +12,28 @@ filesystem, and without the node key they would never need to pull.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from jobs.engine import Remote, WarmupRun
+from jobs.records import BucketResult, Remote
 from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.plan import CompileUnit, Node, Target, compile_units, nodes_from_ray, targets
+from orchestrator.plan import RANK_GPU_SHARE, CompileUnit, Node, Target, compile_units, nodes_from_ray, targets
 
-TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is retried this often
-# Every task in a fresh process, as a new replica would be: a reused worker keeps Dynamo's
-# in-memory code cache, so it would "load" without ever reading the cache it is meant to test.
-_TASK = {"max_retries": TASK_RETRIES, "retry_exceptions": False, "max_calls": 1}
+if TYPE_CHECKING:  # workers import torch; the driver does not
+    from jobs.engine import WarmupRun
+
+TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and its call retried, this often
+# Every compile unit and every rank is an actor, a process of its own as a new replica's would be:
+# a reused worker keeps Dynamo's in-memory code cache, so it would "load" without ever reading the
+# cache it is meant to test.
+_PROCESS = {"max_restarts": TASK_RETRIES, "max_task_retries": TASK_RETRIES}
 # Variables a worker needs to reach and trust the store; passed through runtime_env
 _PASS_ENV = ("ORCHESTRATE_", "AWS_", "TORCHINDUCTOR_", "TRITON_")
 
@@ -41,22 +47,27 @@ class FleetRun:
     runs: list[dict[str, Any]] = field(default_factory=list)  # per task: namespace, platform, pull, publish
     wall_seconds: float = 0.0
     address: Optional[str] = None
-    wave_seconds: dict[str, float] = field(default_factory=dict)  # "start", "compile", "warm" wall times
+    # "start": until the plan; "compile": until the last compile task ended; "warm": the rest (the
+    # ranks' loads that were left, and the benchmarks)
+    wave_seconds: dict[str, float] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)  # wall clock, the origin of the timeline
+    compile_errors: list[Exception] = field(default_factory=list)
 
 
-def preflight(spec: WarmupSpec, *, local_cluster: bool) -> None:
-    """Fail in the driver, in a second, on what would fail every worker: an unimportable
-    factory, or `device: cuda` on a local machine without a GPU."""
+def preflight(spec: WarmupSpec) -> None:
+    """Fail in the driver, at once, on what would fail every worker: a factory that is not there.
+    Only located, not imported: importing it imports torch, seconds in which the workers could
+    already be starting (a factory that is there but fails is still reported, by the workers)."""
     from jobs.errors import SetupError
-    from jobs.model import load_factory
 
-    load_factory(spec.model, spec.base_dir)
-    if local_cluster and spec.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SetupError("device 'cuda' was requested but torch sees no CUDA GPU here; "
-                             "use --device cpu or auto, or --ray-address of a GPU cluster")
+    ref = spec.model
+    if ref.is_file:
+        path = (spec.base_dir / ref.target).resolve()
+        if not path.is_file():
+            raise SetupError(f"model.factory: file {path} does not exist; paths are relative to the config file")
+    elif importlib.util.find_spec(ref.target.partition(".")[0]) is None:
+        raise SetupError(f"model.factory: cannot import module {ref.target!r}: no module named "
+                         f"{ref.target.partition('.')[0]!r} here; install it or use 'path/to/file.py:callable'")
 
 
 def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: Optional[str] = None,
@@ -69,22 +80,10 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
     started = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
     owns_cluster = not ray.is_initialized() and address is None
+    preflight(spec)
     if address and address != "auto":
         _probe(address)
-    if not ray.is_initialized():
-        try:
-            # "local": a new instance of our own, even where `ray start` left one running
-            # (--ray-address auto joins that one instead)
-            # Submitted as a Ray job, the job's own runtime_env already carries our variables, and
-            # Ray refuses a second one that repeats them.
-            as_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
-            ray.init(address=address or "local", runtime_env=None if as_job else {"env_vars": env},
-                     log_to_driver=False, include_dashboard=False if address is None else None,
-                     configure_logging=False)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ClusterUnreachable(f"cannot join the Ray cluster at {address or 'a new local instance'}: "
-                                     f"{str(exc).splitlines()[0]}; check --ray-address, and RAY_AUTH_TOKEN where "
-                                     "the cluster uses token authentication") from None
+    _join(ray, address, env)
     try:
         from jobs.errors import SetupError
 
@@ -102,16 +101,31 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
         fleet = FleetRun(nodes, planned, units, _ObservedList(on_record), address=address)
         fleet.wave_seconds["start"] = time.perf_counter() - started
         wave_started = time.perf_counter()
-        _compile_wave(ray, spec, cache_root, remote, fresh, units, fleet, report)
-        fleet.wave_seconds["compile"] = time.perf_counter() - wave_started
-        wave_started = time.perf_counter()
-        _warm_wave(ray, spec, cache_root, remote, planned, fleet, report)
-        fleet.wave_seconds["warm"] = time.perf_counter() - wave_started
+        _waves(ray, spec, cache_root, remote, fresh, units, planned, fleet, report)
+        fleet.wave_seconds["warm"] = time.perf_counter() - wave_started - fleet.wave_seconds["compile"]
         fleet.wall_seconds = time.perf_counter() - started
         return fleet
     finally:
         if owns_cluster:
             ray.shutdown()
+
+
+def _join(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
+    if ray.is_initialized():
+        return
+    try:
+        # "local": a new instance of our own, even where `ray start` left one running
+        # (--ray-address auto joins that one instead)
+        # Submitted as a Ray job, the job's own runtime_env already carries our variables, and
+        # Ray refuses a second one that repeats them.
+        as_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+        ray.init(address=address or "local", runtime_env=None if as_job else {"env_vars": env},
+                 log_to_driver=False, include_dashboard=False if address is None else None,
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError) as exc:
+        raise ClusterUnreachable(f"cannot join the Ray cluster at {address or 'a new local instance'}: "
+                                 f"{str(exc).splitlines()[0]}; check --ray-address, and RAY_AUTH_TOKEN where "
+                                 "the cluster uses token authentication") from None
 
 
 class _ObservedList(list):
@@ -137,109 +151,165 @@ def _probe(address: str) -> None:
                                  "(host:port of the head's GCS, or ray://host:10001)") from None
 
 
-def _compile_wave(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool,
-                  units: list[CompileUnit], fleet: FleetRun, report: Callable[[str], None]) -> None:
-    task = ray.remote(**_TASK)(compile_bucket)
-    refs = {}
+def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool, units: list[CompileUnit],
+           planned: list[Target], fleet: FleetRun, report: Callable[[str], None]) -> None:
+    """Both waves at once. Rank processes start with the compile tasks, so their interpreter,
+    torch, CUDA and model set-up and the eager references overlap compiling; each rank loads a
+    bucket the moment its compile task has published it, and benchmarks once no compile task is
+    left (compiling would steal the CPU that launches the kernels being timed)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    started = time.perf_counter()
+    compiler = ray.remote(**_PROCESS)(CompileWorker)
+    compilers, waiting = {}, {}
     for unit in units:
         options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
         if unit.num_gpus:
             options["num_gpus"] = unit.num_gpus
         if unit.gpu_class not in ("gpu", "cpu"):
             options["resources"] = {f"accelerator_type:{unit.gpu_class}": 0.001}
-        refs[task.options(name=f"compile-{unit.gpu_class}-b{unit.bucket}", **options).remote(
-            spec, str(cache_root), remote, fresh, unit.bucket)] = unit
-    setup_errors = []
-    for unit, outcome in _gather(ray, refs):
-        if isinstance(outcome, Exception):
-            if _is_setup_error(outcome):
-                setup_errors.append(getattr(outcome, "cause", outcome))
-            record = _failed_record(spec, unit.bucket, None, unit.gpu_class, "compile", outcome)
-            fleet.results.append(record)
-            report(f"compile bucket {unit.bucket} [{unit.gpu_class}]: FAILED {record['error']}")
-            continue
-        fleet.runs.append({**outcome["run"], "wave": "compile", "rank": None})
-        for record in outcome["results"]:
-            record.update(phase="compile", rank=None)
-            fleet.results.append(record)
-            published = outcome["run"]["publish"]
-            report(f"compile bucket {unit.bucket} [{unit.gpu_class}] on {record['node']}: {record['status']}, "
-                   f"{_seconds(record['compile_seconds'])}, {record['cache_hits']} hits/{record['cache_misses']} misses"
-                   + (f", published generation {published['generation']}" if published else "")
-                   + (f" ({record['error']})" if record["error"] else ""))
-    if setup_errors and len(setup_errors) == len(units):
-        from jobs.errors import SetupError
+        compilers[unit] = compiler.options(**options).remote()
+        waiting[compilers[unit].compile.remote(spec, str(cache_root), remote, fresh, unit.bucket,
+                                               unit.compile_threads)] = ("compile", unit)
+    rank = ray.remote(**_PROCESS)(RankWorker)
+    ranks = {}
+    for target in planned:
+        # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile tasks
+        options = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(target.node.node_id, soft=False)}
+        if target.node.gpus:
+            options["num_gpus"] = RANK_GPU_SHARE
+        ranks[target] = rank.options(**options).remote(spec, str(cache_root), remote, target.rank)
+    try:
+        waiting.update({ranks[t].prepare.remote(): ("load", (t, None)) for t in planned})
+        failed: dict[int, str] = {}
+        while any(kind == "compile" for kind, _ in waiting.values()):
+            for (kind, what), outcome in _gather(ray, waiting, once=True):
+                if kind == "load":
+                    _loaded(what, outcome, report)
+                    continue
+                ray.kill(compilers[what], no_restart=True)  # its answer is in; its teardown need not be waited for
+                error = _compiled(spec, what, outcome, fleet, report)
+                for target in (t for t in planned if t.gpu_class == what.gpu_class):
+                    if error is None:
+                        waiting[ranks[target].load.remote(what.bucket)] = ("load", (target, what.bucket))
+                    else:  # nothing to load: the bucket is failed on every rank of the class, for the same reason
+                        failed.setdefault(what.bucket, error)
+                        fleet.results.append(_failed_record(spec, what.bucket, target.rank, target.gpu_class, "warm",
+                                                            f"not loaded: {error}"))
+        _raise_if_nothing_could_start(fleet, units)
+        fleet.wave_seconds["compile"] = time.perf_counter() - started
+        buckets = [b for b in spec.buckets if b not in failed]
+        waiting.update({ranks[t].finish.remote(buckets): ("finish", t) for t in planned})
+        for (kind, what), outcome in _gather(ray, waiting):
+            if kind == "load":
+                _loaded(what, outcome, report)
+            else:
+                _finished(spec, what, outcome, buckets, fleet, report)
+    finally:
+        for actor in [*compilers.values(), *ranks.values()]:  # each holds a GPU share and memory until killed
+            ray.kill(actor, no_restart=True)
 
-        raise SetupError(str(setup_errors[0]))  # nothing could run anywhere: a config problem, exit 2
+
+def _compiled(spec: WarmupSpec, unit: CompileUnit, outcome: Any, fleet: FleetRun,
+              report: Callable[[str], None]) -> Optional[str]:
+    """Record one finished compile task; the error that failed its bucket, if any."""
+    if isinstance(outcome, Exception):
+        record = _failed_record(spec, unit.bucket, None, unit.gpu_class, "compile", _task_error("compile", outcome))
+        fleet.results.append(record)
+        fleet.compile_errors.append(outcome)
+        report(f"compile bucket {unit.bucket} [{unit.gpu_class}]: FAILED {record['error']}")
+        return record["error"]
+    fleet.runs.append({**outcome["run"], "wave": "compile", "rank": None, "bucket": unit.bucket})
+    error = None
+    for record in outcome["results"]:
+        record.update(phase="compile", rank=None)
+        fleet.results.append(record)
+        published = outcome["run"]["publish"]
+        if record["status"] != "ok":
+            error = f"compile task failed at {record['error']}"
+        elif not published:
+            error = f"compile task could not publish: {outcome['run']['publish_error']}"
+        report(f"compile bucket {unit.bucket} [{unit.gpu_class}] on {record['node']}: {record['status']}, "
+               f"{_seconds(record['compile_seconds'])}, {record['cache_hits']} hits/{record['cache_misses']} misses"
+               + (f", published generation {published['generation']}" if published else "")
+               + (f" ({record['error']})" if record["error"] else ""))
+    return error
 
 
-def _is_setup_error(exc: Exception) -> bool:
+def _raise_if_nothing_could_start(fleet: FleetRun, units: list[CompileUnit]) -> None:
     from jobs.errors import SetupError
 
-    return isinstance(getattr(exc, "cause", None), SetupError)
+    causes = [getattr(e, "cause", None) for e in fleet.compile_errors]
+    setup = [c for c in causes if isinstance(c, SetupError)]
+    if setup and len(setup) == len(units):
+        raise SetupError(str(setup[0]))  # nothing could run anywhere: a config problem, exit 2
 
 
-def _warm_wave(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, planned: list[Target],
-               fleet: FleetRun, report: Callable[[str], None]) -> None:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(**_TASK)(warm_rank)
-    refs = {}
-    for target in planned:
-        options: dict[str, Any] = {
-            "num_cpus": 1, "scheduling_strategy": NodeAffinitySchedulingStrategy(target.node.node_id, soft=False)}
-        if target.node.gpus:
-            options["num_gpus"] = 1  # one visible device per process: artifacts for cuda:0
-        refs[task.options(name=f"warm-rank{target.rank}", **options).remote(
-            spec, str(cache_root), remote, target.rank)] = target
-    for target, outcome in _gather(ray, refs):
-        if isinstance(outcome, Exception):
-            for bucket in spec.buckets:
-                fleet.results.append(_failed_record(spec, bucket, target.rank, target.gpu_class, "warm", outcome))
-            report(f"warm rank {target.rank} ({target.node.ip}): FAILED {outcome}")
-            continue
-        fleet.runs.append({**outcome["run"], "wave": "warm", "rank": target.rank})
-        ok = [r for r in outcome["results"] if r["status"] == "ok"]
-        for record in outcome["results"]:
-            record.update(phase="warm", rank=target.rank)
-            fleet.results.append(record)
-        pulled = outcome["run"]["pull"]
-        speedups = [r["speedup"] for r in ok if r["speedup"]]
-        report(f"warm rank {target.rank} ({target.node.ip}, {target.gpu_class}): {len(ok)}/{len(spec.buckets)} ok, "
-               f"pull {_seconds(pulled['seconds'] if pulled else None)}, "
-               f"load {_seconds(sum(r['compile_seconds'] or 0 for r in ok))}, "
-               f"misses {sum(r['cache_misses'] or 0 for r in ok)}"
-               + (f", speedup {min(speedups):.2f}-{max(speedups):.2f}x" if speedups else ""))
+def _loaded(what: tuple[Target, Optional[int]], outcome: Any, report: Callable[[str], None]) -> None:
+    target, bucket = what
+    if bucket is None or not isinstance(outcome, dict):
+        return  # set-up, or a failure that `finish` reports
+    report(f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome['status']}, "
+           f"{_seconds(outcome['compile_seconds'])}, {outcome['cache_hits']} hits/{outcome['cache_misses']} misses")
 
 
-def _gather(ray: Any, refs: dict[Any, Any]):
-    """Yield (what, result-or-exception) as tasks finish; Ctrl-C cancels whatever still runs.
-    Cancelling is safe for the store: a manifest is only ever created whole, after its shards."""
-    pending = list(refs)
+def _finished(spec: WarmupSpec, target: Target, outcome: Any, buckets: list[int], fleet: FleetRun,
+              report: Callable[[str], None]) -> None:
+    if isinstance(outcome, Exception):
+        for bucket in buckets:
+            fleet.results.append(_failed_record(spec, bucket, target.rank, target.gpu_class, "warm",
+                                                _task_error("warm", outcome)))
+        report(f"warm rank {target.rank} ({target.node.ip}): FAILED {outcome}")
+        return
+    fleet.runs.append({**outcome["run"], "wave": "warm", "rank": target.rank, "bucket": None})
+    ok = [r for r in outcome["results"] if r["status"] == "ok"]
+    for record in outcome["results"]:
+        record.update(phase="warm", rank=target.rank)
+        fleet.results.append(record)
+    pulled = outcome["run"]["pull"]
+    speedups = [r["speedup"] for r in ok if r["speedup"]]
+    report(f"warm rank {target.rank} ({target.node.ip}, {target.gpu_class}): {len(ok)}/{len(buckets)} ok, "
+           f"pull {_seconds(pulled['seconds'] if pulled else None)}, "
+           f"load {_seconds(sum(r['compile_seconds'] or 0 for r in ok))}, "
+           f"misses {sum(r['cache_misses'] or 0 for r in ok)}"
+           + (f", speedup {min(speedups):.2f}-{max(speedups):.2f}x" if speedups else ""))
+
+
+def _gather(ray: Any, refs: dict[Any, Any], once: bool = False):
+    """Yield (what, result-or-exception) as tasks finish, removing them from `refs`; with `once`,
+    stop after the first that finishes (`refs` may have grown meanwhile). Ctrl-C cancels whatever
+    still runs; that is safe for the store: a manifest is only ever created whole, after its shards."""
     try:
-        while pending:
+        while refs:
             # a bounded wait keeps the driver responsive to Ctrl-C
-            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            done, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
             for ref in done:
+                what = refs.pop(ref)
                 try:
-                    yield refs[ref], ray.get(ref)
+                    yield what, ray.get(ref)
                 except Exception as exc:  # the task raised, or its worker died more than TASK_RETRIES times
-                    yield refs[ref], exc
+                    yield what, exc
+            if done and once:
+                return
     except KeyboardInterrupt:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=True)
+            except ValueError:  # a rank's method: Ray cannot force those; the caller kills the rank
+                pass
         raise
 
 
 def _failed_record(spec: WarmupSpec, bucket: int, rank: Optional[int], gpu_class: str, phase: str,
-                   exc: Exception) -> dict[str, Any]:
-    from jobs.engine import BucketResult
+                   error: str) -> dict[str, Any]:
+    return BucketResult(bucket=bucket, rank=rank, gpu=gpu_class, phase=phase, status="failed", node="unknown",
+                        error=error).to_dict()
+
+
+def _task_error(phase: str, exc: Exception) -> str:
     from jobs.errors import brief
 
-    cause = getattr(exc, "cause", None) or exc
-    record = BucketResult(bucket=bucket, rank=rank, gpu=gpu_class, phase=phase, status="failed", node="unknown",
-                          error=f"{phase} task: {brief(cause)}").to_dict()
-    return record
+    return f"{phase} task: {brief(getattr(exc, 'cause', None) or exc)}"
 
 
 def _seconds(value: Optional[float]) -> str:
@@ -255,12 +325,15 @@ def node_cache_root(cache_root: str) -> Path:
     return Path(cache_root) / f"node-{ray.util.get_node_ip_address()}"
 
 
-def compile_bucket(spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int) -> dict[str, Any]:
+def compile_bucket(spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int,
+                   compile_threads: int = 1) -> dict[str, Any]:
     """Compile one bucket in a private directory and publish it. Private, because a publish
     snapshots the directory: in a shared one it could catch another compiler's half-written
     file (gcc writes its .so in place) and make it the namespace's permanent copy."""
     import shutil
 
+    # read when torch is first imported, just below: this process is fresh (an actor of its own)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads))
     from jobs.engine import run_warmup
 
     root = node_cache_root(cache_root) / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
@@ -271,21 +344,82 @@ def compile_bucket(spec: WarmupSpec, cache_root: str, remote: Remote, fresh: boo
         shutil.rmtree(root, ignore_errors=True)
 
 
-def warm_rank(spec: WarmupSpec, cache_root: str, remote: Remote, rank: int) -> dict[str, Any]:
-    from jobs.engine import run_warmup
+class CompileWorker:
+    """One compile unit in a process of its own (a Ray actor). The driver kills it as soon as it
+    has answered: a process's orderly teardown (Inductor's worker pool, the CUDA context) takes
+    seconds that nobody needs to wait for, and Ray would make a plain task's caller wait."""
 
-    # Ranks of one node share its cache directory and only read the store: what they load was
-    # compiled and published by the compile wave.
-    return _as_dict(run_warmup(spec, node_cache_root(cache_root), rank=rank, remote=remote, publish=False))
+    def compile(self, spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int,
+                compile_threads: int) -> dict[str, Any]:
+        return compile_bucket(spec, cache_root, remote, fresh, bucket, compile_threads)
 
 
-def _as_dict(run: WarmupRun) -> dict[str, Any]:
+class RankWorker:
+    """One rank for the whole job, in a process of its own (a Ray actor): it sets up while the
+    compile wave runs, loads each bucket when told it is published, and benchmarks at the end.
+    Every method may run in a restarted process (the worker died and Ray restarted it), so each
+    one first makes sure what it builds on is there."""
+
+    def __init__(self, spec: WarmupSpec, cache_root: str, remote: Remote, rank: int) -> None:
+        self.spec, self.cache_root, self.remote, self.rank = spec, cache_root, remote, rank
+        self._session: Any = None
+        self._fatal: Optional[Exception] = None  # set-up or store failure: every bucket of the rank fails
+
+    def prepare(self) -> None:
+        """Everything that needs no artifact: imports, CUDA, the model, the compiler's own start,
+        the eager references."""
+        self._step(lambda session: [session.reference(b) for b in self.spec.buckets])
+
+    def load(self, bucket: int) -> Optional[dict[str, Any]]:
+        def pull_and_load(session: Any) -> dict[str, Any]:
+            session.pull()
+            return session.warm(bucket, benchmark=False).to_dict()
+
+        return self._step(pull_and_load)
+
+    def finish(self, buckets: list[int]) -> dict[str, Any]:
+        """Benchmark `buckets` (loading any this process has not: after a restart) and report."""
+        if self._fatal is not None:
+            raise self._fatal
+        session = self._ready()
+        if any(not session.loaded(b) for b in buckets):
+            session.pull()
+        for bucket in buckets:
+            session.warm(bucket, benchmark=False)
+        for bucket in buckets:
+            session.benchmark(bucket)
+        return _as_dict(session.run(), buckets)
+
+    def _ready(self) -> Any:
+        from jobs import torch_internals as ti
+        from jobs.engine import Session
+
+        if self._session is None:
+            # Ranks of one node share its cache directory and only read the store: what they
+            # load was compiled and published by the compile wave.
+            self._session = Session(self.spec, node_cache_root(self.cache_root), rank=self.rank, remote=self.remote)
+            ti.prime_compiler(self._session.device)
+        return self._session
+
+    def _step(self, work: Callable[[Any], Any]) -> Any:
+        if self._fatal is not None:
+            return None
+        try:
+            return work(self._ready())
+        except Exception as exc:  # reported by `finish`, where the driver gathers the rank's outcome
+            self._fatal = exc
+            return None
+
+
+def _as_dict(run: WarmupRun, buckets: Optional[list[int]] = None) -> dict[str, Any]:
     import ray
 
-    ip = ray.util.get_node_ip_address()
-    results = [{**r.to_dict(), "node": ip} for r in run.results]
+    ip, now = ray.util.get_node_ip_address(), time.time()
+    results = [{**r.to_dict(), "node": ip} for r in run.results if buckets is None or r.bucket in buckets]
     meta = {"namespace": run.namespace, "platform": asdict(run.platform), "device": run.device, "node": ip,
             "pull": asdict(run.pull) if run.pull else None, "publish": asdict(run.publish) if run.publish else None,
             "publish_error": run.publish_error, "cache_bytes": run.cache_bytes, "cache_files": run.cache_files,
-            "setup_seconds": run.setup_seconds, "process_age_at_start": run.process_age_at_start}
+            "setup_seconds": run.setup_seconds, "process_age_at_start": run.process_age_at_start,
+            # wall clock, for the job's timeline: from the process's start to its report
+            "process_started_at": now - run.wall_seconds - (run.process_age_at_start or 0.0), "ended_at": now}
     return {"run": meta, "results": results}

@@ -9,15 +9,17 @@ import tempfile
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from rich.console import Console
 from rich.table import Table
 
-from jobs.engine import WarmupRun
+from jobs.spec import WarmupSpec
 from orchestrator.plan import fleet_summary, spread as _spread
 from orchestrator.ray_driver import FleetRun
-from jobs.spec import WarmupSpec
+
+if TYPE_CHECKING:  # the driver of a Ray run never imports torch
+    from jobs.engine import WarmupRun
 
 SCHEMA_VERSION = 1
 
@@ -55,7 +57,8 @@ def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, start
     report.update(
         namespaces=sorted({run["namespace"] for run in fleet.runs}),
         executor={"kind": "ray", "address": fleet.address or "local", "nodes": len(fleet.nodes),
-                  "ranks": len(fleet.targets), "compile_units": len(fleet.units), "wave_seconds": fleet.wave_seconds},
+                  "ranks": len(fleet.targets), "compile_units": len(fleet.units), "wave_seconds": fleet.wave_seconds,
+                  "timeline": _timeline(fleet)},
         summary={**_summary([r for r in results if r["phase"] == "warm"] or results,
                             ready_seconds=max(ranks_ready, default=None), process_seconds_to_ready=None,
                             cache_bytes=max((r["cache_bytes"] for r in fleet.runs), default=0),
@@ -68,6 +71,15 @@ def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, start
                 "published_generations": sorted({r["publish"]["generation"] for r in fleet.runs if r["publish"]}),
                 "publish_errors": [r["publish_error"] for r in fleet.runs if r["publish_error"]]})
     return report
+
+
+def _timeline(fleet: FleetRun) -> list[dict[str, Any]]:
+    """When each task's process started and when it reported, in seconds from the driver's start
+    (clocks of other nodes are trusted to be NTP-close)."""
+    rows = [{"wave": run["wave"], "bucket": run["bucket"], "rank": run["rank"], "node": run["node"],
+             "started_s": round(run["process_started_at"] - fleet.started_at, 3),
+             "ended_s": round(run["ended_at"] - fleet.started_at, 3)} for run in fleet.runs]
+    return sorted(rows, key=lambda row: row["started_s"])
 
 
 def _header(spec: WarmupSpec, started_at: datetime, namespace: Any, torch_version: Any, device: Any, gpu: Any,

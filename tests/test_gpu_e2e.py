@@ -31,3 +31,20 @@ def test_cuda_graphs_recorded_and_second_process_warm(tmp_path):
     assert all(r["cache"]["fx_graph_misses"] == 0 for r in warm["results"])
     # the Triton kernels were written under the namespace, not torch's default /tmp directory
     assert any((tmp_path / cold["namespace"] / "triton").rglob("*.cubin"))
+
+
+def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_path):
+    """The default path: a local Ray instance, the rank beside the compile tasks on one GPU."""
+    proc = orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,4,16", "--device", "cuda", "--json",
+                       cache_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    compiled = [r for r in report["results"] if r["phase"] == "compile"]
+    warm = [r for r in report["results"] if r["phase"] == "warm"]
+    assert sorted(r["bucket"] for r in compiled) == [1, 4, 16]
+    assert len(warm) == 3 * torch.cuda.device_count()
+    for result in warm:
+        assert result["status"] == "ok", result["error"]
+        assert result["cache_state"] == "hit" and result["gpu"] == torch.cuda.get_device_name(0)
+        # loaded bucket by bucket, benchmarked after all: still one graph per bucket, no recompile
+        assert result["cudagraphs"] is True and result["recompiles"] == 0 and result["speedup"] > 0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator.plan import Node, compile_units, fleet_summary, nodes_from_ray, targets
+from orchestrator.plan import RANK_GPU_SHARE, Node, compile_units, fleet_summary, nodes_from_ray, targets
 
 RAY_NODES = [
     {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",
@@ -34,13 +34,18 @@ def test_cpu_only_cluster_gets_cpu_workers():
     assert [t.node.node_id for t in targets(cpu, ranks=3)] == ["n1", "n2", "n1"]
 
 
-def test_one_compile_per_class_and_bucket_sharing_gpus_when_buckets_outnumber_them():
+def test_one_compile_per_class_and_bucket_sharing_gpus_with_the_ranks():
     units = compile_units(targets(nodes_from_ray(RAY_NODES)), [1, 8, 32])
+    # A10G: one GPU takes all three buckets; H200: two GPUs, at most two buckets on one
     assert [(u.gpu_class, u.bucket, u.num_gpus) for u in units] == [
-        ("A10G", 1, 0.3333), ("A10G", 8, 0.3333), ("A10G", 32, 0.3333),
-        ("H200", 1, 0.6667), ("H200", 8, 0.6667), ("H200", 32, 0.6667)]
+        ("A10G", 1, 0.1633), ("A10G", 8, 0.1633), ("A10G", 32, 0.1633),
+        ("H200", 1, 0.245), ("H200", 8, 0.245), ("H200", 32, 0.245)]
+    # every rank and every compile task of a GPU fit on it together, and two ranks never do
+    assert RANK_GPU_SHARE + 3 * 0.1633 <= 1 and RANK_GPU_SHARE + 2 * 0.245 <= 1 and 2 * RANK_GPU_SHARE > 1
+    # each node's 16 CPUs split among the three compile tasks that run on it at once
+    assert {u.compile_threads for u in units} == {5}
     cpu = targets([Node("n1", "127.0.0.1", 0, 2, "cpu")])
-    assert [u.num_gpus for u in compile_units(cpu, [1, 2])] == [0.0, 0.0]
+    assert [(u.num_gpus, u.compile_threads) for u in compile_units(cpu, [1, 2])] == [(0.0, 1), (0.0, 1)]
 
 
 def record(phase, rank, bucket, status="ok", speedup=2.0, compile_seconds=1.0, error=None):
@@ -62,3 +67,13 @@ def test_fleet_summary_spreads_and_deviations():
     assert (row["ranks_ok"], row["ranks_failed"]) == (3, 1)
     assert [(d["rank"], d["why"]) for d in summary["deviating_ranks"]] == [
         (2, "speedup 2.00x vs median 4.00x"), (3, "warm: OutOfMemoryError")]
+
+
+def test_the_driver_of_a_ray_run_never_imports_torch():
+    """Importing torch costs the driver seconds before the first task could start."""
+    import subprocess
+    import sys
+
+    code = ("import sys, orchestrator.cli, orchestrator.ray_driver, orchestrator.report, orchestrator.progress, "
+            "orchestrator.metrics, jobs.records; print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

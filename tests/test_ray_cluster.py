@@ -118,6 +118,37 @@ def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("node-")) == [
         "node-10.201.0.2", "node-10.201.0.3"]
     assert "compile bucket 1 [H200]" in proc.stderr and "warm rank 1" in proc.stderr
+    # one wave in time: the ranks' processes were up before compiling ended, and each loaded a
+    # bucket as soon as it was published
+    timeline = executor["timeline"]
+    compile_end = max(row["ended_s"] for row in timeline if row["wave"] == "compile")
+    ranks = [row for row in timeline if row["wave"] == "warm"]
+    assert len(ranks) == 2 and all(row["started_s"] < compile_end for row in ranks)
+    assert "rank 0 (" in proc.stderr and "loaded bucket 2: ok" in proc.stderr
+
+
+def test_a_rank_killed_mid_job_is_restarted_and_finishes(cluster, tmp_path):
+    env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
+    cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[3, 5]")),
+           "--ray-address", cluster["address"], "--json", "--cache-dir", str(tmp_path / "cache")]
+    driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and time.monotonic() < deadline and driver.poll() is None:
+        found = subprocess.run(["pgrep", "-f", "ray::RankWorker"], capture_output=True, text=True).stdout.split()
+        if found:
+            time.sleep(2.0)  # into its set-up or its first load
+            os.kill(int(found[0]), signal.SIGKILL)
+            killed = int(found[0])
+        time.sleep(0.1)
+    out, err = driver.communicate(timeout=600)
+    assert killed is not None, "never saw a rank running"
+    assert driver.returncode == 0, err
+    report = json.loads(out)
+    warm = [r for r in report["results"] if r["phase"] == "warm"]
+    assert sorted((r["rank"], r["bucket"]) for r in warm) == [(0, 3), (0, 5), (1, 3), (1, 5)]
+    # the restarted rank loaded from the cache like the other: nothing compiled outside the compile wave
+    assert all(r["status"] == "ok" and r["cache_state"] == "hit" for r in warm)
 
 
 def test_a_worker_killed_mid_compile_is_retried(cluster, tmp_path):
@@ -128,7 +159,7 @@ def test_a_worker_killed_mid_compile_is_retried(cluster, tmp_path):
     killed = None
     deadline = time.monotonic() + 120
     while killed is None and time.monotonic() < deadline and driver.poll() is None:
-        found = subprocess.run(["pgrep", "-f", "ray::compile"], capture_output=True, text=True).stdout.split()
+        found = subprocess.run(["pgrep", "-f", "ray::CompileWorker"], capture_output=True, text=True).stdout.split()
         if found:
             time.sleep(1.0)  # let it get into the compile
             os.kill(int(found[0]), signal.SIGKILL)
@@ -177,7 +208,7 @@ def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and driver.poll() is None:
-        if subprocess.run(["pgrep", "-f", "ray::compile"], capture_output=True).returncode == 0:
+        if subprocess.run(["pgrep", "-f", "ray::CompileWorker"], capture_output=True).returncode == 0:
             break
         time.sleep(0.1)
     time.sleep(1.0)
@@ -185,13 +216,13 @@ def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
     _, err = driver.communicate(timeout=120)
     assert driver.returncode == 130, err
     assert "orchestrate: error: interrupted" in err
-    # the cancelled compile tasks are gone, and the store holds only whole, verifiable states
+    # the cancelled compile tasks and the ranks are gone, and the store holds only whole, verifiable states
     for _ in range(100):
-        if subprocess.run(["pgrep", "-f", "ray::compile"], capture_output=True).returncode != 0:
+        if subprocess.run(["pgrep", "-f", "ray::CompileWorker|ray::RankWorker"], capture_output=True).returncode != 0:
             break
         time.sleep(0.1)
     else:
-        pytest.fail("compile tasks still running after Ctrl-C")
+        pytest.fail("compile tasks or ranks still running after Ctrl-C")
     store = cache / "store"
     assert not [p for p in store.rglob("*") if p.name.startswith(".tmp-")]
     verify = orchestrate("cache", "verify", "--remote", f"file://{store}", "--signing-key-file",

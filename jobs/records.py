@@ -1,0 +1,59 @@
+"""What the driver and the workers hand each other: torch-free, so the driver can plan, submit
+and report without importing torch (seconds that the workers' own start can use instead)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class BucketResult:
+    bucket: int
+    rank: int = 0
+    node: str = field(default_factory=socket.gethostname)
+    gpu: Optional[str] = None
+    phase: str = "compile"  # the wave; in one process: "warm" when every cache lookup hit
+    cache_state: Optional[str] = None  # "hit" (all lookups hit), "miss" (none hit) or "mixed"
+    status: str = "ok"
+    stage: str = "pending"  # last stage entered; names where a failed bucket failed
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # wall time spent in each stage
+    error: Optional[str] = None
+    error_detail: Optional[str] = None  # the whole exception message, for logs
+    compile_seconds: Optional[float] = None
+    graph_record_seconds: Optional[float] = None
+    cache_hits: Optional[int] = None
+    cache_misses: Optional[int] = None
+    cache: dict[str, int] = field(default_factory=dict)
+    eager_ms: Optional[float] = None
+    eager_p90_ms: Optional[float] = None
+    compiled_ms: Optional[float] = None
+    compiled_p90_ms: Optional[float] = None
+    speedup: Optional[float] = None  # median eager / median compiled per-call latency
+    eager_throughput_ms: Optional[float] = None  # per call, calls issued back to back
+    compiled_throughput_ms: Optional[float] = None
+    throughput_speedup: Optional[float] = None
+    graph_breaks: Optional[int] = None
+    graph_break_reasons: dict[str, int] = field(default_factory=dict)
+    frames_compiled: Optional[int] = None
+    recompiles: Optional[int] = None
+    cudagraphs: Optional[bool] = None
+    cudagraph_skip_reasons: list[str] = field(default_factory=list)
+    max_abs_error: Optional[float] = None
+    atol: Optional[float] = None
+    rtol: Optional[float] = None
+    peak_memory_bytes: Optional[int] = None
+    peak_memory_kind: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """The shared store a worker pulls from before compiling and publishes to afterwards."""
+
+    url: str
+    allow_unsigned: bool = False
+    key_file: Optional[str] = None
