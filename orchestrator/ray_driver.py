@@ -219,7 +219,8 @@ def _compiled(spec: WarmupSpec, unit: CompileUnit, outcome: Any, fleet: FleetRun
         fleet.compile_errors.append(outcome)
         report(f"compile bucket {unit.bucket} [{unit.gpu_class}]: FAILED {record['error']}")
         return record["error"]
-    fleet.runs.append({**outcome["run"], "wave": "compile", "rank": None, "bucket": unit.bucket})
+    fleet.runs.append({**outcome["run"], "wave": "compile", "rank": None, "bucket": unit.bucket,
+                       "answered_at": time.time()})
     error = None
     for record in outcome["results"]:
         record.update(phase="compile", rank=None)
@@ -261,7 +262,7 @@ def _finished(spec: WarmupSpec, target: Target, outcome: Any, buckets: list[int]
                                                 _task_error("warm", outcome)))
         report(f"warm rank {target.rank} ({target.node.ip}): FAILED {outcome}")
         return
-    fleet.runs.append({**outcome["run"], "wave": "warm", "rank": target.rank, "bucket": None})
+    fleet.runs.append({**outcome["run"], "wave": "warm", "rank": target.rank, "bucket": None, "answered_at": time.time()})
     ok = [r for r in outcome["results"] if r["status"] == "ok"]
     for record in outcome["results"]:
         record.update(phase="warm", rank=target.rank)
@@ -325,33 +326,31 @@ def node_cache_root(cache_root: str) -> Path:
     return Path(cache_root) / f"node-{ray.util.get_node_ip_address()}"
 
 
-def compile_bucket(spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int,
-                   compile_threads: int = 1) -> dict[str, Any]:
-    """Compile one bucket in a private directory and publish it. Private, because a publish
-    snapshots the directory: in a shared one it could catch another compiler's half-written
-    file (gcc writes its .so in place) and make it the namespace's permanent copy."""
-    import shutil
-
-    # read when torch is first imported, just below: this process is fresh (an actor of its own)
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads))
-    from jobs.engine import run_warmup
-
-    root = node_cache_root(cache_root) / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
-    try:
-        return _as_dict(run_warmup(spec.replaced(buckets=[bucket]), root, fresh=fresh, remote=remote,
-                                   benchmark=False))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 class CompileWorker:
-    """One compile unit in a process of its own (a Ray actor). The driver kills it as soon as it
-    has answered: a process's orderly teardown (Inductor's worker pool, the CUDA context) takes
-    seconds that nobody needs to wait for, and Ray would make a plain task's caller wait."""
+    """One compile unit in a process of its own (a Ray actor), killed by the driver as soon as it
+    has answered: an orderly exit (Inductor's worker pool, CUDA graphs, the CUDA context) would
+    spend seconds of CPU beside the ranks for nothing."""
 
     def compile(self, spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int,
                 compile_threads: int) -> dict[str, Any]:
-        return compile_bucket(spec, cache_root, remote, fresh, bucket, compile_threads)
+        """Compile one bucket in a private directory and publish it. Private, because a publish
+        snapshots the directory: in a shared one it could catch another compiler's half-written
+        file (gcc writes its .so in place) and make it the namespace's permanent copy."""
+        import shutil
+
+        # read when torch is first imported, just below: this process is fresh (an actor of its own)
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads))
+        from jobs.engine import Session
+
+        root = node_cache_root(cache_root) / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
+        try:
+            # kept on the actor, so that freeing the compiled code and graphs is left to the kill
+            self._session = Session(spec.replaced(buckets=[bucket]), root, fresh=fresh, remote=remote)
+            self._session.warm(bucket, benchmark=False)
+            self._session.publish()
+            return _as_dict(self._session.run())
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 class RankWorker:

@@ -74,11 +74,12 @@ def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, start
 
 
 def _timeline(fleet: FleetRun) -> list[dict[str, Any]]:
-    """When each task's process started and when it reported, in seconds from the driver's start
-    (clocks of other nodes are trusted to be NTP-close)."""
+    """When each task's process started, when it had its answer and when the driver had it, in
+    seconds from the start of the waves (clocks of other nodes are trusted to be NTP-close)."""
     rows = [{"wave": run["wave"], "bucket": run["bucket"], "rank": run["rank"], "node": run["node"],
              "started_s": round(run["process_started_at"] - fleet.started_at, 3),
-             "ended_s": round(run["ended_at"] - fleet.started_at, 3)} for run in fleet.runs]
+             "ended_s": round(run["ended_at"] - fleet.started_at, 3),
+             "answered_s": round(run["answered_at"] - fleet.started_at, 3)} for run in fleet.runs]
     return sorted(rows, key=lambda row: row["started_s"])
 
 

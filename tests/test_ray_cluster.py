@@ -124,6 +124,7 @@ def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
     compile_end = max(row["ended_s"] for row in timeline if row["wave"] == "compile")
     ranks = [row for row in timeline if row["wave"] == "warm"]
     assert len(ranks) == 2 and all(row["started_s"] < compile_end for row in ranks)
+    assert all(row["started_s"] < row["ended_s"] <= row["answered_s"] for row in timeline)
     assert "rank 0 (" in proc.stderr and "loaded bucket 2: ok" in proc.stderr
 
 
