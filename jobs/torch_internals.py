@@ -31,7 +31,8 @@ def current_platform(device: torch.device) -> Platform:
     else:
         gpu = f"cpu-{host_platform.machine()}"
     return Platform(
-        torch_version=torch.__version__,
+        # plain str: a TorchVersion would make whoever unpickles a report import torch (the driver)
+        torch_version=str(torch.__version__),
         torch_git=getattr(torch.version, "git_version", "unknown"),
         triton_version=_triton_version(),
         cuda_version=torch.version.cuda,

@@ -77,3 +77,21 @@ def test_the_driver_of_a_ray_run_never_imports_torch():
     code = ("import sys, orchestrator.cli, orchestrator.ray_driver, orchestrator.report, orchestrator.progress, "
             "orchestrator.metrics, jobs.records; print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_a_workers_answer_unpickles_without_torch(tmp_path):
+    """What a worker returns holds no torch object (a TorchVersion once made the driver import
+    torch, 1-2 s, in the middle of the compile wave)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from jobs.engine import Session
+    from orchestrator.config import apply_overrides, load_spec
+    from orchestrator.ray_driver import _as_dict
+
+    spec = apply_overrides(load_spec("examples/mlp.yaml"), device="cpu")
+    answer = tmp_path / "answer.pickle"
+    answer.write_bytes(pickle.dumps(_as_dict(Session(spec, tmp_path / "cache").run())))
+    code = f"import pickle, sys; pickle.loads(open({str(answer)!r}, 'rb').read()); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
