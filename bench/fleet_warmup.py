@@ -108,7 +108,11 @@ def main() -> None:
                                  capture_output=True, text=True)
         if started.returncode != 0:
             raise SystemExit(f"ray start failed:\n{started.stdout[-2000:]}\n{started.stderr[-3000:]}")
-        time.sleep(10)  # let the head's prestarted workers come up: a cluster that is up is idle
+        # A cluster that has been up has had drivers before: Ray starts a worker per CPU for the
+        # first one only. Have that happen now, then let the cluster settle.
+        subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='127.0.0.1:{RAY_PORT}'); ray.shutdown()"],
+                       check=True, capture_output=True)
+        time.sleep(10)
         try:
             runs["existing"] = fleet(args, model, work, f"127.0.0.1:{RAY_PORT}")
         finally:

@@ -89,10 +89,21 @@ def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUni
         per_gpu = math.ceil(len(buckets) / gpus) if gpus else 0
         share = math.floor((1 - RANK_GPU_SHARE) / per_gpu * 1e4) / 1e4 if gpus else 0.0
         nodes = {t.node for t in targets_ if t.gpu_class == gpu_class}
-        per_node = math.ceil(len(buckets) / len(nodes))
-        threads = max(1, min(n.cpus for n in nodes) // per_node)
+        threads = max(1, min(n.cpus for n in nodes) // _units_per_node(targets_, gpu_class, len(buckets)))
         units += [CompileUnit(gpu_class, bucket, share, threads) for bucket in buckets]
     return units
+
+
+def has_spare_cpu(target: Target, targets_: list[Target], buckets: int) -> bool:
+    """Whether the target's node has a CPU beyond its compile units and ranks. A rank that waits
+    may then prime its compiler (a throwaway compile) without slowing the compile units down."""
+    ranks_here = sum(1 for t in targets_ if t.node == target.node)
+    return target.node.cpus > _units_per_node(targets_, target.gpu_class, buckets) + ranks_here
+
+
+def _units_per_node(targets_: list[Target], gpu_class: str, buckets: int) -> int:
+    """Compile units of the class that run at once on one of its nodes (SPREAD)."""
+    return math.ceil(buckets / len({t.node for t in targets_ if t.gpu_class == gpu_class}))
 
 
 def fleet_summary(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from jobs.records import BucketResult, Remote
 from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.plan import RANK_GPU_SHARE, CompileUnit, Node, Target, compile_units, nodes_from_ray, targets
+from orchestrator.plan import (RANK_GPU_SHARE, CompileUnit, Node, Target, compile_units, has_spare_cpu, nodes_from_ray,
+                               targets)
 
 if TYPE_CHECKING:  # workers import torch; the driver does not
     from jobs.engine import WarmupRun
@@ -121,7 +122,10 @@ def _join(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
         as_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
         ray.init(address=address or "local", runtime_env=None if as_job else {"env_vars": env},
                  log_to_driver=False, include_dashboard=False if address is None else None,
-                 configure_logging=False)
+                 configure_logging=False,
+                 # A new instance would start a worker per CPU for its first driver, all importing
+                 # Ray beside our processes; none would be used (each of ours is an actor of its own).
+                 _system_config={"prestart_worker_first_driver": False} if address is None else None)
     except (ConnectionError, RuntimeError) as exc:
         raise ClusterUnreachable(f"cannot join the Ray cluster at {address or 'a new local instance'}: "
                                  f"{str(exc).splitlines()[0]}; check --ray-address, and RAY_AUTH_TOKEN where "
@@ -178,7 +182,8 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
         options = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(target.node.node_id, soft=False)}
         if target.node.gpus:
             options["num_gpus"] = RANK_GPU_SHARE
-        ranks[target] = rank.options(**options).remote(spec, str(cache_root), remote, target.rank)
+        ranks[target] = rank.options(**options).remote(spec, str(cache_root), remote, target.rank,
+                                                       prime=has_spare_cpu(target, planned, len(spec.buckets)))
     try:
         waiting.update({ranks[t].prepare.remote(): ("load", (t, None)) for t in planned})
         failed: dict[int, str] = {}
@@ -359,8 +364,8 @@ class RankWorker:
     Every method may run in a restarted process (the worker died and Ray restarted it), so each
     one first makes sure what it builds on is there."""
 
-    def __init__(self, spec: WarmupSpec, cache_root: str, remote: Remote, rank: int) -> None:
-        self.spec, self.cache_root, self.remote, self.rank = spec, cache_root, remote, rank
+    def __init__(self, spec: WarmupSpec, cache_root: str, remote: Remote, rank: int, prime: bool) -> None:
+        self.spec, self.cache_root, self.remote, self.rank, self.prime = spec, cache_root, remote, rank, prime
         self._session: Any = None
         self._fatal: Optional[Exception] = None  # set-up or store failure: every bucket of the rank fails
 
@@ -397,7 +402,9 @@ class RankWorker:
             # Ranks of one node share its cache directory and only read the store: what they
             # load was compiled and published by the compile wave.
             self._session = Session(self.spec, node_cache_root(self.cache_root), rank=self.rank, remote=self.remote)
-            ti.prime_compiler(self._session.device)
+            if self.prime:  # only with a CPU to spare: on the 2-core CI machine, priming beside two
+                # compile units took their first calls from 13 s to 18 s
+                ti.prime_compiler(self._session.device)
         return self._session
 
     def _step(self, work: Callable[[Any], Any]) -> Any:

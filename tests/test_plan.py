@@ -2,7 +2,8 @@
 
 import pytest
 
-from orchestrator.plan import RANK_GPU_SHARE, Node, compile_units, fleet_summary, nodes_from_ray, targets
+from orchestrator.plan import (RANK_GPU_SHARE, Node, compile_units, fleet_summary, has_spare_cpu, nodes_from_ray,
+                               targets)
 
 RAY_NODES = [
     {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",
@@ -46,6 +47,14 @@ def test_one_compile_per_class_and_bucket_sharing_gpus_with_the_ranks():
     assert {u.compile_threads for u in units} == {5}
     cpu = targets([Node("n1", "127.0.0.1", 0, 2, "cpu")])
     assert [(u.num_gpus, u.compile_threads) for u in compile_units(cpu, [1, 2])] == [(0.0, 1), (0.0, 1)]
+
+
+def test_a_rank_primes_its_compiler_only_with_a_cpu_to_spare():
+    planned = targets(nodes_from_ray(RAY_NODES))
+    assert all(has_spare_cpu(t, planned, 3) for t in planned)  # 16 CPUs: 3 units and 1-2 ranks
+    two, four = (targets([Node("n1", "127.0.0.1", 0, cpus, "cpu")]) for cpus in (2, 4))
+    assert not has_spare_cpu(two[0], two, 3)  # 3 compile units and 1 rank on 2 CPUs
+    assert has_spare_cpu(four[0], four, 2)  # 2 compile units and 1 rank on 4 CPUs
 
 
 def record(phase, rank, bucket, status="ok", speedup=2.0, compile_seconds=1.0, error=None):

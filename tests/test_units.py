@@ -1,5 +1,6 @@
 """Small pieces with exact answers: statistics, compile kwargs, cache identity, local store."""
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -71,3 +72,16 @@ def test_local_cache_wipe_removes_only_its_namespace(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     assert (other.inductor_dir / "entry").read_text() == "y"
     mine.wipe()  # nothing there: no error
+
+
+def test_priming_the_compiler_leaves_the_real_cache_untouched(tmp_path, monkeypatch):
+    """A rank primes Dynamo/Inductor with a throwaway compile while it waits; that compile must
+    not land in the cache directory the rank loads from (and may be asked to serve)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    before = ti.CounterWindow()
+    ti.prime_compiler(torch.device("cpu"))
+    assert before.stats().frames_compiled == 1  # it did compile
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache / "inductor") and "TRITON_CACHE_DIR" not in os.environ
+    assert not cache.exists()
