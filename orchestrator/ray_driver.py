@@ -427,5 +427,7 @@ def _as_dict(run: WarmupRun, buckets: Optional[list[int]] = None) -> dict[str, A
             "publish_error": run.publish_error, "cache_bytes": run.cache_bytes, "cache_files": run.cache_files,
             "setup_seconds": run.setup_seconds, "process_age_at_start": run.process_age_at_start,
             # wall clock, for the job's timeline: from the process's start to its report
-            "process_started_at": now - run.wall_seconds - (run.process_age_at_start or 0.0), "ended_at": now}
+            "process_started_at": now - run.wall_seconds - (run.process_age_at_start or 0.0), "ended_at": now,
+            # the GPUs Ray gave this process (it sees them as cuda:0...): ranks must never share one
+            "gpu_ids": [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]}
     return {"run": meta, "results": results}

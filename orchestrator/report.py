@@ -77,6 +77,7 @@ def _timeline(fleet: FleetRun) -> list[dict[str, Any]]:
     """When each task's process started, when it had its answer and when the driver had it, in
     seconds from the start of the waves (clocks of other nodes are trusted to be NTP-close)."""
     rows = [{"wave": run["wave"], "bucket": run["bucket"], "rank": run["rank"], "node": run["node"],
+             "gpu_ids": run["gpu_ids"],
              "started_s": round(run["process_started_at"] - fleet.started_at, 3),
              "ended_s": round(run["ended_at"] - fleet.started_at, 3),
              "answered_s": round(run["answered_at"] - fleet.started_at, 3)} for run in fleet.runs]

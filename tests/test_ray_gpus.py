@@ -1,0 +1,66 @@
+"""GPU shares on one node with several GPUs: a Ray head declaring two H200s (no real GPU needed:
+Ray schedules on declared resources and sets CUDA_VISIBLE_DEVICES; the work runs on the CPU).
+Each rank must get a GPU of its own, and the compile units must fit beside the ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import orchestrate
+
+pytestmark = pytest.mark.slow
+
+PORT = 6391
+
+
+@pytest.fixture(scope="module")
+def head():
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    ray = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    full_env = {**os.environ, **env}
+    subprocess.run([*ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(PORT), "--num-cpus", "4",
+                    "--num-gpus", "2", "--resources", '{"accelerator_type:H200": 1}', "--include-dashboard", "false"],
+                   env=full_env, check=True, capture_output=True, timeout=180)
+    try:
+        yield env
+    finally:
+        subprocess.run([*ray, "stop", "--force"], env=full_env, capture_output=True, timeout=120)
+
+
+def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp_path):
+    (tmp_path / "models.py").write_text(textwrap.dedent("""
+        from torch import nn
+
+        def tiny():
+            return nn.Sequential(nn.Linear(16, 16), nn.GELU())
+    """))
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(textwrap.dedent("""
+        name: tiny
+        model: {factory: models.py:tiny}
+        inputs: [{shape: [batch, 16]}]
+        buckets: [1, 2, 3]
+        bench: {iterations: 5, warmup: 1}
+    """))
+    proc = orchestrate("warmup", "--model", str(cfg), "--ray-address", f"127.0.0.1:{PORT}", "--json",
+                       cache_dir=tmp_path / "cache", env=head)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["executor"]["ranks"], report["executor"]["compile_units"]) == (2, 3)
+    timeline = report["executor"]["timeline"]
+    ranks = [row for row in timeline if row["wave"] == "warm"]
+    units = [row for row in timeline if row["wave"] == "compile"]
+    # one GPU per rank, never shared (0.51 each); every compile unit on one of the node's GPUs beside them
+    assert sorted(gpu for row in ranks for gpu in row["gpu_ids"]) == ["0", "1"]
+    assert len(units) == 3 and all(len(row["gpu_ids"]) == 1 and row["gpu_ids"][0] in ("0", "1") for row in units)
+    warm = [r for r in report["results"] if r["phase"] == "warm"]
+    assert len(warm) == 6 and all(r["status"] == "ok" and r["cache_state"] == "hit" for r in warm)
