@@ -417,6 +417,12 @@ class RankWorker:
             return None
 
 
+def _gpu_ids(ray: Any) -> list[str]:
+    if not ray.is_initialized():  # called outside a worker: asking would start Ray in this process
+        return []
+    return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+
 def _as_dict(run: WarmupRun, buckets: Optional[list[int]] = None) -> dict[str, Any]:
     import ray
 
@@ -429,5 +435,5 @@ def _as_dict(run: WarmupRun, buckets: Optional[list[int]] = None) -> dict[str, A
             # wall clock, for the job's timeline: from the process's start to its report
             "process_started_at": now - run.wall_seconds - (run.process_age_at_start or 0.0), "ended_at": now,
             # the GPUs Ray gave this process (it sees them as cuda:0...): ranks must never share one
-            "gpu_ids": [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]}
+            "gpu_ids": _gpu_ids(ray)}
     return {"run": meta, "results": results}

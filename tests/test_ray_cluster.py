@@ -92,6 +92,25 @@ def warmup(cluster: dict, cfg: Path, cache: Path, *extra: str) -> subprocess.Com
                        cache_dir=cache, env=env)
 
 
+def _pids(pattern: str) -> set[int]:
+    return {int(pid) for pid in subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()}
+
+
+def _kill_one(pattern: str, driver: subprocess.Popen, earlier: set[int], settle: float) -> int | None:
+    """SIGKILL one process of this job matching `pattern`, `settle` seconds after it appeared."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and driver.poll() is None:
+        for pid in sorted(_pids(pattern) - earlier):
+            time.sleep(settle)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                return pid
+            except ProcessLookupError:  # gone meanwhile: try the next one
+                earlier.add(pid)
+        time.sleep(0.1)
+    return None
+
+
 def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
     proc = warmup(cluster, config(tmp_path, "tiny"), tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr
@@ -132,16 +151,9 @@ def test_a_rank_killed_mid_job_is_restarted_and_finishes(cluster, tmp_path):
     env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
     cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[3, 5]")),
            "--ray-address", cluster["address"], "--json", "--cache-dir", str(tmp_path / "cache")]
+    earlier = _pids("ray::RankWorker")  # a previous job's ranks may still be dying
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = None
-    deadline = time.monotonic() + 120
-    while killed is None and time.monotonic() < deadline and driver.poll() is None:
-        found = subprocess.run(["pgrep", "-f", "ray::RankWorker"], capture_output=True, text=True).stdout.split()
-        if found:
-            time.sleep(2.0)  # into its set-up or its first load
-            os.kill(int(found[0]), signal.SIGKILL)
-            killed = int(found[0])
-        time.sleep(0.1)
+    killed = _kill_one("ray::RankWorker", driver, earlier, settle=2.0)  # into its set-up or its first load
     out, err = driver.communicate(timeout=600)
     assert killed is not None, "never saw a rank running"
     assert driver.returncode == 0, err
@@ -156,16 +168,9 @@ def test_a_worker_killed_mid_compile_is_retried(cluster, tmp_path):
     env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
     cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[4]")),
            "--ray-address", cluster["address"], "--json", "--cache-dir", str(tmp_path / "cache")]
+    earlier = _pids("ray::CompileWorker")
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = None
-    deadline = time.monotonic() + 120
-    while killed is None and time.monotonic() < deadline and driver.poll() is None:
-        found = subprocess.run(["pgrep", "-f", "ray::CompileWorker"], capture_output=True, text=True).stdout.split()
-        if found:
-            time.sleep(1.0)  # let it get into the compile
-            os.kill(int(found[0]), signal.SIGKILL)
-            killed = int(found[0])
-        time.sleep(0.1)
+    killed = _kill_one("ray::CompileWorker", driver, earlier, settle=1.0)  # let it get into the compile
     out, err = driver.communicate(timeout=600)
     assert killed is not None, "never saw a compile task running"
     assert driver.returncode == 0, err
