@@ -159,25 +159,18 @@ class Session:
     def warm(self, bucket: int, benchmark: bool = True) -> BucketResult:
         """Compile (or load) the bucket, record its CUDA graphs, check it and, if asked, benchmark it."""
         work = self._bucket(bucket)
-        if work.result.status == "ok" and work.reference is None:
-            self._guard(work, work.run_reference)
+        self.reference(bucket)
         if work.result.status == "ok" and not work.compiled:
             self._guard(work, work.compile)
         if benchmark:
             return self.benchmark(bucket)
-        if work.result.status == "ok":
-            work.done()
-            self.progress.finish(work.result)
-        return work.result
+        return self._finished(work)
 
     def benchmark(self, bucket: int) -> BucketResult:
         work = self._bucket(bucket)
         if work.result.status == "ok" and work.result.speedup is None:
             self._guard(work, work.benchmark)
-        if work.result.status == "ok":
-            work.done()
-            self.progress.finish(work.result)
-        return work.result
+        return self._finished(work)
 
     def publish(self) -> None:
         """Publish what compiled correctly; a store failure is kept as publish_error, results stand."""
@@ -208,6 +201,12 @@ class Session:
                                   gpu=self.platform.gpu_name if self.device.type == "cuda" else None)
             self._work[bucket] = _BucketWork(self.spec, self.model, self.compiled, self.device, result, self.progress)
         return self._work[bucket]
+
+    def _finished(self, work: "_BucketWork") -> BucketResult:
+        if work.result.status == "ok":  # a failed bucket was reported by _guard already
+            work.done()
+            self.progress.finish(work.result)
+        return work.result
 
     def _guard(self, work: "_BucketWork", step: Any) -> None:
         """Run one step of a bucket; an exception fails that bucket only, and deletes what it compiled."""
