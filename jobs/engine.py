@@ -86,6 +86,9 @@ class WarmupRun:
     pull: Optional[sync.Transfer] = None  # None: no remote, or the namespace was not published yet
     publish: Optional[sync.Transfer] = None
     publish_error: Optional[str] = None  # the job's results stand; the store did not take them
+    # (what, wall-clock time) of the process's milestones: set-up steps, each bucket's load or
+    # compile and benchmark, pulls, the publish; a fleet's timeline shows where a process's time went
+    events: list[tuple[str, float]] = field(default_factory=list)
 
 
 def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
@@ -112,8 +115,10 @@ class Session:
                  remote: Optional[Remote] = None, progress: Progress = NoProgress()) -> None:
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
         self.spec, self.rank, self.remote, self.progress = spec, rank, remote, progress
+        self.events: list[tuple[str, float]] = [("imported", time.time())]
         self.device = resolve_device(spec.device)
         self.platform = ti.current_platform(self.device)
+        self.event("device ready")
         self.local = LocalCache(cache_root, namespace(spec.name, self.platform, spec.identity_hash()))
         try:
             if fresh:
@@ -128,6 +133,7 @@ class Session:
         if remote and not fresh:  # --fresh means a cold compile: the store must not warm us
             self.pull()
         self.model = build_model(spec, self.device)
+        self.event("model built")
         ti.allow_recompiles(len(spec.buckets))
         options = spec.compile
         self.compiled = torch.compile(self.model, **ti.compile_kwargs(options.mode, options.dynamic,
@@ -144,6 +150,7 @@ class Session:
                              allow_unsigned=self.remote.allow_unsigned)
         if transfer:
             self.pulls.append(transfer)
+            self.event(f"pulled generation {transfer.generation}")
         return transfer
 
     def loaded(self, bucket: int) -> bool:
@@ -162,6 +169,8 @@ class Session:
         self.reference(bucket)
         if work.result.status == "ok" and not work.compiled:
             self._guard(work, work.compile)
+            if work.result.status == "ok":
+                self.event(f"{'loaded' if work.result.cache_state == 'hit' else 'compiled'} bucket {bucket}")
         if benchmark:
             return self.benchmark(bucket)
         return self._finished(work)
@@ -170,6 +179,8 @@ class Session:
         work = self._bucket(bucket)
         if work.result.status == "ok" and work.result.speedup is None:
             self._guard(work, work.benchmark)
+            if work.result.status == "ok":
+                self.event(f"benchmarked bucket {bucket}")
         return self._finished(work)
 
     def publish(self) -> None:
@@ -185,6 +196,7 @@ class Session:
                                           exclude=self._quarantined)
         except (StoreError, IntegrityError) as exc:
             self.publish_error = str(exc)
+        self.event("published" if self.published else "publish failed")
 
     def run(self) -> WarmupRun:
         files, size = self.local.usage()
@@ -193,7 +205,10 @@ class Session:
                          wall_seconds=time.perf_counter() - self.started, setup_seconds=self.setup_seconds,
                          process_age_at_start=self.process_age, cache_bytes=size, cache_files=files,
                          remote=self.remote.url if self.remote else None, pull=_combined(self.pulls),
-                         publish=self.published, publish_error=self.publish_error)
+                         publish=self.published, publish_error=self.publish_error, events=list(self.events))
+
+    def event(self, what: str) -> None:
+        self.events.append((what, time.time()))
 
     def _bucket(self, bucket: int) -> "_BucketWork":
         if bucket not in self._work:

@@ -41,8 +41,11 @@ class CompileUnit:
     gpu_class: str
     bucket: int
     num_gpus: float  # a fraction: compiling is mostly CPU work, and the GPU's rank runs beside it
-    # Inductor's compile workers for this task: the node's CPUs split among the tasks compiling on
-    # it at once. Each task would otherwise start a worker per CPU, and each worker imports torch.
+    # Inductor's compile workers for this unit (TORCHINDUCTOR_COMPILE_THREADS). A unit that shares
+    # its node compiles in its own process: each worker of a pool is a process that imports torch,
+    # and on the H200 node a pool of 5 per unit, beside two other units, made the MLP's first call
+    # 7.4 s instead of 4.5 s and won resnet18 nothing (docs/performance.md). A unit alone on its
+    # node gets Inductor's default, a worker per CPU.
     compile_threads: int = 1
 
 
@@ -89,7 +92,8 @@ def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUni
         per_gpu = math.ceil(len(buckets) / gpus) if gpus else 0
         share = math.floor((1 - RANK_GPU_SHARE) / per_gpu * 1e4) / 1e4 if gpus else 0.0
         nodes = {t.node for t in targets_ if t.gpu_class == gpu_class}
-        threads = max(1, min(n.cpus for n in nodes) // _units_per_node(targets_, gpu_class, len(buckets)))
+        alone = _units_per_node(targets_, gpu_class, len(buckets)) == 1
+        threads = max(1, min(n.cpus for n in nodes)) if alone else 1
         units += [CompileUnit(gpu_class, bucket, share, threads) for bucket in buckets]
     return units
 

@@ -366,13 +366,22 @@ class RankWorker:
 
     def __init__(self, spec: WarmupSpec, cache_root: str, remote: Remote, rank: int, prime: bool) -> None:
         self.spec, self.cache_root, self.remote, self.rank, self.prime = spec, cache_root, remote, rank, prime
+        # Read when torch is first imported (later, in this fresh process). A rank only loads:
+        # Inductor's default would start a pool of a worker per CPU, each importing torch, at the
+        # first load, for nothing, and beside the benchmarks.
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         self._session: Any = None
         self._fatal: Optional[Exception] = None  # set-up or store failure: every bucket of the rank fails
 
     def prepare(self) -> None:
         """Everything that needs no artifact: imports, CUDA, the model, the compiler's own start,
         the eager references."""
-        self._step(lambda session: [session.reference(b) for b in self.spec.buckets])
+        def references(session: Any) -> None:
+            for bucket in self.spec.buckets:
+                session.reference(bucket)
+            session.event("references done")
+
+        self._step(references)
 
     def load(self, bucket: int) -> Optional[dict[str, Any]]:
         def pull_and_load(session: Any) -> dict[str, Any]:
@@ -403,6 +412,7 @@ class RankWorker:
             if self.prime:  # only with a CPU to spare: on the 2-core CI machine, priming beside two
                 # compile units took their first calls from 13 s to 18 s
                 ti.prime_compiler(self._session.device)
+                self._session.event("compiler primed")
         return self._session
 
     def _step(self, work: Callable[[Any], Any]) -> Any:
@@ -432,6 +442,7 @@ def _as_dict(run: WarmupRun, buckets: Optional[list[int]] = None) -> dict[str, A
             "setup_seconds": run.setup_seconds, "process_age_at_start": run.process_age_at_start,
             # wall clock, for the job's timeline: from the process's start to its report
             "process_started_at": now - run.wall_seconds - (run.process_age_at_start or 0.0), "ended_at": now,
+            "events": run.events,
             # the GPUs Ray gave this process (it sees them as cuda:0...): ranks must never share one
             "gpu_ids": _gpu_ids(ray)}
     return {"run": meta, "results": results}
