@@ -132,10 +132,12 @@ def main() -> None:
         runs["local"] = fleet(args, model, work, None)
     ranks = next(iter(runs.values()))["report"]["executor"]["ranks"]
 
+    # one process per rank, each on a GPU of its own as the fleet's ranks are (harmless without GPUs)
     naive = [] if args.no_naive else [
         subprocess.Popen(warmup_cmd("--model", model, "--buckets", args.buckets, "--fresh", "--json", "--no-ray",
                                     "--cache-dir", str(work / f"naive-{i}")),
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": str(i)})
         for i in range(ranks)]
     started = time.time()
     naive_reports = [json.loads(p.communicate()[0]) for p in naive]
