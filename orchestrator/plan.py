@@ -98,6 +98,18 @@ def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUni
     return units
 
 
+def unit_homes(targets_: list[Target], units: list[CompileUnit]) -> dict[CompileUnit, Target]:
+    """The rank whose GPU each compile unit shares: a class's units dealt round-robin over its
+    GPU ranks (ordered across nodes), so no GPU gets more than ceil(buckets / GPUs) of them, the
+    count their share was cut for. Units of a class without GPUs have no home."""
+    homes = {}
+    for gpu_class in sorted({u.gpu_class for u in units}):
+        gpu_ranks = [t for t in targets_ if t.gpu_class == gpu_class and t.node.gpus > 0]
+        for i, unit in enumerate(u for u in units if u.gpu_class == gpu_class and gpu_ranks):
+            homes[unit] = gpu_ranks[i % len(gpu_ranks)]
+    return homes
+
+
 def has_spare_cpu(target: Target, targets_: list[Target], buckets: int) -> bool:
     """Whether the target's node has a CPU beyond its compile units and ranks. A rank that waits
     may then prime its compiler (a throwaway compile) without slowing the compile units down."""

@@ -25,7 +25,7 @@ from jobs.records import BucketResult, Remote
 from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.plan import (RANK_GPU_SHARE, CompileUnit, Node, Target, compile_units, has_spare_cpu, nodes_from_ray,
-                               targets)
+                               targets, unit_homes)
 
 if TYPE_CHECKING:  # workers import torch; the driver does not
     from jobs.engine import WarmupRun
@@ -37,6 +37,7 @@ TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and
 _PROCESS = {"max_restarts": TASK_RETRIES, "max_task_retries": TASK_RETRIES}
 # Variables a worker needs to reach and trust the store; passed through runtime_env
 _PASS_ENV = ("ORCHESTRATE_", "AWS_", "TORCHINDUCTOR_", "TRITON_")
+RESERVE_SECONDS = 300  # how long to wait for the ranks' GPUs, which other jobs may hold
 
 
 @dataclass
@@ -161,30 +162,27 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
     torch, CUDA and model set-up and the eager references overlap compiling; each rank loads a
     bucket the moment its compile task has published it, and benchmarks once no compile task is
     left (compiling would steal the CPU that launches the kernels being timed)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     started = time.perf_counter()
-    compiler = ray.remote(**_PROCESS)(CompileWorker)
-    compilers, waiting = {}, {}
-    for unit in units:
-        options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
-        if unit.num_gpus:
-            options["num_gpus"] = unit.num_gpus
-        if unit.gpu_class not in ("gpu", "cpu"):
-            options["resources"] = {f"accelerator_type:{unit.gpu_class}": 0.001}
-        compilers[unit] = compiler.options(**options).remote()
-        waiting[compilers[unit].compile.remote(spec, str(cache_root), remote, fresh, unit.bucket,
-                                               unit.compile_threads)] = ("compile", unit)
-    rank = ray.remote(**_PROCESS)(RankWorker)
-    ranks = {}
-    for target in planned:
-        # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile tasks
-        options = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(target.node.node_id, soft=False)}
-        if target.node.gpus:
-            options["num_gpus"] = RANK_GPU_SHARE
-        ranks[target] = rank.options(**options).remote(spec, str(cache_root), remote, target.rank,
-                                                       prime=has_spare_cpu(target, planned, len(spec.buckets)))
+    gpu_ranks = [t for t in planned if t.node.gpus]
+    group, compilers, ranks, waiting = None, {}, {}, {}
     try:
+        homes = unit_homes(planned, units)
+        group = _reserve_gpus(ray, gpu_ranks, homes) if gpu_ranks else None
+        compiler = ray.remote(**_PROCESS)(CompileWorker)
+        for unit in units:
+            # on its home rank's GPU, in that rank's bundle; without GPUs, spread over the CPUs
+            placement = ({"num_gpus": unit.num_gpus, "scheduling_strategy": _in_bundle(group, gpu_ranks.index(homes[unit]))}
+                         if unit in homes else {"scheduling_strategy": "SPREAD"})
+            compilers[unit] = compiler.options(num_cpus=1, **placement).remote()
+            waiting[compilers[unit].compile.remote(spec, str(cache_root), remote, fresh, unit.bucket,
+                                                   unit.compile_threads)] = ("compile", unit)
+        rank = ray.remote(**_PROCESS)(RankWorker)
+        for target in planned:
+            placement = ({"num_gpus": RANK_GPU_SHARE, "scheduling_strategy": _in_bundle(group, gpu_ranks.index(target))}
+                         if target in gpu_ranks else {"scheduling_strategy": _on_node(target.node)})
+            # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
+            ranks[target] = rank.options(num_cpus=0, **placement).remote(
+                spec, str(cache_root), remote, target.rank, prime=has_spare_cpu(target, planned, len(spec.buckets)))
         waiting.update({ranks[t].prepare.remote(): ("load", (t, None)) for t in planned})
         failed: dict[int, str] = {}
         while any(kind == "compile" for kind, _ in waiting.values()):
@@ -213,6 +211,43 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
     finally:
         for actor in [*compilers.values(), *ranks.values()]:  # each holds a GPU share and memory until killed
             ray.kill(actor, no_restart=True)
+        if group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(group)
+
+
+def _reserve_gpus(ray: Any, gpu_ranks: list[Target], homes: dict[CompileUnit, Target]) -> Any:
+    """A placement group with one bundle per GPU rank: its GPU, pinned to its node, with a CPU
+    for each compile unit dealt to it. A fraction of a bundle's GPU goes only to the actors
+    scheduled in that bundle, so a rank and its units share exactly that GPU. Left to itself, Ray
+    packs fractions first-fit: the units filled GPU 0 of a two-H200 node and the second rank found
+    no GPU to start on until they had ended (15 s late)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = []
+    for target in gpu_ranks:
+        bundle = {"GPU": 1, f"node:{target.node.ip}": 0.001}
+        cpus = sum(1 for home in homes.values() if home == target)
+        bundles.append({**bundle, "CPU": cpus} if cpus else bundle)
+    group = placement_group(bundles, strategy="PACK")
+    if not group.wait(timeout_seconds=RESERVE_SECONDS):
+        remove_placement_group(group)
+        raise ClusterUnreachable(f"could not reserve {len(gpu_ranks)} GPUs on the Ray cluster within "
+                                 f"{RESERVE_SECONDS} s: other jobs hold them; wait for them, or pass --ranks")
+    return group
+
+
+def _in_bundle(group: Any, index: int) -> Any:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+
+def _on_node(node: Node) -> Any:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node.node_id, soft=False)
 
 
 def _compiled(spec: WarmupSpec, unit: CompileUnit, outcome: Any, fleet: FleetRun,

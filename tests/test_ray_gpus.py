@@ -62,5 +62,9 @@ def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp
     # one GPU per rank, never shared (0.51 each); every compile unit on one of the node's GPUs beside them
     assert sorted(gpu for row in ranks for gpu in row["gpu_ids"]) == ["0", "1"]
     assert len(units) == 3 and all(len(row["gpu_ids"]) == 1 and row["gpu_ids"][0] in ("0", "1") for row in units)
+    # both ranks set up while the units compile: Ray packing the units' fractions onto GPU 0 first
+    # would leave the second rank no GPU to start on until they ended (seen on two H200s)
+    assert max(row["started_s"] for row in ranks) < min(row["ended_s"] for row in units)
+    assert all(sum(1 for row in units if row["gpu_ids"] == [gpu]) <= 2 for gpu in ("0", "1"))
     warm = [r for r in report["results"] if r["phase"] == "warm"]
     assert len(warm) == 6 and all(r["status"] == "ok" and r["cache_state"] == "hit" for r in warm)
