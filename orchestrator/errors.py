@@ -8,7 +8,7 @@ EXIT_USAGE = 2  # bad flag, bad config, unusable model or device: nothing ran
 EXIT_STORE = 3  # the cache store is unreachable, refuses our credentials, or failed to take a publish
 EXIT_UNTRUSTED = 4  # unsigned, tampered or corrupt cache data was refused; the local cache is untouched
 EXIT_MISS = 5  # `pull`: the namespace was never published (see --allow-miss)
-EXIT_CLUSTER = 6  # the Ray cluster could not be reached or joined
+EXIT_CLUSTER = 6  # the Ray cluster could not be reached or joined, or its GPUs for the ranks stay held
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 

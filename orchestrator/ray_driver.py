@@ -37,7 +37,6 @@ TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and
 _PROCESS = {"max_restarts": TASK_RETRIES, "max_task_retries": TASK_RETRIES}
 # Variables a worker needs to reach and trust the store; passed through runtime_env
 _PASS_ENV = ("ORCHESTRATE_", "AWS_", "TORCHINDUCTOR_", "TRITON_")
-RESERVE_SECONDS = 300  # how long to wait for the ranks' GPUs, which other jobs may hold
 
 
 @dataclass
@@ -231,10 +230,12 @@ def _reserve_gpus(ray: Any, gpu_ranks: list[Target], homes: dict[CompileUnit, Ta
         cpus = sum(1 for home in homes.values() if home == target)
         bundles.append({**bundle, "CPU": cpus} if cpus else bundle)
     group = placement_group(bundles, strategy="PACK")
-    if not group.wait(timeout_seconds=RESERVE_SECONDS):
+    patience = float(os.environ.get("ORCHESTRATE_GPU_WAIT_SECONDS", "300"))  # other jobs may hold the GPUs
+    if not group.wait(timeout_seconds=patience):
         remove_placement_group(group)
-        raise ClusterUnreachable(f"could not reserve {len(gpu_ranks)} GPUs on the Ray cluster within "
-                                 f"{RESERVE_SECONDS} s: other jobs hold them; wait for them, or pass --ranks")
+        raise ClusterUnreachable(f"could not reserve {len(gpu_ranks)} GPUs on the Ray cluster within {patience:g} s: "
+                                 "other jobs hold them; wait for them, pass fewer --ranks, or raise "
+                                 "ORCHESTRATE_GPU_WAIT_SECONDS")
     return group
 
 

@@ -68,3 +68,35 @@ def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp
     assert all(sum(1 for row in units if row["gpu_ids"] == [gpu]) <= 2 for gpu in ("0", "1"))
     warm = [r for r in report["results"] if r["phase"] == "warm"]
     assert len(warm) == 6 and all(r["status"] == "ok" and r["cache_state"] == "hit" for r in warm)
+
+
+def test_gpus_held_by_another_job_fail_the_reservation_with_one_line_and_exit_6(head, tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import time, ray
+            ray.init(address="127.0.0.1:{PORT}")
+
+            @ray.remote(num_gpus=1)
+            class Holder:
+                def ping(self):
+                    return 1
+
+            held = Holder.remote()
+            ray.get(held.ping.remote())
+            print("held", flush=True)
+            time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True, env={**os.environ, **head})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cfg = tmp_path / "tiny.yaml"
+        (tmp_path / "models.py").write_text("from torch import nn\n\ndef tiny():\n    return nn.Linear(4, 4)\n")
+        cfg.write_text("name: tiny\nmodel: {factory: models.py:tiny}\ninputs: [{shape: [batch, 4]}]\nbuckets: [1]\n")
+        proc = orchestrate("warmup", "--model", str(cfg), "--ray-address", f"127.0.0.1:{PORT}",
+                           cache_dir=tmp_path / "cache", env={**head, "ORCHESTRATE_GPU_WAIT_SECONDS": "3"})
+        assert proc.returncode == 6, proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if "could not reserve" in line]
+        assert len(lines) == 1 and "2 GPUs" in lines[0] and "ORCHESTRATE_GPU_WAIT_SECONDS" in lines[0]
+        assert "Traceback" not in proc.stderr and head["RAY_AUTH_TOKEN"] not in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
