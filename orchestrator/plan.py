@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -47,6 +48,10 @@ class CompileUnit:
     # 7.4 s instead of 4.5 s and won resnet18 nothing (docs/performance.md). A unit alone on its
     # node gets Inductor's default, a worker per CPU.
     compile_threads: int = 1
+    # A CPU each; a node with fewer CPUs than units gives each an equal part, so that all of them
+    # still start (the alternative is a unit that never fits in its rank's bundle).
+    num_cpus: float = 1.0
+    home: Optional[int] = None  # the rank whose GPU it shares; None without GPUs (spread over CPUs)
 
 
 def nodes_from_ray(ray_nodes: list[dict[str, Any]]) -> list[Node]:
@@ -84,30 +89,32 @@ def targets(nodes: list[Node], ranks: Optional[int] = None) -> list[Target]:
 
 
 def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUnit]:
-    """One unit per (GPU class, bucket), all compiling at once: what the ranks leave of each GPU
-    is split among the buckets that land on it."""
+    """One unit per (GPU class, bucket), all compiling at once. A class's units are dealt
+    round-robin over its GPU ranks (ordered across nodes), so no GPU gets more than
+    ceil(buckets / GPUs) of them; what the rank leaves of its GPU is split among that many."""
     units = []
     for gpu_class in sorted({t.gpu_class for t in targets_}):
-        gpus = sum(1 for t in targets_ if t.gpu_class == gpu_class and t.node.gpus > 0)
-        per_gpu = math.ceil(len(buckets) / gpus) if gpus else 0
-        share = math.floor((1 - RANK_GPU_SHARE) / per_gpu * 1e4) / 1e4 if gpus else 0.0
-        nodes = {t.node for t in targets_ if t.gpu_class == gpu_class}
-        alone = _units_per_node(targets_, gpu_class, len(buckets)) == 1
-        threads = max(1, min(n.cpus for n in nodes)) if alone else 1
-        units += [CompileUnit(gpu_class, bucket, share, threads) for bucket in buckets]
+        gpu_ranks = [t for t in targets_ if t.gpu_class == gpu_class and t.node.gpus > 0]
+        if not gpu_ranks:  # CPU workers: Ray spreads the units over the class's nodes
+            nodes = {t.node for t in targets_ if t.gpu_class == gpu_class}
+            alone = _units_per_node(targets_, gpu_class, len(buckets)) == 1
+            threads = max(1, min(n.cpus for n in nodes)) if alone else 1
+            units += [CompileUnit(gpu_class, bucket, 0.0, threads) for bucket in buckets]
+            continue
+        share = _floor((1 - RANK_GPU_SHARE) / math.ceil(len(buckets) / len(gpu_ranks)))
+        homes = [gpu_ranks[i % len(gpu_ranks)] for i in range(len(buckets))]
+        on_node = Counter(home.node for home in homes)
+        for bucket, home in zip(buckets, homes):
+            here = on_node[home.node]
+            units.append(CompileUnit(gpu_class, bucket, share,
+                                     compile_threads=max(1, home.node.cpus) if here == 1 else 1,
+                                     num_cpus=min(1.0, _floor(home.node.cpus / here)), home=home.rank))
     return units
 
 
-def unit_homes(targets_: list[Target], units: list[CompileUnit]) -> dict[CompileUnit, Target]:
-    """The rank whose GPU each compile unit shares: a class's units dealt round-robin over its
-    GPU ranks (ordered across nodes), so no GPU gets more than ceil(buckets / GPUs) of them, the
-    count their share was cut for. Units of a class without GPUs have no home."""
-    homes = {}
-    for gpu_class in sorted({u.gpu_class for u in units}):
-        gpu_ranks = [t for t in targets_ if t.gpu_class == gpu_class and t.node.gpus > 0]
-        for i, unit in enumerate(u for u in units if u.gpu_class == gpu_class and gpu_ranks):
-            homes[unit] = gpu_ranks[i % len(gpu_ranks)]
-    return homes
+def _floor(fraction: float) -> float:
+    """Down to Ray's resource granularity (1e-4), so that parts never add up to more than the whole."""
+    return math.floor(fraction * 1e4) / 1e4
 
 
 def has_spare_cpu(target: Target, targets_: list[Target], buckets: int) -> bool:

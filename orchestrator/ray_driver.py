@@ -25,7 +25,7 @@ from jobs.records import BucketResult, Remote
 from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.plan import (RANK_GPU_SHARE, CompileUnit, Node, Target, compile_units, has_spare_cpu, nodes_from_ray,
-                               targets, unit_homes)
+                               targets)
 
 if TYPE_CHECKING:  # workers import torch; the driver does not
     from jobs.engine import WarmupRun
@@ -165,20 +165,20 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
     gpu_ranks = [t for t in planned if t.node.gpus]
     group, compilers, ranks, waiting = None, {}, {}, {}
     try:
-        homes = unit_homes(planned, units)
-        group = _reserve_gpus(ray, gpu_ranks, homes) if gpu_ranks else None
+        bundle = {t.rank: i for i, t in enumerate(gpu_ranks)}
+        group = _reserve_gpus(ray, gpu_ranks, units) if gpu_ranks else None
         compiler = ray.remote(**_PROCESS)(CompileWorker)
         for unit in units:
             # on its home rank's GPU, in that rank's bundle; without GPUs, spread over the CPUs
-            placement = ({"num_gpus": unit.num_gpus, "scheduling_strategy": _in_bundle(group, gpu_ranks.index(homes[unit]))}
-                         if unit in homes else {"scheduling_strategy": "SPREAD"})
-            compilers[unit] = compiler.options(num_cpus=1, **placement).remote()
+            placement = ({"num_gpus": unit.num_gpus, "scheduling_strategy": _in_bundle(group, bundle[unit.home])}
+                         if unit.home is not None else {"scheduling_strategy": "SPREAD"})
+            compilers[unit] = compiler.options(num_cpus=unit.num_cpus, **placement).remote()
             waiting[compilers[unit].compile.remote(spec, str(cache_root), remote, fresh, unit.bucket,
                                                    unit.compile_threads)] = ("compile", unit)
         rank = ray.remote(**_PROCESS)(RankWorker)
         for target in planned:
-            placement = ({"num_gpus": RANK_GPU_SHARE, "scheduling_strategy": _in_bundle(group, gpu_ranks.index(target))}
-                         if target in gpu_ranks else {"scheduling_strategy": _on_node(target.node)})
+            placement = ({"num_gpus": RANK_GPU_SHARE, "scheduling_strategy": _in_bundle(group, bundle[target.rank])}
+                         if target.rank in bundle else {"scheduling_strategy": _on_node(target.node)})
             # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
             ranks[target] = rank.options(num_cpus=0, **placement).remote(
                 spec, str(cache_root), remote, target.rank, prime=has_spare_cpu(target, planned, len(spec.buckets)))
@@ -216,9 +216,9 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
             remove_placement_group(group)
 
 
-def _reserve_gpus(ray: Any, gpu_ranks: list[Target], homes: dict[CompileUnit, Target]) -> Any:
-    """A placement group with one bundle per GPU rank: its GPU, pinned to its node, with a CPU
-    for each compile unit dealt to it. A fraction of a bundle's GPU goes only to the actors
+def _reserve_gpus(ray: Any, gpu_ranks: list[Target], units: list[CompileUnit]) -> Any:
+    """A placement group with one bundle per GPU rank: its GPU, pinned to its node, with the CPUs
+    of the compile units dealt to it. A fraction of a bundle's GPU goes only to the actors
     scheduled in that bundle, so a rank and its units share exactly that GPU. Left to itself, Ray
     packs fractions first-fit: the units filled GPU 0 of a two-H200 node and the second rank found
     no GPU to start on until they had ended (15 s late)."""
@@ -227,7 +227,7 @@ def _reserve_gpus(ray: Any, gpu_ranks: list[Target], homes: dict[CompileUnit, Ta
     bundles = []
     for target in gpu_ranks:
         bundle = {"GPU": 1, f"node:{target.node.ip}": 0.001}
-        cpus = sum(1 for home in homes.values() if home == target)
+        cpus = sum(unit.num_cpus for unit in units if unit.home == target.rank)
         bundles.append({**bundle, "CPU": cpus} if cpus else bundle)
     group = placement_group(bundles, strategy="PACK")
     patience = float(os.environ.get("ORCHESTRATE_GPU_WAIT_SECONDS", "300"))  # other jobs may hold the GPUs

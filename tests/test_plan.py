@@ -3,7 +3,7 @@
 import pytest
 
 from orchestrator.plan import (RANK_GPU_SHARE, Node, compile_units, fleet_summary, has_spare_cpu, nodes_from_ray,
-                               targets, unit_homes)
+                               targets)
 
 RAY_NODES = [
     {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",
@@ -55,13 +55,16 @@ def test_one_compile_per_class_and_bucket_sharing_gpus_with_the_ranks():
 def test_compile_units_are_dealt_over_their_class_gpus_no_more_per_gpu_than_their_share_allows():
     planned = targets(nodes_from_ray(RAY_NODES))  # H200: ranks 0 and 2 (one node, two GPUs); A10G: rank 1
     units = compile_units(planned, [1, 8, 32])
-    homes = unit_homes(planned, units)
-    assert [(u.gpu_class, u.bucket, homes[u].rank) for u in units] == [
-        ("A10G", 1, 1), ("A10G", 8, 1), ("A10G", 32, 1), ("H200", 1, 0), ("H200", 8, 2), ("H200", 32, 0)]
+    assert [(u.gpu_class, u.bucket, u.home, u.num_cpus) for u in units] == [
+        ("A10G", 1, 1, 1.0), ("A10G", 8, 1, 1.0), ("A10G", 32, 1, 1.0),
+        ("H200", 1, 0, 1.0), ("H200", 8, 2, 1.0), ("H200", 32, 0, 1.0)]
     for target in planned:  # a rank's share plus its units' fit on its GPU
-        assert RANK_GPU_SHARE + sum(u.num_gpus for u in units if homes[u] == target) <= 1
+        assert RANK_GPU_SHARE + sum(u.num_gpus for u in units if u.home == target.rank) <= 1
+    # a GPU node with fewer CPUs than units: they share its CPUs (all start; none waits for a CPU forever)
+    small = targets([Node("n1", "10.0.0.1", 1, 2, "H200")])
+    assert [u.num_cpus for u in compile_units(small, [1, 8, 32])] == [0.6666] * 3
     cpu = targets([Node("n1", "127.0.0.1", 0, 2, "cpu")])
-    assert unit_homes(cpu, compile_units(cpu, [1, 2])) == {}  # no GPU to share: Ray spreads them over the CPUs
+    assert [u.home for u in compile_units(cpu, [1, 2])] == [None, None]  # no GPU: Ray spreads them over CPUs
 
 
 def test_a_rank_primes_its_compiler_only_with_a_cpu_to_spare():
