@@ -163,10 +163,10 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
     left (compiling would steal the CPU that launches the kernels being timed)."""
     started = time.perf_counter()
     gpu_ranks = [t for t in planned if t.node.gpus]
+    bundle = {t.rank: i for i, t in enumerate(gpu_ranks)}  # a GPU rank's bundle in the placement group
     group, compilers, ranks, waiting = None, {}, {}, {}
     try:
-        bundle = {t.rank: i for i, t in enumerate(gpu_ranks)}
-        group = _reserve_gpus(ray, gpu_ranks, units) if gpu_ranks else None
+        group = _reserve_gpus(gpu_ranks, units) if gpu_ranks else None
         compiler = ray.remote(**_PROCESS)(CompileWorker)
         for unit in units:
             # on its home rank's GPU, in that rank's bundle; without GPUs, spread over the CPUs
@@ -216,12 +216,12 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
             remove_placement_group(group)
 
 
-def _reserve_gpus(ray: Any, gpu_ranks: list[Target], units: list[CompileUnit]) -> Any:
+def _reserve_gpus(gpu_ranks: list[Target], units: list[CompileUnit]) -> Any:
     """A placement group with one bundle per GPU rank: its GPU, pinned to its node, with the CPUs
     of the compile units dealt to it. A fraction of a bundle's GPU goes only to the actors
     scheduled in that bundle, so a rank and its units share exactly that GPU. Left to itself, Ray
     packs fractions first-fit: the units filled GPU 0 of a two-H200 node and the second rank found
-    no GPU to start on until they had ended (15 s late)."""
+    no GPU to start on until they had ended (19 s late)."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundles = []

@@ -66,6 +66,13 @@ def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp
     # would leave the second rank no GPU to start on until they ended (seen on two H200s)
     assert max(row["started_s"] for row in ranks) < min(row["ended_s"] for row in units)
     assert all(sum(1 for row in units if row["gpu_ids"] == [gpu]) <= 2 for gpu in ("0", "1"))
+    # the milestones show the pipeline: each rank loads a bucket after its unit published it, and
+    # benchmarks only after every unit has ended
+    published = {row["bucket"]: dict(row["events"])["published"] for row in units}
+    for row in ranks:
+        events = dict(row["events"])
+        assert all(events[f"loaded bucket {b}"] >= published[b] for b in (1, 2, 3))
+        assert min(events[f"benchmarked bucket {b}"] for b in (1, 2, 3)) >= max(u["ended_s"] for u in units)
     warm = [r for r in report["results"] if r["phase"] == "warm"]
     assert len(warm) == 6 and all(r["status"] == "ok" and r["cache_state"] == "hit" for r in warm)
 
