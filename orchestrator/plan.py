@@ -117,11 +117,17 @@ def _floor(fraction: float) -> float:
     return math.floor(fraction * 1e4) / 1e4
 
 
-def has_spare_cpu(target: Target, targets_: list[Target], buckets: int) -> bool:
+def has_spare_cpu(target: Target, targets_: list[Target], units: list[CompileUnit]) -> bool:
     """Whether the target's node has a CPU beyond its compile units and ranks. A rank that waits
     may then prime its compiler (a throwaway compile) without slowing the compile units down."""
+    node_of = {t.rank: t.node for t in targets_}
+    of_class = [u for u in units if u.gpu_class == target.gpu_class]
+    if any(u.home is not None for u in of_class):
+        units_here = sum(1 for u in of_class if node_of[u.home] == target.node)
+    else:  # no GPUs: Ray spreads the units over the class's nodes
+        units_here = _units_per_node(targets_, target.gpu_class, len(of_class))
     ranks_here = sum(1 for t in targets_ if t.node == target.node)
-    return target.node.cpus > _units_per_node(targets_, target.gpu_class, buckets) + ranks_here
+    return target.node.cpus > units_here + ranks_here
 
 
 def _units_per_node(targets_: list[Target], gpu_class: str, buckets: int) -> int:

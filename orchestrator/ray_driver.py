@@ -181,7 +181,7 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
                          if target.rank in bundle else {"scheduling_strategy": _on_node(target.node)})
             # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
             ranks[target] = rank.options(num_cpus=0, **placement).remote(
-                spec, str(cache_root), remote, target.rank, prime=has_spare_cpu(target, planned, len(spec.buckets)))
+                spec, str(cache_root), remote, target.rank, prime=has_spare_cpu(target, planned, units))
         waiting.update({ranks[t].prepare.remote(): ("load", (t, None)) for t in planned})
         failed: dict[int, str] = {}
         while any(kind == "compile" for kind, _ in waiting.values()):

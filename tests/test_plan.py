@@ -69,10 +69,16 @@ def test_compile_units_are_dealt_over_their_class_gpus_no_more_per_gpu_than_thei
 
 def test_a_rank_primes_its_compiler_only_with_a_cpu_to_spare():
     planned = targets(nodes_from_ray(RAY_NODES))
-    assert all(has_spare_cpu(t, planned, 3) for t in planned)  # 16 CPUs: 3 units and 1-2 ranks
+    assert all(has_spare_cpu(t, planned, compile_units(planned, [1, 8, 32])) for t in planned)  # 16 CPUs, 3 units
     two, four = (targets([Node("n1", "127.0.0.1", 0, cpus, "cpu")]) for cpus in (2, 4))
-    assert not has_spare_cpu(two[0], two, 3)  # 3 compile units and 1 rank on 2 CPUs
-    assert has_spare_cpu(four[0], four, 2)  # 2 compile units and 1 rank on 4 CPUs
+    assert not has_spare_cpu(two[0], two, compile_units(two, [1, 8, 32]))  # 3 compile units and 1 rank on 2 CPUs
+    assert has_spare_cpu(four[0], four, compile_units(four, [1, 8]))  # 2 compile units and 1 rank on 4 CPUs
+    # GPU nodes count the units dealt to their own GPUs: 4 on the 4-GPU node, 1 on the other
+    uneven = targets([Node("a", "10.0.0.1", 4, 8, "H200"), Node("b", "10.0.0.2", 1, 3, "H200")])
+    dealt = compile_units(uneven, [1, 2, 3, 4, 5])
+    assert [sum(1 for u in dealt if u.home in {t.rank for t in uneven if t.node.node_id == n}) for n in "ab"] == [4, 1]
+    assert not has_spare_cpu(uneven[0], uneven, dealt)  # 8 CPUs: 4 units + 4 ranks
+    assert has_spare_cpu(next(t for t in uneven if t.node.node_id == "b"), uneven, dealt)  # 3 CPUs: 1 unit + 1 rank
 
 
 def record(phase, rank, bucket, status="ok", speedup=2.0, compile_seconds=1.0, error=None):
