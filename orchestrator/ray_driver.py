@@ -1,8 +1,9 @@
 """Warmup across a Ray cluster: compile each (GPU class, bucket) once, then warm every rank.
 
-Compile wave: one process per (class, bucket), spread over the cluster so buckets compile in
-parallel; each compiles its bucket, checks it and publishes. Warm wave: one process per rank,
-pinned to its node, seeing one GPU (so artifacts are always for cuda:0). Both start together:
+Compile wave: one process per (class, bucket), dealt over the ranks' GPUs (reserved in a
+placement group) so buckets compile in parallel; each compiles its bucket, checks it and
+publishes. Warm wave: one process per rank, seeing one GPU (so artifacts are always for cuda:0),
+which it shares with the compile units dealt to it. Both start together:
 a rank sets up while the compile wave runs, pulls and loads each bucket (hits only) as soon as
 it is published, and records CUDA graphs and benchmarks once compiling has stopped.
 
