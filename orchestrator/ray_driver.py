@@ -18,6 +18,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -158,14 +159,14 @@ def _probe(address: str) -> None:
 
 def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool, units: list[CompileUnit],
            planned: list[Target], fleet: FleetRun, report: Callable[[str], None]) -> None:
-    """Both waves at once. Rank processes start with the compile tasks, so their interpreter,
+    """Both waves at once. Rank processes start with the compile units, so their interpreter,
     torch, CUDA and model set-up and the eager references overlap compiling; each rank loads a
-    bucket the moment its compile task has published it, and benchmarks once no compile task is
+    bucket the moment its unit has published it, and benchmarks once its GPU class has no unit
     left (compiling would steal the CPU that launches the kernels being timed)."""
     started = time.perf_counter()
     gpu_ranks = [t for t in planned if t.node.gpus]
     bundle = {t.rank: i for i, t in enumerate(gpu_ranks)}  # a GPU rank's bundle in the placement group
-    group, compilers, ranks, waiting = None, {}, {}, {}
+    group, compilers, ranks = None, {}, {}
     try:
         group = _reserve_gpus(gpu_ranks, units) if gpu_ranks else None
         compiler = ray.remote(**_PROCESS)(CompileWorker)
@@ -174,8 +175,6 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
             placement = ({"num_gpus": unit.num_gpus, "scheduling_strategy": _in_bundle(group, bundle[unit.home])}
                          if unit.home is not None else {"scheduling_strategy": "SPREAD"})
             compilers[unit] = compiler.options(num_cpus=unit.num_cpus, **placement).remote()
-            waiting[compilers[unit].compile.remote(spec, str(cache_root), remote, fresh, unit.bucket,
-                                                   unit.compile_threads)] = ("compile", unit)
         rank = ray.remote(**_PROCESS)(RankWorker)
         for target in planned:
             placement = ({"num_gpus": RANK_GPU_SHARE, "scheduling_strategy": _in_bundle(group, bundle[target.rank])}
@@ -183,31 +182,7 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
             # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
             ranks[target] = rank.options(num_cpus=0, **placement).remote(
                 spec, str(cache_root), remote, target.rank, prime=has_spare_cpu(target, planned, units))
-        waiting.update({ranks[t].prepare.remote(): ("load", (t, None)) for t in planned})
-        failed: dict[int, str] = {}
-        while any(kind == "compile" for kind, _ in waiting.values()):
-            for (kind, what), outcome in _gather(ray, waiting, once=True):
-                if kind == "load":
-                    _loaded(what, outcome, report)
-                    continue
-                ray.kill(compilers[what], no_restart=True)  # its answer is in; its teardown need not be waited for
-                error = _compiled(spec, what, outcome, fleet, report)
-                for target in (t for t in planned if t.gpu_class == what.gpu_class):
-                    if error is None:
-                        waiting[ranks[target].load.remote(what.bucket)] = ("load", (target, what.bucket))
-                    else:  # nothing to load: the bucket is failed on every rank of the class, for the same reason
-                        failed.setdefault(what.bucket, error)
-                        fleet.results.append(_failed_record(spec, what.bucket, target.rank, target.gpu_class, "warm",
-                                                            f"not loaded: {error}"))
-        _raise_if_nothing_could_start(fleet, units)
-        fleet.wave_seconds["compile"] = time.perf_counter() - started
-        buckets = [b for b in spec.buckets if b not in failed]
-        waiting.update({ranks[t].finish.remote(buckets): ("finish", t) for t in planned})
-        for (kind, what), outcome in _gather(ray, waiting):
-            if kind == "load":
-                _loaded(what, outcome, report)
-            else:
-                _finished(spec, what, outcome, buckets, fleet, report)
+        _drive(ray, spec, cache_root, remote, fresh, compilers, ranks, fleet, report, started)
     finally:
         for actor in [*compilers.values(), *ranks.values()]:  # each holds a GPU share and memory until killed
             ray.kill(actor, no_restart=True)
@@ -215,6 +190,46 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(group)
+
+
+def _drive(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool, compilers: dict[CompileUnit, Any],
+           ranks: dict[Target, Any], fleet: FleetRun, report: Callable[[str], None], started: float) -> None:
+    """Take every answer as it comes. A published bucket is loaded by every rank of its class; a
+    bucket whose unit failed is failed on those ranks, for the same reason. Once a class has no
+    unit left compiling, its ranks benchmark (its units only ever run on its own nodes)."""
+    waiting = {actor.compile.remote(spec, str(cache_root), remote, fresh, unit.bucket, unit.compile_threads):
+               ("compile", unit) for unit, actor in compilers.items()}
+    waiting.update({actor.prepare.remote(): ("load", (target, None)) for target, actor in ranks.items()})
+    compiling = Counter(unit.gpu_class for unit in compilers)
+    failed: set[tuple[str, int]] = set()  # (class, bucket)
+
+    def good(gpu_class: str) -> list[int]:
+        return [b for b in spec.buckets if (gpu_class, b) not in failed]
+
+    while waiting:
+        for (kind, what), outcome in _gather(ray, waiting, once=True):
+            if kind == "load":
+                _loaded(what, outcome, report)
+                continue
+            if kind == "finish":
+                _finished(spec, what, outcome, good(what.gpu_class), fleet, report)
+                continue
+            ray.kill(compilers[what], no_restart=True)  # its answer is in; its teardown need not be waited for
+            error = _compiled(spec, what, outcome, fleet, report)
+            of_class = [t for t in ranks if t.gpu_class == what.gpu_class]
+            for target in of_class:
+                if error is None:
+                    waiting[ranks[target].load.remote(what.bucket)] = ("load", (target, what.bucket))
+                else:
+                    failed.add((what.gpu_class, what.bucket))
+                    fleet.results.append(_failed_record(spec, what.bucket, target.rank, target.gpu_class, "warm",
+                                                        f"not loaded: {error}"))
+            compiling[what.gpu_class] -= 1
+            if not compiling[what.gpu_class]:  # the class has stopped compiling: its ranks benchmark
+                waiting.update({ranks[t].finish.remote(good(what.gpu_class)): ("finish", t) for t in of_class})
+            if not +compiling:
+                _raise_if_nothing_could_start(fleet, list(compilers))
+                fleet.wave_seconds["compile"] = time.perf_counter() - started
 
 
 def _reserve_gpus(gpu_ranks: list[Target], units: list[CompileUnit]) -> Any:
