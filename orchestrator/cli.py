@@ -141,7 +141,7 @@ def _on_ray(spec, fresh: bool, remote_store, allow_unsigned: bool, ray_address: 
     remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
     with FleetProgress(err, on_record=observe) as progress:
         fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh,
-                           report=progress.line, on_plan=progress.planned, on_record=progress.record)
+                           observer=progress)
     report = build_fleet_report(spec, fleet, remote_store.url, started_at)
     return report, report["remote"]["publish_errors"]
 

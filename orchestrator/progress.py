@@ -73,20 +73,52 @@ class BucketProgress(_Bars):
 
 
 class FleetProgress(_Bars):
-    """Progress of a Ray warmup on stderr: a bar per wave on a terminal, and a line per finished
-    compile task and rank (the only output in logs)."""
+    """Implements orchestrator.ray_driver.FleetObserver. On a terminal, a bar per bucket that
+    counts its compile units, the ranks that loaded it and the ranks done with it (benchmarked or
+    failed); a line per compile unit, load and rank always (the only output in logs)."""
 
     def __init__(self, console: Console, on_record: Callable[[dict], None] = lambda record: None) -> None:
         super().__init__(console)
         self.on_record = on_record
-        self._waves: dict[str, TaskID] = {}
+        self._tasks: dict[int, TaskID] = {}
+        self._units = self._ranks = 0
+        self._compiled: dict[int, int] = {}
+        self._loaded: dict[int, set[int]] = {}
+        self._reported: dict[int, set[int]] = {}  # ranks whose warm record of the bucket is in
+        self._failed: dict[int, set[int]] = {}
 
-    def planned(self, compile_units: int, warm_records: int) -> None:
-        if self.live:
-            self._waves["compile"] = self._bars.add_task("compile wave (class x bucket)", total=compile_units)
-            self._waves["warm"] = self._bars.add_task("warm wave (rank x bucket)", total=warm_records)
+    def planned(self, buckets: list[int], units_per_bucket: int, ranks: int) -> None:
+        self._units, self._ranks = units_per_bucket, ranks
+        for bucket in buckets:
+            self._compiled[bucket] = 0
+            self._loaded[bucket], self._reported[bucket], self._failed[bucket] = set(), set(), set()
+            if self.live:
+                self._tasks[bucket] = self._bars.add_task(self._describe(bucket), total=units_per_bucket + 2 * ranks)
+
+    def loaded(self, rank: int, bucket: int) -> None:
+        self._loaded[bucket].add(rank)
+        self._refresh(bucket)
 
     def record(self, record: dict) -> None:
         self.on_record(record)
-        if self.live and record["phase"] in self._waves:
-            self._bars.advance(self._waves[record["phase"]])
+        bucket = record["bucket"]
+        if bucket not in self._compiled:
+            return
+        if record["phase"] == "compile":
+            self._compiled[bucket] += 1
+        else:  # a rank's last word on the bucket: benchmarked (loaded before, or in `finish`), or failed
+            self._reported[bucket].add(record["rank"])
+            (self._loaded if record["status"] == "ok" else self._failed)[bucket].add(record["rank"])
+        self._refresh(bucket)
+
+    def _describe(self, bucket: int) -> str:
+        failed = len(self._failed[bucket])
+        return (f"bucket {bucket:>4} · compiled {self._compiled[bucket]}/{self._units} · loaded "
+                f"{len(self._loaded[bucket])}/{self._ranks} · ranks done {len(self._reported[bucket])}/{self._ranks}"
+                + (f" ({failed} failed)" if failed else ""))
+
+    def _refresh(self, bucket: int) -> None:
+        if self.live and bucket in self._tasks:  # a failed rank counts as loaded: it never will be
+            loaded = len(self._loaded[bucket] | self._failed[bucket])
+            done = self._compiled[bucket] + loaded + len(self._reported[bucket])
+            self._bars.update(self._tasks[bucket], description=self._describe(bucket), completed=done)

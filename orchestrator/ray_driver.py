@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from jobs.records import BucketResult, Remote
 from jobs.spec import WarmupSpec
@@ -73,11 +73,34 @@ def preflight(spec: WarmupSpec) -> None:
                          f"{ref.target.partition('.')[0]!r} here; install it or use 'path/to/file.py:callable'")
 
 
+class FleetObserver(Protocol):
+    """What the driver tells the CLI as the job goes (orchestrator.progress.FleetProgress)."""
+
+    def line(self, text: str) -> None: ...
+
+    def planned(self, buckets: list[int], units_per_bucket: int, ranks: int) -> None: ...
+
+    def record(self, record: dict[str, Any]) -> None: ...  # every result record, as it comes
+
+    def loaded(self, rank: int, bucket: int) -> None: ...
+
+
+class Quiet:
+    def line(self, text: str) -> None:
+        pass
+
+    def planned(self, buckets: list[int], units_per_bucket: int, ranks: int) -> None:
+        pass
+
+    def record(self, record: dict[str, Any]) -> None:
+        pass
+
+    def loaded(self, rank: int, bucket: int) -> None:
+        pass
+
+
 def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: Optional[str] = None,
-               ranks: Optional[int] = None, fresh: bool = False,
-               report: Callable[[str], None] = lambda line: None,
-               on_plan: Callable[[int, int], None] = lambda units, records: None,
-               on_record: Callable[[dict[str, Any]], None] = lambda record: None) -> FleetRun:
+               ranks: Optional[int] = None, fresh: bool = False, observer: FleetObserver = Quiet()) -> FleetRun:
     import ray
 
     started = time.perf_counter()
@@ -98,13 +121,13 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
         except ValueError as exc:
             raise SetupError(str(exc)) from None
         units = compile_units(planned, spec.buckets)
-        report(f"ray: {len(nodes)} nodes, {len(planned)} ranks "
-               f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} (class, bucket) units")
-        on_plan(len(units), len(planned) * len(spec.buckets))
-        fleet = FleetRun(nodes, planned, units, _ObservedList(on_record), address=address)
+        observer.line(f"ray: {len(nodes)} nodes, {len(planned)} ranks "
+                      f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} (class, bucket) units")
+        observer.planned(list(spec.buckets), len(units) // len(spec.buckets), len(planned))
+        fleet = FleetRun(nodes, planned, units, _ObservedList(observer.record), address=address)
         fleet.wave_seconds["start"] = time.perf_counter() - started
         wave_started = time.perf_counter()
-        _waves(ray, spec, cache_root, remote, fresh, units, planned, fleet, report)
+        _waves(ray, spec, cache_root, remote, fresh, units, planned, fleet, observer)
         fleet.wave_seconds["warm"] = time.perf_counter() - wave_started - fleet.wave_seconds["compile"]
         fleet.wall_seconds = time.perf_counter() - started
         return fleet
@@ -158,7 +181,7 @@ def _probe(address: str) -> None:
 
 
 def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool, units: list[CompileUnit],
-           planned: list[Target], fleet: FleetRun, report: Callable[[str], None]) -> None:
+           planned: list[Target], fleet: FleetRun, observer: FleetObserver) -> None:
     """Both waves at once. Rank processes start with the compile units, so their interpreter,
     torch, CUDA and model set-up and the eager references overlap compiling; each rank loads a
     bucket the moment its unit has published it, and benchmarks once its GPU class has no unit
@@ -182,7 +205,7 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
             # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
             ranks[target] = rank.options(num_cpus=0, **placement).remote(
                 spec, str(cache_root), remote, target.rank, prime=has_spare_cpu(target, planned, units))
-        _drive(ray, spec, cache_root, remote, fresh, compilers, ranks, fleet, report, started)
+        _drive(ray, spec, cache_root, remote, fresh, compilers, ranks, fleet, observer, started)
     finally:
         for actor in [*compilers.values(), *ranks.values()]:  # each holds a GPU share and memory until killed
             ray.kill(actor, no_restart=True)
@@ -193,7 +216,7 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
 
 
 def _drive(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool, compilers: dict[CompileUnit, Any],
-           ranks: dict[Target, Any], fleet: FleetRun, report: Callable[[str], None], started: float) -> None:
+           ranks: dict[Target, Any], fleet: FleetRun, observer: FleetObserver, started: float) -> None:
     """Take every answer as it comes. A published bucket is loaded by every rank of its class; a
     bucket whose unit failed is failed on those ranks, for the same reason. Once a class has no
     unit left compiling, its ranks benchmark (its units only ever run on its own nodes)."""
@@ -209,13 +232,13 @@ def _drive(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
     while waiting:
         for (kind, what), outcome in _gather(ray, waiting, once=True):
             if kind == "load":
-                _loaded(what, outcome, report)
+                _loaded(what, outcome, observer)
                 continue
             if kind == "finish":
-                _finished(spec, what, outcome, good(what.gpu_class), fleet, report)
+                _finished(spec, what, outcome, good(what.gpu_class), fleet, observer.line)
                 continue
             ray.kill(compilers[what], no_restart=True)  # its answer is in; its teardown need not be waited for
-            error = _compiled(spec, what, outcome, fleet, report)
+            error = _compiled(spec, what, outcome, fleet, observer.line)
             of_class = [t for t in ranks if t.gpu_class == what.gpu_class]
             for target in of_class:
                 if error is None:
@@ -303,11 +326,12 @@ def _raise_if_nothing_could_start(fleet: FleetRun, units: list[CompileUnit]) -> 
         raise SetupError(str(setup[0]))  # nothing could run anywhere: a config problem, exit 2
 
 
-def _loaded(what: tuple[Target, Optional[int]], outcome: Any, report: Callable[[str], None]) -> None:
+def _loaded(what: tuple[Target, Optional[int]], outcome: Any, observer: FleetObserver) -> None:
     target, bucket = what
     if bucket is None or not isinstance(outcome, dict):
         return  # set-up, or a failure that `finish` reports
-    report(f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome['status']}, "
+    observer.loaded(target.rank, bucket)
+    observer.line(f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome['status']}, "
            f"{_seconds(outcome['compile_seconds'])}, {outcome['cache_hits']} hits/{outcome['cache_misses']} misses")
 
 
