@@ -229,30 +229,29 @@ def _drive(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
     def good(gpu_class: str) -> list[int]:
         return [b for b in spec.buckets if (gpu_class, b) not in failed]
 
-    while waiting:
-        for (kind, what), outcome in _gather(ray, waiting, once=True):
-            if kind == "load":
-                _loaded(what, outcome, observer)
-                continue
-            if kind == "finish":
-                _finished(spec, what, outcome, good(what.gpu_class), fleet, observer.line)
-                continue
-            ray.kill(compilers[what], no_restart=True)  # its answer is in; its teardown need not be waited for
-            error = _compiled(spec, what, outcome, fleet, observer.line)
-            of_class = [t for t in ranks if t.gpu_class == what.gpu_class]
-            for target in of_class:
-                if error is None:
-                    waiting[ranks[target].load.remote(what.bucket)] = ("load", (target, what.bucket))
-                else:
-                    failed.add((what.gpu_class, what.bucket))
-                    fleet.results.append(_failed_record(spec, what.bucket, target.rank, target.gpu_class, "warm",
-                                                        f"not loaded: {error}"))
-            compiling[what.gpu_class] -= 1
-            if not compiling[what.gpu_class]:  # the class has stopped compiling: its ranks benchmark
-                waiting.update({ranks[t].finish.remote(good(what.gpu_class)): ("finish", t) for t in of_class})
-            if not +compiling:
-                _raise_if_nothing_could_start(fleet, list(compilers))
-                fleet.wave_seconds["compile"] = time.perf_counter() - started
+    for (kind, what), outcome in _gather(ray, waiting):  # calls added to `waiting` below are waited for too
+        if kind == "load":
+            _loaded(what, outcome, observer)
+            continue
+        if kind == "finish":
+            _finished(spec, what, outcome, good(what.gpu_class), fleet, observer.line)
+            continue
+        ray.kill(compilers[what], no_restart=True)  # its answer is in; its teardown need not be waited for
+        error = _compiled(spec, what, outcome, fleet, observer.line)
+        of_class = [t for t in ranks if t.gpu_class == what.gpu_class]
+        for target in of_class:
+            if error is None:
+                waiting[ranks[target].load.remote(what.bucket)] = ("load", (target, what.bucket))
+            else:
+                failed.add((what.gpu_class, what.bucket))
+                fleet.results.append(_failed_record(spec, what.bucket, target.rank, target.gpu_class, "warm",
+                                                    f"not loaded: {error}"))
+        compiling[what.gpu_class] -= 1
+        if not compiling[what.gpu_class]:  # the class has stopped compiling: its ranks benchmark
+            waiting.update({ranks[t].finish.remote(good(what.gpu_class)): ("finish", t) for t in of_class})
+        if not +compiling:
+            _raise_if_nothing_could_start(fleet, list(compilers))
+            fleet.wave_seconds["compile"] = time.perf_counter() - started
 
 
 def _reserve_gpus(gpu_ranks: list[Target], units: list[CompileUnit]) -> Any:
@@ -332,7 +331,7 @@ def _loaded(what: tuple[Target, Optional[int]], outcome: Any, observer: FleetObs
         return  # set-up, or a failure that `finish` reports
     observer.loaded(target.rank, bucket)
     observer.line(f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome['status']}, "
-           f"{_seconds(outcome['compile_seconds'])}, {outcome['cache_hits']} hits/{outcome['cache_misses']} misses")
+                  f"{_seconds(outcome['compile_seconds'])}, {outcome['cache_hits']} hits/{outcome['cache_misses']} misses")
 
 
 def _finished(spec: WarmupSpec, target: Target, outcome: Any, buckets: list[int], fleet: FleetRun,
@@ -357,9 +356,9 @@ def _finished(spec: WarmupSpec, target: Target, outcome: Any, buckets: list[int]
            + (f", speedup {min(speedups):.2f}-{max(speedups):.2f}x" if speedups else ""))
 
 
-def _gather(ray: Any, refs: dict[Any, Any], once: bool = False):
-    """Yield (what, result-or-exception) as tasks finish, removing them from `refs`; with `once`,
-    stop after the first that finishes (`refs` may have grown meanwhile). Ctrl-C cancels whatever
+def _gather(ray: Any, refs: dict[Any, Any]):
+    """Yield (what, result-or-exception) as tasks finish, removing them from `refs`, until none is
+    left; what the caller adds to `refs` meanwhile is waited for too. Ctrl-C cancels whatever
     still runs; that is safe for the store: a manifest is only ever created whole, after its shards."""
     try:
         while refs:
@@ -371,8 +370,6 @@ def _gather(ray: Any, refs: dict[Any, Any], once: bool = False):
                     yield what, ray.get(ref)
                 except Exception as exc:  # the task raised, or its worker died more than TASK_RETRIES times
                     yield what, exc
-            if done and once:
-                return
     except KeyboardInterrupt:
         for ref in refs:
             try:

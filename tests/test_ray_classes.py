@@ -5,19 +5,15 @@ class's compile does must not change what the other class's ranks report."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
-import subprocess
 import textwrap
 
 import pytest
 
-from test_ray_cluster import NETNS_HOSTS, RAY, warmup
+from test_ray_cluster import netns_cluster, warmup
 
 pytestmark = pytest.mark.slow
 
-HEAD_IP, PORT = "10.201.0.1", 6392
+PORT = 6392
 A10G_IP, H200_IP = "10.201.0.2", "10.201.0.3"
 # Batch 2 fails only where the node says so (the A10G node's raylet, hence its workers, has the variable)
 MODELS = textwrap.dedent("""
@@ -41,26 +37,9 @@ MODELS = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def cluster():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 for network namespaces")
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"}
-    full_env = {**os.environ, **env}
-
-    def run(*cmd: str, extra: dict[str, str] | None = None) -> None:
-        subprocess.run(cmd, env={**full_env, **(extra or {})}, check=True, capture_output=True, timeout=180)
-
-    subprocess.run(["bash", str(NETNS_HOSTS), "up", "2"], check=True, capture_output=True)
-    try:
-        run(RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(PORT), "--num-cpus", "1",
-            "--num-gpus", "0", "--include-dashboard", "false")
-        for host, ip, gpu, extra in ((1, A10G_IP, "A10G", {"REFUSE_BATCH_2": "1"}), (2, H200_IP, "H200", {})):
-            run("ip", "netns", "exec", f"orch-h{host}", RAY, "start", "--address", f"{HEAD_IP}:{PORT}",
-                "--node-ip-address", ip, "--num-cpus", "2", "--num-gpus", "1",
-                "--resources", json.dumps({f"accelerator_type:{gpu}": 1}), extra=extra)
-        yield {**env, "address": f"{HEAD_IP}:{PORT}"}
-    finally:
-        subprocess.run([RAY, "stop", "--force"], env=full_env, capture_output=True, timeout=120)
-        subprocess.run(["bash", str(NETNS_HOSTS), "down"], capture_output=True)
+    # host 1 (A10G_IP) refuses batch 2, host 2 (H200_IP) does not
+    with netns_cluster(PORT, [("A10G", {"REFUSE_BATCH_2": "1"}), ("H200", {})]) as env:
+        yield env
 
 
 def test_a_bucket_failed_on_one_class_stays_warm_and_benchmarked_on_the_other(cluster, tmp_path):

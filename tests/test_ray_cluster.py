@@ -4,6 +4,7 @@ is exercised on a machine without GPUs (the workers compile on the CPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -62,28 +63,37 @@ def config(tmp_path: Path, factory: str, buckets: str = "[1, 2]") -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster():
+@contextlib.contextmanager
+def netns_cluster(port: int, workers: list[tuple[str, dict[str, str]]]):
+    """A Ray head on the host (one CPU, no GPU) plus a worker node per (GPU class, extra env) in a
+    network namespace of its own (10.201.0.2, .3, ...), each declaring 2 CPUs and one GPU of that
+    class; yields the env a driver needs (token) and the head's address."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 for network namespaces")
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"}
     full_env = {**os.environ, **env}
 
-    def run(*cmd: str) -> None:
-        subprocess.run(cmd, env=full_env, check=True, capture_output=True, timeout=180)
+    def run(*cmd: str, extra: dict[str, str]) -> None:
+        subprocess.run(cmd, env={**full_env, **extra}, check=True, capture_output=True, timeout=180)
 
-    subprocess.run(["bash", str(NETNS_HOSTS), "up", "2"], check=True, capture_output=True)
+    subprocess.run(["bash", str(NETNS_HOSTS), "up", str(len(workers))], check=True, capture_output=True)
     try:
-        run(RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(PORT), "--num-cpus", "1",
-            "--num-gpus", "0", "--include-dashboard", "false")
-        for i, ip in ((1, "10.201.0.2"), (2, "10.201.0.3")):
-            run("ip", "netns", "exec", f"orch-h{i}", RAY, "start", "--address", f"{HEAD_IP}:{PORT}",
-                "--node-ip-address", ip, "--num-cpus", "2", "--num-gpus", "1",
-                "--resources", '{"accelerator_type:H200": 1}')
-        yield {**env, "address": f"{HEAD_IP}:{PORT}"}
+        run(RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(port), "--num-cpus", "1",
+            "--num-gpus", "0", "--include-dashboard", "false", extra={})
+        for i, (gpu_class, extra) in enumerate(workers, start=1):
+            run("ip", "netns", "exec", f"orch-h{i}", RAY, "start", "--address", f"{HEAD_IP}:{port}",
+                "--node-ip-address", f"10.201.0.{i + 1}", "--num-cpus", "2", "--num-gpus", "1",
+                "--resources", json.dumps({f"accelerator_type:{gpu_class}": 1}), extra=extra)
+        yield {**env, "address": f"{HEAD_IP}:{port}"}
     finally:
         subprocess.run([RAY, "stop", "--force"], env=full_env, capture_output=True, timeout=120)
         subprocess.run(["bash", str(NETNS_HOSTS), "down"], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with netns_cluster(PORT, [("H200", {}), ("H200", {})]) as env:
+        yield env
 
 
 def warmup(cluster: dict, cfg: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
