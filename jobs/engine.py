@@ -5,6 +5,7 @@ published afterwards (a bucket that fails leaves no files behind).
 
 Per bucket, in this order, each timed on its own:
   1. eager reference call (also pays cuBLAS/cuDNN initialisation, so compile timing does not)
+     (a process that waits for another to compile may trace the bucket now: see Session.trace)
   2. first compiled call: Dynamo trace + Inductor compile or cache load  -> compile_seconds
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
   4. compiled outputs (first call and a replay) against eager, tolerance by dtype
@@ -112,7 +113,8 @@ class Session:
     wave has published it and benchmarks them all once compiling has stopped."""
 
     def __init__(self, spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
-                 remote: Optional[Remote] = None, progress: Progress = NoProgress()) -> None:
+                 remote: Optional[Remote] = None, progress: Progress = NoProgress(),
+                 trace_ahead: bool = False) -> None:
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
         self.spec, self.rank, self.remote, self.progress = spec, rank, remote, progress
         self.events: list[tuple[str, float]] = [("imported", time.time())]
@@ -136,9 +138,9 @@ class Session:
         self.event("model built")
         ti.allow_recompiles(len(spec.buckets))
         options = spec.compile
-        self.compiled = torch.compile(self.model, **ti.compile_kwargs(options.mode, options.dynamic,
-                                                                      options.fullgraph, options.backend,
-                                                                      options.options))
+        self.compiled, self._tracer = ti.compile_model(
+            self.model, ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend,
+                                          options.options), trace_ahead=trace_ahead)
         self.setup_seconds = time.perf_counter() - self.started
         self._work: dict[int, _BucketWork] = {}
         self._quarantined: list[str] = []
@@ -161,6 +163,18 @@ class Session:
         work = self._bucket(bucket)
         if work.result.status == "ok" and work.reference is None:
             self._guard(work, work.run_reference)
+        return work.result
+
+    def trace(self, bucket: int) -> BucketResult:
+        """Dynamo's trace of the bucket, before its artifact exists, so that loading it later is a
+        cache hit and no more (needs trace_ahead=True and Inductor; else nothing happens). For a
+        rank waiting on the compile wave: its loads are what is left after the last publish."""
+        work = self._bucket(bucket)
+        self.reference(bucket)
+        if self._tracer is not None and work.result.status == "ok" and not work.compiled and work.traced is None:
+            self._guard(work, lambda: work.trace(self._tracer))
+            if work.result.status == "ok":
+                self.event(f"traced bucket {bucket}")
         return work.result
 
     def warm(self, bucket: int, benchmark: bool = True) -> BucketResult:
@@ -278,6 +292,8 @@ class _BucketWork:
         self.result, self.progress = result, progress
         self.clock = Clock(device)
         self.reference: Optional[list[torch.Tensor]] = None
+        self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
+        self.trace_seconds = 0.0
         self.compiled = False
         self._inputs: Optional[tuple[Any, Any]] = None
         self._stage_started: Optional[float] = None
@@ -310,6 +326,14 @@ class _BucketWork:
         self.reference = [t.detach().clone() for t in ti.flatten(reference)]
         self.pause()
 
+    def trace(self, tracer: ti.TraceAhead) -> None:
+        with torch.no_grad(), tracer.tracing_only():  # grad mode as in compile(): Dynamo guards on it
+            self.enter("trace ahead")
+            window = ti.CounterWindow()
+            self.trace_seconds, _ = self.clock.wall(self.run_compiled)
+            self.traced = window.stats()
+        self.pause()
+
     def compile(self) -> None:
         result = self.result
         if self.device.type == "cuda":
@@ -318,8 +342,12 @@ class _BucketWork:
             self.enter("compile")
             window = ti.CounterWindow()
             result.compile_seconds, first = self.clock.wall(self.run_compiled)
+            # a trace ahead is part of this bucket's first call, done earlier: what a replica pays
+            # to warm-start it is both, so both count (stage_seconds keeps them apart)
+            result.compile_seconds += self.trace_seconds
             first = [t.detach().clone() for t in ti.flatten(first)]
-            _record_compile(result, window.stats(), self.spec, self.device, skip_reasons)
+            stats = window.stats() if self.traced is None else self.traced + window.stats()
+            _record_compile(result, stats, self.spec, self.device, skip_reasons)
 
             self.enter("record graphs")
             after_first = ti.CounterWindow()

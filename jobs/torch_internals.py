@@ -96,6 +96,62 @@ def compile_kwargs(mode: Optional[str], dynamic: Optional[bool], fullgraph: bool
     return kwargs
 
 
+def compile_model(model: torch.nn.Module, kwargs: dict[str, Any], *,
+                  trace_ahead: bool = False) -> tuple[Any, Optional["TraceAhead"]]:
+    """torch.compile(model, **kwargs) and, when asked and the backend is Inductor, the TraceAhead
+    backend that lets the process trace buckets before their artifacts exist (else None)."""
+    options = kwargs.get("options") or {}
+    if not trace_ahead or kwargs["backend"] != "inductor" or {"guard_filter_fn", "use_aoti"} & set(options):
+        return torch.compile(model, **kwargs), None
+    # the object torch.compile(backend="inductor", mode=..., options=...) builds, so the cache keys
+    # are the ones every other process (and a serving replica) computes
+    inductor = torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), kwargs["dynamic"])
+    backend = TraceAhead(inductor)
+    return torch.compile(model, backend=backend, dynamic=kwargs["dynamic"], fullgraph=kwargs["fullgraph"]), backend
+
+
+class TraceAhead:
+    """A torch.compile backend for a process that loads what another one compiles: inside
+    `tracing_only()`, Dynamo traces a call and the traced graph runs as it is, and Inductor is
+    handed that graph only at its next call, once the artifact is in the cache, so loading it
+    costs a cache hit instead of a whole Dynamo trace. Outside the block it is plain Inductor."""
+
+    def __init__(self, inductor: Any) -> None:
+        self.inductor = inductor
+        self._only_trace = False
+
+    @contextlib.contextmanager
+    def tracing_only(self) -> Iterator[None]:
+        self._only_trace = True
+        try:
+            yield
+        finally:
+            self._only_trace = False
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if not self._only_trace:
+            return self.inductor(gm, example_inputs)
+        # Inductor reads Dynamo's fake tensors and graph-argument sources from the tracing
+        # context; keeping it makes the deferred compile compute the same cache keys
+        context = torch._guards.TracingContext.try_get()
+        compiled: list[Any] = []
+
+        def run(*args: Any) -> Any:
+            if not compiled:
+                if self._only_trace:
+                    # interpreted: calling the lazy GraphModule would generate its code, which
+                    # lands in the module's __dict__ and so in AOTAutograd's cache key
+                    return torch.fx.Interpreter(gm).run(*args)
+                with torch._guards.tracing(context):
+                    compiled.append(self.inductor(gm, example_inputs))
+            return compiled[0](*args)  # as Dynamo calls what a backend returns
+
+        return run
+
+    def reset(self) -> None:  # torch._dynamo.reset(): drop the CUDA-graph trees as Inductor's would
+        self.inductor.reset()
+
+
 def mark_step() -> None:
     """Tell CUDA-graph trees a new inference step begins, so replays may reuse output memory."""
     torch.compiler.cudagraph_mark_step_begin()
@@ -118,6 +174,14 @@ class CompileStats:
     frames_compiled: int = 0
     graph_breaks: dict[str, int] = field(default_factory=dict)
     cudagraph_skips: int = 0
+
+    def __add__(self, other: "CompileStats") -> "CompileStats":
+        breaks = Counter(self.graph_breaks)
+        breaks.update(other.graph_breaks)
+        return CompileStats(self.fx_hits + other.fx_hits, self.fx_misses + other.fx_misses,
+                            self.fx_bypasses + other.fx_bypasses, self.aot_hits + other.aot_hits,
+                            self.aot_misses + other.aot_misses, self.frames_compiled + other.frames_compiled,
+                            dict(breaks), self.cudagraph_skips + other.cudagraph_skips)
 
     @property
     def cache_hits(self) -> int:

@@ -119,7 +119,7 @@ def _floor(fraction: float) -> float:
 
 def has_spare_cpu(target: Target, targets_: list[Target], units: list[CompileUnit]) -> bool:
     """Whether the target's node has a CPU beyond its compile units and ranks. A rank that waits
-    may then prime its compiler (a throwaway compile) without slowing the compile units down."""
+    may then trace its buckets and prime its compiler without slowing the compile units down."""
     node_of = {t.rank: t.node for t in targets_}
     of_class = [u for u in units if u.gpu_class == target.gpu_class]
     if any(u.home is not None for u in of_class):

@@ -204,7 +204,7 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
                          if target.rank in bundle else {"scheduling_strategy": _on_node(target.node)})
             # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
             ranks[target] = rank.options(num_cpus=0, **placement).remote(
-                spec, str(cache_root), remote, target.rank, prime=has_spare_cpu(target, planned, units))
+                spec, str(cache_root), remote, target.rank, spare_cpu=has_spare_cpu(target, planned, units))
         _drive(ray, spec, cache_root, remote, fresh, compilers, ranks, fleet, observer, started)
     finally:
         for actor in [*compilers.values(), *ranks.values()]:  # each holds a GPU share and memory until killed
@@ -437,8 +437,8 @@ class RankWorker:
     Every method may run in a restarted process (the worker died and Ray restarted it), so each
     one first makes sure what it builds on is there."""
 
-    def __init__(self, spec: WarmupSpec, cache_root: str, remote: Remote, rank: int, prime: bool) -> None:
-        self.spec, self.cache_root, self.remote, self.rank, self.prime = spec, cache_root, remote, rank, prime
+    def __init__(self, spec: WarmupSpec, cache_root: str, remote: Remote, rank: int, spare_cpu: bool) -> None:
+        self.spec, self.cache_root, self.remote, self.rank, self.spare_cpu = spec, cache_root, remote, rank, spare_cpu
         # Read when torch is first imported (later, in this fresh process). A rank only loads:
         # Inductor's default would start a pool of a worker per CPU, each importing torch, at the
         # first load, for nothing, and beside the benchmarks.
@@ -447,14 +447,23 @@ class RankWorker:
         self._fatal: Optional[Exception] = None  # set-up or store failure: every bucket of the rank fails
 
     def prepare(self) -> None:
-        """Everything that needs no artifact: imports, CUDA, the model, the compiler's own start,
-        the eager references."""
-        def references(session: Any) -> None:
+        """Everything that needs no artifact: imports, CUDA, the model, the eager references and,
+        with a CPU to spare, each bucket's Dynamo trace and the compiler's own start, so that a
+        load after a publish is only a cache hit. Without one (the 2-core CI machine), this work
+        beside two compile units took their first calls from 13 s to 18 s: the loads pay it."""
+        def set_up(session: Any) -> None:
+            from jobs import torch_internals as ti
+
             for bucket in self.spec.buckets:
                 session.reference(bucket)
             session.event("references done")
+            if self.spare_cpu:
+                for bucket in self.spec.buckets:
+                    session.trace(bucket)
+                ti.prime_compiler(session.device)
+                session.event("compiler primed")
 
-        self._step(references)
+        self._step(set_up)
 
     def load(self, bucket: int) -> Optional[dict[str, Any]]:
         def pull_and_load(session: Any) -> dict[str, Any]:
@@ -475,17 +484,13 @@ class RankWorker:
         return _as_dict(session.run(), buckets)
 
     def _ready(self) -> Any:
-        from jobs import torch_internals as ti
         from jobs.engine import Session
 
         if self._session is None:
             # Ranks of one node share its cache directory and only read the store: what they
             # load was compiled and published by the compile wave.
-            self._session = Session(self.spec, node_cache_root(self.cache_root), rank=self.rank, remote=self.remote)
-            if self.prime:  # only with a CPU to spare: on the 2-core CI machine, priming beside two
-                # compile units took their first calls from 13 s to 18 s
-                ti.prime_compiler(self._session.device)
-                self._session.event("compiler primed")
+            self._session = Session(self.spec, node_cache_root(self.cache_root), rank=self.rank, remote=self.remote,
+                                    trace_ahead=self.spare_cpu)
         return self._session
 
     def _step(self, work: Callable[[Any], Any]) -> Any:

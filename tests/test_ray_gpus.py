@@ -1,6 +1,7 @@
 """GPU shares on one node with several GPUs: a Ray head declaring two H200s (no real GPU needed:
 Ray schedules on declared resources and sets CUDA_VISIBLE_DEVICES; the work runs on the CPU).
-Each rank must get a GPU of its own, and the compile units must fit beside the ranks."""
+Each rank must get a GPU of its own, and the compile units must fit beside the ranks. The head
+declares 6 CPUs, one more than its 3 compile units and 2 ranks, so the ranks trace ahead."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def head():
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     ray = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
     full_env = {**os.environ, **env}
-    subprocess.run([*ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(PORT), "--num-cpus", "4",
+    subprocess.run([*ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(PORT), "--num-cpus", "6",
                     "--num-gpus", "2", "--resources", '{"accelerator_type:H200": 1}', "--include-dashboard", "false"],
                    env=full_env, check=True, capture_output=True, timeout=180)
     try:
@@ -66,15 +67,18 @@ def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp
     # would leave the second rank no GPU to start on until they ended (seen on two H200s)
     assert max(row["started_s"] for row in ranks) < min(row["ended_s"] for row in units)
     assert all(sum(1 for row in units if row["gpu_ids"] == [gpu]) <= 2 for gpu in ("0", "1"))
-    # the milestones show the pipeline: each rank loads a bucket after its unit published it, and
-    # benchmarks only after every unit has ended
+    # the milestones show the pipeline: each rank traces every bucket while it waits (a CPU to
+    # spare), loads a bucket after its unit published it, and benchmarks only after every unit ended
     published = {row["bucket"]: dict(row["events"])["published"] for row in units}
     for row in ranks:
         events = dict(row["events"])
+        assert all(events[f"traced bucket {b}"] <= events[f"loaded bucket {b}"] for b in (1, 2, 3))
         assert all(events[f"loaded bucket {b}"] >= published[b] for b in (1, 2, 3))
         assert min(events[f"benchmarked bucket {b}"] for b in (1, 2, 3)) >= max(u["ended_s"] for u in units)
     warm = [r for r in report["results"] if r["phase"] == "warm"]
+    # loads after a trace ahead are cache hits: Inductor found the units' artifacts under the same keys
     assert len(warm) == 6 and all(r["status"] == "ok" and r["cache_state"] == "hit" for r in warm)
+    assert all("trace ahead" in r["stage_seconds"] for r in warm)
 
 
 def test_gpus_held_by_another_job_fail_the_reservation_with_one_line_and_exit_6(head, tmp_path):
