@@ -168,13 +168,17 @@ def main() -> None:
         waves = report["executor"]["wave_seconds"]
         pull = (report["summary"]["fleet"]["pull_seconds"] or {}).get("max", 0.0)
         compiled = {r["bucket"]: r["compile_seconds"] for r in report["results"] if r["phase"] == "compile"}
-        loads = [r["compile_seconds"] for r in report["results"] if r["phase"] == "warm" and r["status"] == "ok"]
+        warm = [r for r in report["results"] if r["phase"] == "warm" and r["status"] == "ok"]
+        # the load after the publish; a rank that traced ahead did the rest of its first call before
+        loads = [r["stage_seconds"]["compile"] for r in warm]
+        traces = [r["stage_seconds"]["trace ahead"] for r in warm if "trace ahead" in r["stage_seconds"]]
+        traced = f" after traces ahead of {min(traces):.2f}-{max(traces):.2f} s" if traces else ""
         timeline = report["executor"]["timeline"]
         compile_end = max(row["ended_s"] for row in timeline if row["wave"] == "compile")
         print(f"| fleet, {name} cluster | {run['ready']:.1f} s | {run['exited']:.1f} s | until plan "
               f"{waves['start']:.1f} s, compile wave {waves['compile']:.1f} s (tasks' first calls "
               f"{', '.join(f'{compiled[b]:.1f}' for b in buckets)} s; last task done at {compile_end:.1f} s), "
-              f"after it {waves['warm']:.1f} s; ranks' loads {min(loads):.2f}-{max(loads):.2f} s per bucket, "
+              f"after it {waves['warm']:.1f} s; ranks' loads {min(loads):.2f}-{max(loads):.2f} s per bucket{traced}, "
               f"pulls {pull:.2f} s per rank |")
         run["pull"] = pull
     naive_first = [sum(r["compile_seconds"] or 0 for r in n["results"]) for n in naive_reports]
