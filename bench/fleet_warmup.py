@@ -1,6 +1,7 @@
 """Fleet warmup through Ray against the naive way, and against the issue's target.
 
     python bench/fleet_warmup.py --example mlp --buckets 1,8,32 [--ranks N] [--cluster existing|local|both]
+        [--rounds 3]  (the machine varies by ~15% between runs: decide a ratio on the median of rounds)
 
 Everything starts cold (--fresh, empty directories) and every time is from a process spawn to the
 moment its result exists (the report on stdout), as a replica or a job would feel it:
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,6 +97,8 @@ def main() -> None:
     parser.add_argument("--cluster", choices=["existing", "local", "both"], default="both")
     parser.add_argument("--no-naive", action="store_true", help="Skip the naive run (when comparing fleet variants).")
     parser.add_argument("--save", type=Path, help="Also copy the fleet reports into this directory.")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Repeat every measurement, fleet and alone interleaved; ratios get medians.")
     parser.add_argument("--alone", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -108,6 +112,25 @@ def main() -> None:
     # that has run anything before; otherwise whichever run comes first pays the disk alone.
     subprocess.run([sys.executable, "-c", "import torch, torch._inductor.compile_fx"], check=True)
 
+    ratios: dict[str, list[tuple[float, float, float]]] = {}  # cluster -> (fleet, slowest alone + pulls, ratio)
+    for number in range(1, args.rounds + 1):
+        if args.rounds > 1:
+            print(f"## round {number} of {args.rounds}\n")
+        for name, row in measure(args, model, work / f"round-{number}", buckets).items():
+            ratios.setdefault(name, []).append(row)
+    if args.rounds > 1:
+        print(f"## {args.rounds} rounds\n")
+        print("| cluster | fleet, each round | slowest alone + pulls, each round | ratio, each round | median ratio |")
+        print("|---|---|---|---|---|")
+        for name, rows in ratios.items():
+            fleets, references, each = zip(*rows)
+            print(f"| {name} | {', '.join(f'{x:.1f}' for x in fleets)} s | {', '.join(f'{x:.1f}' for x in references)} s "
+                  f"| {', '.join(f'{x:.2f}' for x in each)} | **{statistics.median(each):.2f}** (target <= 1.25) |")
+
+
+def measure(args: argparse.Namespace, model: str, work: Path, buckets: list[int]) -> dict[str, tuple[float, float, float]]:
+    """One round: the fleet (each cluster kind), naive, every bucket alone; prints the round and
+    returns, per cluster kind, (fleet, slowest bucket alone + pulls, their ratio)."""
     runs = {}
     if args.cluster in ("existing", "both"):
         # Ray's CLI through this interpreter: the `ray` script of a --target install may not be on PATH
@@ -191,8 +214,10 @@ def main() -> None:
             print(f"| bucket {bucket} alone, {setting} | {result['ready']:.1f} s | | first call "
                   f"{result['compile_seconds']:.1f} s; from spawn: {events} |")
     print()
+    ratios = {}
     for name, run in runs.items():
         reference = best[slowest]["ready"] + run["pull"]
+        ratios[name] = (run["ready"], reference, run["ready"] / reference)
         print(f"{name} cluster: fleet / naive {run['ready'] / naive_wall:.2f}; fleet / (slowest bucket alone "
               f"{best[slowest]['ready']:.1f} s + pulls {run['pull']:.2f} s) = {run['ready'] / reference:.2f} "
               f"(target <= 1.25)")
@@ -203,11 +228,12 @@ def main() -> None:
             events = ", ".join(f"{what} {at:.1f}" for what, at in row["events"])
             print(f"- {who}: started {row['started_s']:.1f}, {events}, ended {row['ended_s']:.1f}, "
                   f"answer at the driver {row['answered_s']:.1f}")
-    for directory in filter(None, [work, args.save]):
+    for directory in filter(None, [work, args.save and args.save / work.name]):
         directory.mkdir(parents=True, exist_ok=True)
         for name, run in runs.items():
             (directory / f"fleet-{name}.json").write_text(json.dumps(run["report"], indent=2))
-    print(f"\nreports: {args.save or work}")
+    print(f"\nreports: {args.save / work.name if args.save else work}\n")
+    return ratios
 
 
 if __name__ == "__main__":
