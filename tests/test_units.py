@@ -85,3 +85,32 @@ def test_priming_the_compiler_leaves_the_real_cache_untouched(tmp_path, monkeypa
     assert before.stats().frames_compiled == 1  # it did compile
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache / "inductor") and "TRITON_CACHE_DIR" not in os.environ
     assert not cache.exists()
+
+
+def test_trace_ahead_only_wraps_inductor():
+    """Another backend (or options torch.compile itself pops) compiles plainly: nothing to defer."""
+    model = torch.nn.Linear(4, 4)
+    kwargs = ti.compile_kwargs(None, False, False, "eager", {})
+    assert ti.compile_model(model, kwargs, trace_ahead=True)[1] is None
+    inductor = ti.compile_kwargs("reduce-overhead", False, False, "inductor", {})
+    assert ti.compile_model(model, inductor)[1] is None
+    assert isinstance(ti.compile_model(model, inductor, trace_ahead=True)[1], ti.TraceAhead)
+
+
+def test_a_traced_ahead_graph_runs_as_traced_until_the_block_ends():
+    """Inside tracing_only the traced graph runs uncompiled (the right answer, nothing looked up);
+    the next call hands it to the backend, once."""
+    handed: list[int] = []
+
+    def backend(gm, example_inputs):
+        handed.append(len(example_inputs))
+        return gm.forward
+
+    tracer = ti.TraceAhead(backend)
+    compiled = torch.compile(lambda x: torch.relu(x) * 2, backend=tracer)
+    x = torch.randn(3)
+    with tracer.tracing_only():
+        assert torch.equal(compiled(x), torch.relu(x) * 2)
+    assert handed == []
+    assert torch.equal(compiled(x), torch.relu(x) * 2) and torch.equal(compiled(x), torch.relu(x) * 2)
+    assert handed == [1]
