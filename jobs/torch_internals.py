@@ -11,7 +11,7 @@ import platform as host_platform
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 from typing import Any, Iterator, Optional
 
@@ -176,12 +176,10 @@ class CompileStats:
     cudagraph_skips: int = 0
 
     def __add__(self, other: "CompileStats") -> "CompileStats":
-        breaks = Counter(self.graph_breaks)
-        breaks.update(other.graph_breaks)
-        return CompileStats(self.fx_hits + other.fx_hits, self.fx_misses + other.fx_misses,
-                            self.fx_bypasses + other.fx_bypasses, self.aot_hits + other.aot_hits,
-                            self.aot_misses + other.aot_misses, self.frames_compiled + other.frames_compiled,
-                            dict(breaks), self.cudagraph_skips + other.cudagraph_skips)
+        """Two windows of one bucket's first call (a trace ahead, then the load) as one."""
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
+                  for f in fields(self) if f.name != "graph_breaks"}
+        return CompileStats(**summed, graph_breaks=dict(Counter(self.graph_breaks) + Counter(other.graph_breaks)))
 
     @property
     def cache_hits(self) -> int:
