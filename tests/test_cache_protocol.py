@@ -65,6 +65,17 @@ def test_round_trip_skips_locks_and_temporaries(store, tmp_path):
     assert sync.pull(store, "never-published", tmp_path / "c", KEY, allow_unsigned=False) is None
 
 
+def test_scan_lists_artifacts_by_relative_path_and_never_through_a_link(tmp_path):
+    root = make_cache(tmp_path / "ns", {**ARTIFACTS, **NOT_ARTIFACTS})
+    outside = make_cache(tmp_path / "outside", {"secret.txt": b"not ours"})
+    (root / "inductor" / "linked-dir").symlink_to(outside, target_is_directory=True)
+    (root / "inductor" / "linked-file").symlink_to(outside / "secret.txt")
+    found = sync.scan(root)
+    assert {rel: size for rel, (_, size) in found.items()} == {rel: len(data) for rel, data in ARTIFACTS.items()}
+    assert all(path == root / rel for rel, (path, _) in found.items())
+    assert sync.scan(tmp_path / "missing") == {}
+
+
 def test_new_buckets_extend_a_namespace(store, tmp_path):
     node = make_cache(tmp_path / "a", ARTIFACTS)
     sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
