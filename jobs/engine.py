@@ -114,10 +114,11 @@ class Session:
 
     def __init__(self, spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
                  remote: Optional[Remote] = None, progress: Progress = NoProgress(),
-                 trace_ahead: bool = False) -> None:
+                 trace_ahead: bool = False, earlier_events: tuple[tuple[str, float], ...] = ()) -> None:
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
         self.spec, self.rank, self.remote, self.progress = spec, rank, remote, progress
-        self.events: list[tuple[str, float]] = [("imported", time.time())]
+        # earlier_events: milestones of this process before it imported torch (a Ray worker's start)
+        self.events: list[tuple[str, float]] = [*earlier_events, ("imported", time.time())]
         self.device = resolve_device(spec.device)
         self.platform = ti.current_platform(self.device)
         self.event("device ready")

@@ -409,6 +409,9 @@ class CompileWorker:
     has answered: an orderly exit (Inductor's worker pool, CUDA graphs, the CUDA context) would
     spend seconds of CPU beside the ranks for nothing."""
 
+    def __init__(self) -> None:
+        self._up = time.time()  # Ray's part of this process's start is over; torch is not imported yet
+
     def compile(self, spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int,
                 compile_threads: int) -> dict[str, Any]:
         """Compile one bucket in a private directory and publish it. Private, because a publish
@@ -423,7 +426,8 @@ class CompileWorker:
         root = node_cache_root(cache_root) / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
         try:
             # kept on the actor, so that freeing the compiled code and graphs is left to the kill
-            self._session = Session(spec.replaced(buckets=[bucket]), root, fresh=fresh, remote=remote)
+            self._session = Session(spec.replaced(buckets=[bucket]), root, fresh=fresh, remote=remote,
+                                    earlier_events=(("worker up", self._up),))
             self._session.warm(bucket, benchmark=False)
             self._session.publish()
             return _as_dict(self._session.run())
@@ -439,6 +443,7 @@ class RankWorker:
 
     def __init__(self, spec: WarmupSpec, cache_root: str, remote: Remote, rank: int, spare_cpu: bool) -> None:
         self.spec, self.cache_root, self.remote, self.rank, self.spare_cpu = spec, cache_root, remote, rank, spare_cpu
+        self._up = time.time()  # Ray's part of this process's start is over; torch is not imported yet
         # Read when torch is first imported (later, in this fresh process). A rank only loads:
         # Inductor's default would start a pool of a worker per CPU, each importing torch, at the
         # first load, for nothing, and beside the benchmarks.
@@ -490,7 +495,7 @@ class RankWorker:
             # Ranks of one node share its cache directory and only read the store: what they
             # load was compiled and published by the compile wave.
             self._session = Session(self.spec, node_cache_root(self.cache_root), rank=self.rank, remote=self.remote,
-                                    trace_ahead=self.spare_cpu)
+                                    trace_ahead=self.spare_cpu, earlier_events=(("worker up", self._up),))
         return self._session
 
     def _step(self, work: Callable[[Any], Any]) -> Any:
