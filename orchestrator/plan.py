@@ -42,11 +42,11 @@ class CompileUnit:
     gpu_class: str
     bucket: int
     num_gpus: float  # a fraction: compiling is mostly CPU work, and the GPU's rank runs beside it
-    # Inductor's compile workers for this unit (TORCHINDUCTOR_COMPILE_THREADS). A unit that shares
-    # its node compiles in its own process: each worker of a pool is a process that imports torch,
-    # and on the H200 node a pool of 5 per unit, beside two other units, made the MLP's first call
-    # 7.4 s instead of 4.5 s and won resnet18 nothing (docs/performance.md). A unit alone on its
-    # node gets Inductor's default, a worker per CPU.
+    # Inductor's compile workers for this unit (TORCHINDUCTOR_COMPILE_THREADS): the node's CPUs
+    # split between the units that share it. A pool compiles Triton kernels in parallel: resnet50
+    # alone on the H200 took 15.7-16.6 s with one and 21.4-22.1 s in-process. (A pool of 16 in the
+    # rank as well, beside the units' pools, was what once made the MLP's first calls 7.4 s instead
+    # of 4.5 s; a rank now never compiles: docs/performance.md.)
     compile_threads: int = 1
     # A CPU each; a node with fewer CPUs than units gives each an equal part, so that all of them
     # still start (the alternative is a unit that never fits in its rank's bundle).
@@ -106,8 +106,7 @@ def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUni
         on_node = Counter(home.node for home in homes)
         for bucket, home in zip(buckets, homes):
             here = on_node[home.node]
-            units.append(CompileUnit(gpu_class, bucket, share,
-                                     compile_threads=max(1, home.node.cpus) if here == 1 else 1,
+            units.append(CompileUnit(gpu_class, bucket, share, compile_threads=max(1, home.node.cpus // here),
                                      num_cpus=min(1.0, _floor(home.node.cpus / here)), home=home.rank))
     return units
 

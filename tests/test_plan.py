@@ -43,8 +43,9 @@ def test_one_compile_per_class_and_bucket_sharing_gpus_with_the_ranks():
         ("H200", 1, 0.245), ("H200", 8, 0.245), ("H200", 32, 0.245)]
     # every rank and every compile task of a GPU fit on it together, and two ranks never do
     assert RANK_GPU_SHARE + 3 * 0.1633 <= 1 and RANK_GPU_SHARE + 2 * 0.245 <= 1 and 2 * RANK_GPU_SHARE > 1
-    # units that share a node compile in their own process: no pool of torch-importing workers each
-    assert {u.compile_threads for u in units} == {1}
+    # units that share a node split its CPUs for their compile workers: 16 / 3 on the A10G node,
+    # 16 / 3 on the H200 node too (two GPUs, three units)
+    assert [u.compile_threads for u in units] == [5, 5, 5, 5, 5, 5]
     cpu = targets([Node("n1", "127.0.0.1", 0, 2, "cpu")])
     assert [(u.num_gpus, u.compile_threads) for u in compile_units(cpu, [1, 2])] == [(0.0, 1), (0.0, 1)]
     # a unit alone on its node gets Inductor's default, a compile worker per CPU
