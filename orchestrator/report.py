@@ -81,8 +81,9 @@ def _timeline(fleet: FleetRun) -> list[dict[str, Any]]:
              "started_s": round(run["process_started_at"] - fleet.started_at, 3),
              "ended_s": round(run["ended_at"] - fleet.started_at, 3),
              "answered_s": round(run["answered_at"] - fleet.started_at, 3),
-             # where the process's time went: "worker up" (interpreter and Ray), "imported" (torch), "device ready",
-             # "model built", each bucket "compiled"/"loaded"/"benchmarked", pulls, "published"
+             # where the process's time went: "worker up" (interpreter and Ray), "imported" (torch),
+             # "device ready", "model built", each bucket "compiled"/"loaded"/"benchmarked", pulls,
+             # "published"
              "events": [[what, round(at - fleet.started_at, 3)] for what, at in run.get("events", [])]}
             for run in fleet.runs]
     return sorted(rows, key=lambda row: row["started_s"])
