@@ -398,7 +398,7 @@ def _record_compile(result: BucketResult, stats: ti.CompileStats, spec: WarmupSp
     result.cache_hits, result.cache_misses = stats.cache_hits, stats.cache_misses
     result.cache = {"fx_graph_hits": stats.fx_hits, "fx_graph_misses": stats.fx_misses,
                     "fx_graph_bypasses": stats.fx_bypasses, "aot_autograd_hits": stats.aot_hits,
-                    "aot_autograd_misses": stats.aot_misses}
+                    "aot_autograd_misses": stats.aot_misses, "autotuned_kernels": stats.autotuned_kernels}
     result.cache_state = ("hit" if stats.cache_misses == 0 and stats.cache_hits > 0 else
                           "miss" if stats.cache_hits == 0 else "mixed")
     result.phase = "warm" if result.cache_state == "hit" else "compile"

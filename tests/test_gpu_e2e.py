@@ -34,9 +34,11 @@ def test_cuda_graphs_recorded_and_second_process_warm(tmp_path):
 
 
 def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_path):
-    """The default path: a local Ray instance, the rank beside the compile tasks on one GPU."""
-    proc = orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,4,16", "--device", "cuda", "--json",
-                       cache_dir=tmp_path)
+    """The default path: a local Ray instance, the rank beside the compile tasks on one GPU.
+    resnet18, because its kernels have launch configs to tune (the MLP's have one each)."""
+    pytest.importorskip("torchvision")
+    proc = orchestrate("warmup", "--model", "examples/resnet18.yaml", "--buckets", "1,4,16", "--device", "cuda",
+                       "--json", cache_dir=tmp_path)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     compiled = [r for r in report["results"] if r["phase"] == "compile"]
@@ -48,3 +50,8 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
         assert result["cache_state"] == "hit" and result["gpu"] == torch.cuda.get_device_name(0)
         # loaded bucket by bucket, benchmarked after all: still one graph per bucket, no recompile
         assert result["cudagraphs"] is True and result["recompiles"] == 0 and result["speedup"] > 0
+        # a rank's copy of the units' tuned configs is found where it pulled them (the autotuners
+        # in the cache entries name the units' private directories, deleted by now)
+        assert result["cache"]["autotuned_kernels"] == 0
+    assert sum(r["cache"]["autotuned_kernels"] for r in compiled) > 0
+    assert not list(tmp_path.rglob(".compile-*")), "something was written under a unit's private directory"

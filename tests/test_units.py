@@ -114,3 +114,40 @@ def test_a_traced_ahead_graph_runs_as_traced_until_the_block_ends():
     assert handed == []
     assert torch.equal(compiled(x), torch.relu(x) * 2) and torch.equal(compiled(x), torch.relu(x) * 2)
     assert handed == [1]
+
+
+def test_a_loaded_kernel_looks_for_its_tuned_config_in_this_processs_cache(tmp_path, monkeypatch):
+    """A kernel autotuner unpickled from an FX-graph cache entry still names the compiling
+    process's source path; the GPU test shows the cost (every config benchmarked again at a
+    load). Here: the patch is on the torch CI runs, idempotent, and rebases only onto a copy that
+    exists, through torch's own recheck."""
+    from types import SimpleNamespace
+
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    ti.find_tuned_configs_where_loaded()
+    ti.find_tuned_configs_where_loaded()
+    recheck = CachingAutotuner.recheck_autotune_cache
+    assert recheck._finds_tuned_configs_where_loaded
+    assert not hasattr(recheck.__wrapped__, "_finds_tuned_configs_where_loaded")  # wrapped once
+
+    class Unpickled(CachingAutotuner):
+        def __init__(self, filename: str) -> None:  # the state torch's recheck reads, nothing more
+            self.filename, self.compile_results, self.inductor_meta = filename, [], {}
+            self.fn = SimpleNamespace()
+
+        def is_statically_launchable(self) -> bool:
+            return True
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "here"))
+    (tmp_path / "here" / "ab").mkdir(parents=True)
+    (tmp_path / "here" / "ab" / "cabkernel.py").write_text("# this process's copy\n")
+    pulled = Unpickled("/elsewhere/compile-b8/inductor/ab/cabkernel.py")
+    pulled.recheck_autotune_cache(reload_kernel_from_src=lambda: None)
+    assert pulled.filename == str(tmp_path / "here" / "ab" / "cabkernel.py")
+    assert pulled.autotune_cache_info is not None  # torch's own recheck ran after the rebase
+
+    missing = Unpickled("/elsewhere/compile-b8/inductor/cd/ccdkernel.py")  # no copy here: left as it was
+    missing.recheck_autotune_cache(reload_kernel_from_src=lambda: None)
+    assert missing.filename == "/elsewhere/compile-b8/inductor/cd/ccdkernel.py"
+
