@@ -39,6 +39,7 @@ TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and
 _PROCESS = {"max_restarts": TASK_RETRIES, "max_task_retries": TASK_RETRIES}
 # Variables a worker needs to reach and trust the store; passed through runtime_env
 _PASS_ENV = ("ORCHESTRATE_", "AWS_", "TORCHINDUCTOR_", "TRITON_")
+TORCH_THREADS_ENV = "ORCHESTRATE_TORCH_THREADS"
 
 
 @dataclass
@@ -105,6 +106,8 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
 
     started = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
+    if "OMP_NUM_THREADS" in os.environ:  # the driver's own count, for workers as for a plain process
+        env.setdefault(TORCH_THREADS_ENV, os.environ["OMP_NUM_THREADS"])
     owns_cluster = not ray.is_initialized() and address is None
     preflight(spec)
     if address and address != "auto":
@@ -398,6 +401,21 @@ def _seconds(value: Optional[float]) -> str:
 # --- what runs on the workers ------------------------------------------------------------------
 
 
+def _threads_as_a_plain_process() -> None:
+    """Ray starts every worker with OMP_NUM_THREADS=max(1, its num_cpus) unless told otherwise;
+    torch sizes its intra-op pool from it, and Inductor specialises CPU kernels to that size and
+    puts it in their cache key. Units compiling with 1 thread published artifacts that a plain
+    torch process on the same node (a serving replica) never hit: it missed with the node's
+    default and hit with OMP_NUM_THREADS=1. So a worker runs with torch's default for the node,
+    as that process does, or with ORCHESTRATE_TORCH_THREADS (the driver's OMP_NUM_THREADS) when
+    set. Called before the worker imports torch."""
+    threads = os.environ.get(TORCH_THREADS_ENV)
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = threads
+    else:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
 def node_cache_root(cache_root: str) -> Path:
     import ray
 
@@ -411,6 +429,7 @@ class CompileWorker:
 
     def __init__(self) -> None:
         self._up = time.time()  # Ray's part of this process's start is over; torch is not imported yet
+        _threads_as_a_plain_process()
 
     def compile(self, spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int,
                 compile_threads: int) -> dict[str, Any]:
@@ -448,6 +467,7 @@ class RankWorker:
         # Inductor's default would start a pool of a worker per CPU, each importing torch, at the
         # first load, for nothing, and beside the benchmarks.
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        _threads_as_a_plain_process()
         self._session: Any = None
         self._fatal: Optional[Exception] = None  # set-up or store failure: every bucket of the rank fails
 

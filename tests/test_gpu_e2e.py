@@ -2,11 +2,30 @@
 Skipped where torch sees no GPU (CI); run on the GPU machine with `pytest tests/test_gpu_e2e.py`."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import orchestrate
+from conftest import ROOT, orchestrate
+
+# A serving replica in plain torch on what `orchestrate pull` fetched, compiled as
+# examples/resnet18.yaml says, with the one call docs/cache.md asks of a server (tuned configs).
+SERVER = """
+import json, sys, torch, torchvision
+from jobs import torch_internals as ti
+ti.find_tuned_configs_where_loaded()
+model = torchvision.models.resnet18(weights=None, num_classes=1000).cuda().eval()
+server = torch.compile(model, mode="reduce-overhead", dynamic=False)
+window = ti.CounterWindow()
+with torch.no_grad():
+    for batch in map(int, sys.argv[1:]):
+        server(torch.randn(batch, 3, 224, 224, device="cuda"))
+stats = window.stats()
+print(json.dumps({"hits": stats.fx_hits, "misses": stats.fx_misses, "autotuned": stats.autotuned_kernels}))
+"""
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -55,3 +74,15 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
         assert result["cache"]["autotuned_kernels"] == 0
     assert sum(r["cache"]["autotuned_kernels"] for r in compiled) > 0
     assert not list(tmp_path.rglob(".compile-*")), "something was written under a unit's private directory"
+
+    # a serving replica: the init container pulls, the server's own torch.compile hits everything
+    key = tmp_path / ".signing-key"
+    pulled = orchestrate("pull", "--model", "examples/resnet18.yaml", "--device", "cuda", "--to", str(tmp_path / "replica"),
+                         "--remote", report["remote"]["url"], "--signing-key-file", str(key))
+    assert pulled.returncode == 0, pulled.stderr
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "replica" / "inductor"),
+           "TRITON_CACHE_DIR": str(tmp_path / "replica" / "triton"), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    served = subprocess.run([sys.executable, "-c", SERVER, "1", "4", "16"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert served.returncode == 0, served.stderr
+    assert json.loads(served.stdout.splitlines()[-1]) == {"hits": 3, "misses": 0, "autotuned": 0}

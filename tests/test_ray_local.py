@@ -2,18 +2,42 @@
 and a local directory store, here on the CPU."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import orchestrate
+from conftest import ROOT, orchestrate
 
 pytestmark = pytest.mark.slow
 
+# A serving replica as users write one: plain torch, the model from its own code, compiled as
+# examples/mlp.yaml says, pointed at what `orchestrate pull` fetched; prints Inductor's cache counters.
+SERVER = """
+import importlib.util, json, torch
+from torch._dynamo.utils import counters
+spec = importlib.util.spec_from_file_location("models", "examples/models.py")
+models = importlib.util.module_from_spec(spec); spec.loader.exec_module(models)
+model = models.mlp(layers=24, width=256).eval()
+server = torch.compile(model, mode="reduce-overhead", dynamic=False)
+with torch.no_grad():
+    for batch in (1, 2):
+        server(torch.randn(batch, 256))
+print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}))
+"""
 
-def test_default_path_runs_on_a_local_ray_instance(tmp_path):
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("local") / "cache"
     proc = orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", "--json",
-                       cache_dir=tmp_path / "cache", env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                                                          "RAY_USAGE_STATS_ENABLED": "0"})
+                       cache_dir=cache, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+    return cache, proc
+
+
+def test_default_path_runs_on_a_local_ray_instance(fleet):
+    cache, proc = fleet
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["executor"]["kind"] == "ray" and report["executor"]["address"] == "local"
@@ -23,5 +47,24 @@ def test_default_path_runs_on_a_local_ray_instance(tmp_path):
     assert report["summary"]["cache_state"] == "warm"  # the rank loaded what the compile wave published
     assert report["remote"]["url"].startswith("file://") and report["remote"]["published_generations"] == [1, 2]
     # the embedded store is signed with a key made once, readable by its owner only
-    key = tmp_path / "cache" / ".signing-key"
+    key = cache / ".signing-key"
     assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_plain_torch_server_starts_warm_from_what_the_fleet_published(fleet, tmp_path):
+    """The promise to serving pods: init container pulls, the server's own torch.compile hits.
+    It missed while Ray's OMP_NUM_THREADS=1 reached the compile units (Inductor keys CPU kernels
+    on torch's thread count); the server here runs with the count the driver had, as they do now."""
+    cache, proc = fleet
+    assert proc.returncode == 0, proc.stderr
+    replica = tmp_path / "replica"
+    pulled = orchestrate("pull", "--model", "examples/mlp.yaml", "--device", "cpu", "--to", str(replica),
+                         "--remote", json.loads(proc.stdout)["remote"]["url"],
+                         "--signing-key-file", str(cache / ".signing-key"))
+    assert pulled.returncode == 0, pulled.stderr
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
+           "TRITON_CACHE_DIR": str(replica / "triton")}
+    served = subprocess.run([sys.executable, "-c", SERVER], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert served.returncode == 0, served.stderr
+    assert json.loads(served.stdout.splitlines()[-1]) == {"hits": 2, "misses": 0}
