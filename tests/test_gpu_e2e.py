@@ -77,11 +77,13 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
 
     # a serving replica: the init container pulls, the server's own torch.compile hits everything
     key = tmp_path / ".signing-key"
-    pulled = orchestrate("pull", "--model", "examples/resnet18.yaml", "--device", "cuda", "--to", str(tmp_path / "replica"),
+    replica = tmp_path / "replica"
+    pulled = orchestrate("pull", "--model", "examples/resnet18.yaml", "--device", "cuda", "--to", str(replica),
                          "--remote", report["remote"]["url"], "--signing-key-file", str(key))
     assert pulled.returncode == 0, pulled.stderr
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "replica" / "inductor"),
-           "TRITON_CACHE_DIR": str(tmp_path / "replica" / "triton"), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
+           "TRITON_CACHE_DIR": str(replica / "triton"), "PYTHONPATH": path}
     served = subprocess.run([sys.executable, "-c", SERVER, "1", "4", "16"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=600)
     assert served.returncode == 0, served.stderr
