@@ -102,6 +102,7 @@ def compile_model(model: torch.nn.Module, kwargs: dict[str, Any], *,
     """torch.compile(model, **kwargs) and, when asked and the backend is Inductor, the TraceAhead
     backend that lets the process trace buckets before their artifacts exist (else None)."""
     options = kwargs.get("options") or {}
+    pickle_torch_names_as_a_plain_process()
     find_tuned_configs_where_loaded()
     if not trace_ahead or kwargs["backend"] != "inductor" or {"guard_filter_fn", "use_aoti"} & set(options):
         return torch.compile(model, **kwargs), None
@@ -110,6 +111,34 @@ def compile_model(model: torch.nn.Module, kwargs: dict[str, Any], *,
     inductor = torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), kwargs["dynamic"])
     backend = TraceAhead(inductor)
     return torch.compile(model, backend=backend, dynamic=kwargs["dynamic"], fullgraph=kwargs["fullgraph"]), backend
+
+
+def pickle_torch_names_as_a_plain_process() -> list[str]:
+    """Make this process's cache keys the ones a plain `import torch` process computes.
+
+    Every FX-graph and AOTAutograd key pickles tensor metadata, and pickle writes a constant with
+    no `__module__` (torch.contiguous_format) under the first module in sys.modules through which
+    its dotted name resolves. In a plain process that is one of torch's own (torch._utils). But a
+    module imported before torch whose attribute lookup imports anything resolves `torch.*` too:
+    Cython's shadow `cython.cimports.libc`, imported through pydantic.v1 by a Ray worker where
+    Cython is installed. It comes first, every key changes, and a serving replica missed all that
+    the fleet published (H200, torch 2.11). Re-inserting such a module moves it after torch's, as
+    importlib itself does when an import completes; nothing is unloaded. Returns the names moved."""
+    moved = []
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or module is None:  # pickle skips both
+            continue
+        try:
+            resolves = getattr(module, "torch") is torch
+        except Exception:  # a lazy module's __getattr__ may raise anything; pickle passes over it too
+            resolves = False
+        if not resolves:
+            continue
+        if name == "torch" or name.startswith("torch."):
+            break
+        sys.modules[name] = sys.modules.pop(name)
+        moved.append(name)
+    return moved
 
 
 def find_tuned_configs_where_loaded() -> None:

@@ -1,6 +1,9 @@
 """Small pieces with exact answers: statistics, compile kwargs, cache identity, local store."""
 
+import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -8,6 +11,7 @@ import torch
 
 from cache.local import LocalCache
 from cache.namespace import Platform, namespace
+from conftest import ROOT
 from jobs import torch_internals as ti
 from jobs.timing import Clock, median, p90
 
@@ -150,6 +154,37 @@ def test_a_loaded_kernel_looks_for_its_tuned_config_in_this_processs_cache(tmp_p
     missing = Unpickled("/elsewhere/compile-b8/inductor/cd/ccdkernel.py")  # no copy here: left as it was
     missing.recheck_autotune_cache(reload_kernel_from_src=lambda: None)
     assert missing.filename == "/elsewhere/compile-b8/inductor/cd/ccdkernel.py"
+
+
+# How this process pickles a torch constant, as every cache key does, before and after the fix.
+PICKLED_NAME = """
+import json, pickle, sys
+{imported_first}
+import torch
+from jobs import torch_internals as ti
+before = pickle.dumps(torch.contiguous_format).hex()
+moved = ti.pickle_torch_names_as_a_plain_process()
+print(json.dumps({{"before": before, "after": pickle.dumps(torch.contiguous_format).hex(), "moved": moved}}))
+"""
+
+
+def test_a_process_that_imported_cython_first_computes_a_plain_processs_cache_keys():
+    """pydantic.v1 imports Cython's shadow module where Cython is installed (a Ray worker does, on
+    the GPU image), and its `cython.cimports.libc` resolves any name: pickle then names torch's
+    constants after it, and every cache key differs from a plain server's (0 hits on the H200)."""
+    pytest.importorskip("Cython")
+
+    def pickled(imported_first: str) -> dict:
+        script = PICKLED_NAME.format(imported_first=imported_first)
+        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    plain, shadowed = pickled(""), pickled("import pydantic.v1")
+    assert plain["moved"] == [] and plain["after"] == plain["before"]
+    assert shadowed["before"] != plain["before"]  # what the fleet's keys were made of on the GPU
+    assert "cython.cimports.libc" in shadowed["moved"]
+    assert shadowed["after"] == plain["before"]
 
 
 def test_ray_workers_run_torch_with_the_threads_a_plain_process_has(monkeypatch):
