@@ -11,17 +11,19 @@ import torch
 
 from conftest import ROOT, orchestrate
 
-# A serving replica in plain torch on what `orchestrate pull` fetched, compiled as
-# examples/resnet18.yaml says, with the one call docs/cache.md asks of a server (tuned configs).
+# A serving replica on what `orchestrate pull` fetched, compiled as examples/resnet18.yaml says:
+# argv[1] "bare" is plain torch, "prepared" first makes the one call docs/cache.md asks of a server.
 SERVER = """
 import json, sys, torch, torchvision
 from jobs import torch_internals as ti
-ti.find_tuned_configs_where_loaded()
+from jobs.serving import prepare_replica
+if sys.argv[1] == "prepared":
+    prepare_replica()
 model = torchvision.models.resnet18(weights=None, num_classes=1000).cuda().eval()
 server = torch.compile(model, mode="reduce-overhead", dynamic=False)
 window = ti.CounterWindow()
 with torch.no_grad():
-    for batch in map(int, sys.argv[1:]):
+    for batch in map(int, sys.argv[2:]):
         server(torch.randn(batch, 3, 224, 224, device="cuda"))
 stats = window.stats()
 print(json.dumps({"hits": stats.fx_hits, "misses": stats.fx_misses, "autotuned": stats.autotuned_kernels}))
@@ -75,16 +77,20 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
     assert sum(r["cache"]["autotuned_kernels"] for r in compiled) > 0
     assert not list(tmp_path.rglob(".compile-*")), "something was written under a unit's private directory"
 
-    # a serving replica: the init container pulls, the server's own torch.compile hits everything
-    key = tmp_path / ".signing-key"
-    replica = tmp_path / "replica"
-    pulled = orchestrate("pull", "--model", "examples/resnet18.yaml", "--device", "cuda", "--to", str(replica),
-                         "--remote", report["remote"]["url"], "--signing-key-file", str(key))
-    assert pulled.returncode == 0, pulled.stderr
+    # serving replicas: the init container pulls, the server's own torch.compile hits everything;
+    # a bare one re-tunes the kernels' launch configs, a prepared one finds the published ones
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
-           "TRITON_CACHE_DIR": str(replica / "triton"), "PYTHONPATH": path}
-    served = subprocess.run([sys.executable, "-c", SERVER, "1", "4", "16"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=600)
-    assert served.returncode == 0, served.stderr
-    assert json.loads(served.stdout.splitlines()[-1]) == {"hits": 3, "misses": 0, "autotuned": 0}
+    for kind in ("prepared", "bare"):
+        replica = tmp_path / f"replica-{kind}"
+        pulled = orchestrate("pull", "--model", "examples/resnet18.yaml", "--device", "cuda", "--to", str(replica),
+                             "--remote", report["remote"]["url"], "--signing-key-file", str(tmp_path / ".signing-key"))
+        assert pulled.returncode == 0, pulled.stderr
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
+               "TRITON_CACHE_DIR": str(replica / "triton"), "PYTHONPATH": path}
+        served = subprocess.run([sys.executable, "-c", SERVER, kind, "1", "4", "16"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert served.returncode == 0, served.stderr
+        stats = json.loads(served.stdout.splitlines()[-1])
+        assert (kind, stats["hits"], stats["misses"]) == (kind, 3, 0)
+        if kind == "prepared":
+            assert stats["autotuned"] == 0
