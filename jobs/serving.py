@@ -13,5 +13,4 @@ def prepare_replica() -> None:
     """Compute the cache keys a plain `import torch` process computes, whatever this process
     imported before torch, and find the kernels' tuned launch configs in this process's copy of
     the cache instead of benchmarking them again. Idempotent; cheap enough to call at every start."""
-    ti.pickle_torch_names_as_a_plain_process()
-    ti.find_tuned_configs_where_loaded()
+    ti.match_a_plain_process()  # what every warmup worker calls before it compiles

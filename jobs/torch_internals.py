@@ -102,8 +102,7 @@ def compile_model(model: torch.nn.Module, kwargs: dict[str, Any], *,
     """torch.compile(model, **kwargs) and, when asked and the backend is Inductor, the TraceAhead
     backend that lets the process trace buckets before their artifacts exist (else None)."""
     options = kwargs.get("options") or {}
-    pickle_torch_names_as_a_plain_process()
-    find_tuned_configs_where_loaded()
+    match_a_plain_process()
     if not trace_ahead or kwargs["backend"] != "inductor" or {"guard_filter_fn", "use_aoti"} & set(options):
         return torch.compile(model, **kwargs), None
     # the object torch.compile(backend="inductor", mode=..., options=...) builds, so the cache keys
@@ -111,6 +110,15 @@ def compile_model(model: torch.nn.Module, kwargs: dict[str, Any], *,
     inductor = torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), kwargs["dynamic"])
     backend = TraceAhead(inductor)
     return torch.compile(model, backend=backend, dynamic=kwargs["dynamic"], fullgraph=kwargs["fullgraph"]), backend
+
+
+def match_a_plain_process() -> None:
+    """Everything that makes the cache keys this process computes, and where it looks for tuned
+    kernel configs, the same as in any other process on the same cache: a compile unit, a rank, a
+    serving replica (through jobs.serving.prepare_replica). One list, so workers and servers cannot
+    drift apart. Idempotent."""
+    pickle_torch_names_as_a_plain_process()
+    find_tuned_configs_where_loaded()
 
 
 def pickle_torch_names_as_a_plain_process() -> list[str]:
