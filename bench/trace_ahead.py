@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+NOT_ARTIFACTS = shutil.ignore_patterns("locks", "*.lock")  # left out of a merge or a copy, as a pull leaves them
 
 
 def child(args: argparse.Namespace) -> None:
@@ -107,14 +108,14 @@ def main() -> None:
     cold = {b: run(args, model, work / f"compiled-{b}", "cold", b)["compile_seconds"] for b in buckets}
     for b in buckets:
         shutil.copytree(work / f"compiled-{b}", work / "compiled", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("locks", "*.lock"))
+                        ignore=NOT_ARTIFACTS)
     runs: dict[str, list[dict]] = {"plain": [], "ahead": []}
     for i in range(args.rounds):
         for mode in runs:
             cache = work / "compiled"
             if args.copy:
                 cache = work / f"pulled-{mode}-{i}"
-                shutil.copytree(work / "compiled", cache, ignore=shutil.ignore_patterns("locks", "*.lock"))
+                shutil.copytree(work / "compiled", cache, ignore=NOT_ARTIFACTS)
             runs[mode].append(run(args, model, cache, mode, args.buckets, pool=args.pool))
     where = "a copy at another path" if args.copy else "the compiler's directory"
     threads = "Inductor's default compile workers" if args.pool else "compiling in-process, as a rank"
