@@ -8,7 +8,7 @@ Per bucket, in this order, each timed on its own:
      (a process that waits for another to compile may trace the bucket now: see Session.trace)
   2. first compiled call: Dynamo trace + Inductor compile or cache load  -> compile_seconds
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
-  4. compiled outputs (first call and a replay) against eager, tolerance by dtype
+  4. compiled outputs (first call and a replay) against eager's, through jobs.gate
   5. interleaved eager/compiled latency                                  -> eager_ms, compiled_ms, speedup
 """
 
@@ -31,18 +31,12 @@ from cache.namespace import Platform, namespace
 from cache.store import StoreError, open_store
 from jobs import torch_internals as ti
 from jobs.errors import OutputMismatch, SetupError, brief
+from jobs.gate import Gate, Outputs, snapshot
 from jobs.records import BucketResult, Remote  # noqa: F401  (Remote: part of this module's interface)
 from jobs.model import build_model, make_inputs, resolve_device
 from jobs.spec import WarmupSpec
 from jobs.timing import Clock, median, p90, process_age_seconds
 
-# Default tolerances by output dtype (atol, rtol): Inductor fuses and reorders reductions.
-TOLERANCE = {
-    torch.float64: (1e-6, 1e-6),
-    torch.float32: (1e-3, 1e-3),
-    torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (5e-2, 5e-2),
-}
 GRAPH_RECORD_CALLS = 2  # cudagraph trees: call 1 warms up (with the compile), 2 records, 3 replays
 BACK_TO_BACK_CALLS = 10  # calls per throughput sample
 
@@ -292,7 +286,8 @@ class _BucketWork:
         self.spec, self.model, self.compiled_model, self.device = spec, model, compiled, device
         self.result, self.progress = result, progress
         self.clock = Clock(device)
-        self.reference: Optional[list[torch.Tensor]] = None
+        self.gate = Gate.from_options(spec.check)
+        self.reference: Optional[Outputs] = None
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
         self.compiled = False
@@ -324,7 +319,8 @@ class _BucketWork:
         self._inputs = make_inputs(self.spec, self.result.bucket, self.device)
         with torch.no_grad():
             _, reference = self.clock.wall(self.eager)
-        self.reference = [t.detach().clone() for t in ti.flatten(reference)]
+        self.reference = snapshot(reference)
+        self.gate.check_reference(self.reference)
         self.pause()
 
     def trace(self, tracer: ti.TraceAhead) -> None:
@@ -346,7 +342,7 @@ class _BucketWork:
             # a trace ahead is part of this bucket's first call, done earlier: what a replica pays
             # to warm-start it is both, so both count (stage_seconds keeps them apart)
             result.compile_seconds += self.trace_seconds
-            first = [t.detach().clone() for t in ti.flatten(first)]
+            first = snapshot(first)
             stats = window.stats() if self.traced is None else self.traced + window.stats()
             _record_compile(result, stats, self.spec, self.device, skip_reasons)
 
@@ -357,11 +353,11 @@ class _BucketWork:
             for _ in range(GRAPH_RECORD_CALLS):
                 _, replay = self.clock.wall(self.run_compiled)
             result.graph_record_seconds = time.perf_counter() - start
-            replay = [t.detach().clone() for t in ti.flatten(replay)]
+            replay = snapshot(replay)
             result.recompiles = after_first.stats().frames_compiled
 
         self.enter("check")
-        _check(result, self.reference, [first, replay], self.spec)
+        _check(result, self.gate, self.reference, {"first call": first, "replay": replay})
         result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
         self.compiled = True
         self.pause()
@@ -416,37 +412,18 @@ def _record_compile(result: BucketResult, stats: ti.CompileStats, spec: WarmupSp
         result.cudagraph_skip_reasons = list(dict.fromkeys(skip_reasons))
 
 
-def _check(result: BucketResult, reference: list[torch.Tensor], candidates: list[list[torch.Tensor]],
-           spec: WarmupSpec) -> None:
-    worst = 0.0
-    for outputs in candidates:
-        if len(outputs) != len(reference):
-            raise OutputMismatch(f"compiled model returned {len(outputs)} tensors, eager {len(reference)}")
-        for want, got in zip(reference, outputs):
-            if want.shape != got.shape or want.dtype != got.dtype:
-                raise OutputMismatch(f"compiled output {tuple(got.shape)} {got.dtype} differs from eager "
-                                     f"{tuple(want.shape)} {want.dtype}")
-            if not want.is_floating_point():
-                mismatched = int((want != got).sum())
-                if mismatched:
-                    raise OutputMismatch(f"{mismatched} of {want.numel()} {want.dtype} outputs differ from eager")
-                continue
-            atol, rtol = _tolerance(want.dtype, spec)
-            result.atol, result.rtol = atol, rtol
-            error = (want.double() - got.double()).abs()
-            worst = max(worst, float(error.max()) if error.numel() else 0.0)
-            if not torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol, equal_nan=True):
-                result.max_abs_error = worst
-                raise OutputMismatch(f"compiled output differs from eager: max abs error {worst:.3g} "
-                                     f"exceeds atol={atol:g} + rtol={rtol:g}*|eager|; set check.atol/check.rtol "
-                                     "if this is expected")
-    result.max_abs_error = worst
-
-
-def _tolerance(dtype: torch.dtype, spec: WarmupSpec) -> tuple[float, float]:
-    atol, rtol = TOLERANCE.get(dtype, (1e-3, 1e-3))
-    return (spec.check.atol if spec.check.atol is not None else atol,
-            spec.check.rtol if spec.check.rtol is not None else rtol)
+def _check(result: BucketResult, gate: Gate, reference: Outputs, calls: dict[str, Outputs]) -> None:
+    """Every call against eager; the report keeps the worst error of all of them."""
+    try:
+        verdicts = [gate.compare(reference, outputs, call=f"compiled {call}") for call, outputs in calls.items()]
+    except OutputMismatch as mismatch:
+        result.max_abs_error = mismatch.max_abs_error
+        raise
+    measured = [v for v in verdicts if v.max_abs_error is not None]
+    worst = max(measured, key=lambda v: v.max_abs_error) if measured else None
+    result.checked_outputs = verdicts[0].leaves if verdicts else 0
+    result.max_abs_error = worst.max_abs_error if worst else None
+    result.atol, result.rtol = (worst.atol, worst.rtol) if worst else (None, None)
 
 
 def _ratio(eager_ms: float, compiled_ms: float) -> Optional[float]:

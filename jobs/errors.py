@@ -8,7 +8,15 @@ class SetupError(Exception):
 
 
 class OutputMismatch(Exception):
-    """Compiled output differs from eager beyond tolerance."""
+    """Compiled output differs from eager: structure, type, shape, values beyond tolerance."""
+
+    def __init__(self, message: str, max_abs_error: float | None = None) -> None:
+        super().__init__(message)
+        self.max_abs_error = max_abs_error  # set when values were compared and found too far apart
+
+
+class NonFiniteOutput(OutputMismatch):
+    """Eager's own output holds NaN or Inf, so nothing can be checked against it."""
 
 
 def brief(exc: BaseException) -> str:

@@ -40,7 +40,8 @@ class BucketResult:
     recompiles: Optional[int] = None
     cudagraphs: Optional[bool] = None
     cudagraph_skip_reasons: list[str] = field(default_factory=list)
-    max_abs_error: Optional[float] = None
+    checked_outputs: Optional[int] = None  # output leaves (tensors, other values, containers) the gate compared
+    max_abs_error: Optional[float] = None  # worst over floating-point leaves of the first call and a replay
     atol: Optional[float] = None
     rtol: Optional[float] = None
     peak_memory_bytes: Optional[int] = None

@@ -107,6 +107,8 @@ class BenchOptions(_Strict):
 class CheckOptions(_Strict):
     atol: Optional[float] = Field(default=None, ge=0, description="absolute tolerance; default by output dtype")
     rtol: Optional[float] = Field(default=None, ge=0, description="relative tolerance; default by output dtype")
+    allow_nonfinite: bool = Field(default=False, description="eager may return NaN/Inf; compiled must match them "
+                                  "in place (else a non-finite eager output fails the bucket)")
 
 
 class WarmupSpec(_Strict):

@@ -230,11 +230,6 @@ def mark_step() -> None:
     torch.compiler.cudagraph_mark_step_begin()
 
 
-def flatten(output: Any) -> list[torch.Tensor]:
-    leaves, _ = torch.utils._pytree.tree_flatten(output)
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-
-
 @dataclass
 class CompileStats:
     """What Dynamo and Inductor did between two snapshots of torch's global counters."""

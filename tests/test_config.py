@@ -519,6 +519,7 @@ def test_identity_hash_ignores_key_order():
     {"device": "cpu"},
     {"seed": 42},
     {"check": {"atol": 0.5}},
+    {"check": {"allow_nonfinite": True}},
 ])
 def test_identity_hash_unaffected_by(changes):
     assert spec_of(**changes).identity_hash() == spec_of().identity_hash()

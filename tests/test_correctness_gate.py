@@ -1,44 +1,165 @@
-"""Compiled output that differs from eager fails its bucket: a backend that perturbs outputs."""
+"""The gate in a real run: broken compilers and non-finite models fail their buckets through the
+CLI, the report says why, and a failed bucket's artifacts never reach the store."""
 
 import json
+import textwrap
 
 import pytest
-import textwrap
 
 from conftest import orchestrate
 
+SIGNED = {"ORCHESTRATE_CACHE_SIGNING_KEY": "test-signing-key-0123456789abcdef"}
+
 MODEL = textwrap.dedent("""
+    from dataclasses import dataclass
+
     import torch
     from torch._dynamo import register_backend
+    from torch._inductor.compile_fx import compile_fx
+
+
+    def _plus_one(out):
+        if isinstance(out, (tuple, list)):
+            return type(out)(o + 1.0 if o.is_floating_point() else o for o in out)
+        return out + 1.0
+
 
     @register_backend
     def off_by_one(gm, example_inputs):
         # a broken compiler: right shapes, wrong values
+        return lambda *args: _plus_one(gm(*args))
+
+
+    @register_backend
+    def wrong_after_first(gm, example_inputs):
+        # right on the first call, wrong on every later one (as a stale CUDA-graph replay would be)
+        calls = []
         def run(*args):
+            calls.append(1)
             out = gm(*args)
-            return type(out)(o + 1.0 for o in out) if isinstance(out, (tuple, list)) else out + 1.0
+            return out if len(calls) == 1 else _plus_one(out)
         return run
+
+
+    @register_backend
+    def inductor_wrong_at_2(gm, example_inputs):
+        # Inductor's real artifacts, but bucket 2's outputs are off
+        compiled = compile_fx(gm, example_inputs)
+        wrong = any(isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == 2 for t in example_inputs)
+        return (lambda *args: _plus_one(compiled(*args))) if wrong else compiled
+
 
     def tiny():
         return torch.nn.Linear(8, 8)
+
+
+    class AllNaN(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * float("nan")
+
+
+    def all_nan():
+        return AllNaN(8, 8)
+
+
+    @dataclass
+    class Prediction:
+        logits: torch.Tensor
+        labels: torch.Tensor
+
+
+    class Classifier(torch.nn.Linear):
+        def forward(self, x):
+            logits = super().forward(x)
+            return Prediction(logits, logits.argmax(-1))
+
+
+    def classifier():
+        return Classifier(8, 8)
 """)
 
 
-def test_output_mismatch_fails_the_bucket(tmp_path):
+def warmup(tmp_path, factory, backend, *extra, buckets="1,4", check="{}", env=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "m.py").write_text(MODEL)
-    (tmp_path / "cfg.yaml").write_text(textwrap.dedent("""
-        model: {factory: m.py:tiny}
-        inputs: [{shape: [batch, 8]}]
-        compile: {mode: null, backend: off_by_one}
-        buckets: [1, 4]
-        bench: {iterations: 3, warmup: 1}
+    (tmp_path / "cfg.yaml").write_text(textwrap.dedent(f"""
+        model: {{factory: m.py:{factory}}}
+        inputs: [{{shape: [batch, 8]}}]
+        compile: {{mode: null, backend: {backend}}}
+        check: {check}
+        bench: {{iterations: 3, warmup: 1}}
     """))
     proc = orchestrate("warmup", "--no-ray", "--model", str(tmp_path / "cfg.yaml"), "--device", "cpu", "--json",
-                       cache_dir=tmp_path / "cache")
+                       "--buckets", buckets, *extra, cache_dir=tmp_path / "cache", env=env)
+    return proc, json.loads(proc.stdout) if proc.stdout else None
+
+
+def test_output_mismatch_fails_the_bucket(tmp_path):
+    proc, report = warmup(tmp_path, "tiny", "off_by_one")
     assert proc.returncode == 1, proc.stderr
-    report = json.loads(proc.stdout)
     assert report["summary"]["buckets_failed"] == 2
     for result in report["results"]:
         assert result["status"] == "failed"
-        assert result["error"].startswith("check: OutputMismatch: compiled output differs from eager")
-        assert result["max_abs_error"] == pytest.approx(1.0, abs=1e-6)
+        assert result["error"].startswith("check: OutputMismatch: output of the compiled first call differs from "
+                                          "eager: max abs error 1 exceeds atol=0.001 + rtol=0.001*|eager|")
+        assert result["max_abs_error"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_wrong_replay_fails_even_when_the_first_call_is_right(tmp_path):
+    proc, report = warmup(tmp_path, "tiny", "wrong_after_first", buckets="4")
+    assert proc.returncode == 1, proc.stderr
+    (result,) = report["results"]
+    assert result["error"].startswith("check: OutputMismatch: output of the compiled replay differs from eager")
+
+
+def test_tensors_inside_a_dataclass_output_are_checked(tmp_path):
+    passed, report = warmup(tmp_path / "eager", "classifier", "eager", buckets="4")
+    assert passed.returncode == 0, passed.stderr
+    (result,) = report["results"]
+    assert result["checked_outputs"] == 3  # the dataclass, its logits and its labels
+    assert result["max_abs_error"] == 0.0 and (result["atol"], result["rtol"]) == (1e-3, 1e-3)
+
+    failed, report = warmup(tmp_path / "broken", "classifier", "off_by_one", buckets="4")
+    assert failed.returncode == 1, failed.stderr
+    (result,) = report["results"]
+    assert "output.logits of the compiled first call differs from eager" in result["error"]
+
+
+def test_nonfinite_eager_output_fails_before_compiling_and_publishes_nothing(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    proc, report = warmup(tmp_path, "all_nan", "off_by_one", "--remote", f"file://{store}", env=SIGNED)
+    assert proc.returncode == 1, proc.stderr
+    for result in report["results"]:
+        assert result["status"] == "failed" and result["compile_seconds"] is None
+        assert result["error"].startswith("eager reference: NonFiniteOutput: eager output is not finite: output holds")
+        assert "check.allow_nonfinite: true" in result["error"]
+    assert report["remote"]["publish"] is None
+    assert not [p for p in store.rglob("*") if p.is_file()]
+
+
+def test_allowed_nonfinite_outputs_pass_when_compiled_matches_them(tmp_path):
+    proc, report = warmup(tmp_path, "all_nan", "eager", check="{allow_nonfinite: true}")
+    assert proc.returncode == 0, proc.stderr
+    assert all(r["status"] == "ok" and r["max_abs_error"] == 0.0 for r in report["results"])
+
+
+@pytest.mark.slow
+def test_a_failed_bucket_is_never_published(tmp_path):
+    """Bucket 2 compiles real Inductor artifacts, then fails the gate: the store gets bucket 1 alone,
+    and a node that pulls it finds nothing of bucket 2 (it compiles it again, all misses)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    remote = ["--remote", f"file://{store}"]
+    proc, report = warmup(tmp_path / "a", "tiny", "inductor_wrong_at_2", *remote, buckets="1,2", env=SIGNED)
+    assert proc.returncode == 1, proc.stderr
+    by_bucket = {r["bucket"]: r for r in report["results"]}
+    assert by_bucket[1]["status"] == "ok" and by_bucket[2]["status"] == "failed"
+    assert by_bucket[2]["cache"]["fx_graph_misses"] >= 1  # it did compile something
+    assert report["remote"]["publish"]["generation"] == 1
+
+    proc, again = warmup(tmp_path / "b", "tiny", "inductor_wrong_at_2", *remote, buckets="1,2", env=SIGNED)
+    assert again["remote"]["pull"]["generation"] == 1
+    by_bucket = {r["bucket"]: r for r in again["results"]}
+    assert by_bucket[1]["cache_state"] == "hit"
+    assert by_bucket[2]["cache"]["fx_graph_hits"] == 0 and by_bucket[2]["cache"]["fx_graph_misses"] >= 1

@@ -1,0 +1,250 @@
+"""The correctness gate: a compiled variant's outputs against eager's, leaf by leaf.
+
+A bucket is published only if every output of every checked call passes. The gate knows nothing
+of how the candidate was produced, so every serving variant is held to the same rules:
+
+- Outputs are walked as trees: tensors anywhere in tuples, lists, named tuples, dicts (HF
+  `ModelOutput` included), dataclasses and torch pytree nodes. Every container's type and size,
+  and every leaf's path, must match eager's.
+- Tensors: shape, dtype and device must match. Integer and bool tensors must be equal.
+  Floating (and complex) tensors must satisfy |compiled - eager| <= atol + rtol * |eager|
+  wherever eager is finite; a NaN or Inf in the compiled output where eager is finite fails.
+- Eager's own NaN or Inf fails the bucket before anything compiles, unless the config allows
+  non-finite outputs; then the compiled output must hold the same NaN and Inf at the same places.
+- Python floats are compared like float64 scalars; any other leaf (int, str, None, ...) by `==`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.utils._pytree as pytree
+
+from jobs.errors import NonFiniteOutput, OutputMismatch
+
+# Default (atol, rtol) by dtype: Inductor fuses and reorders reductions.
+TOLERANCE = {
+    torch.float64: (1e-6, 1e-6),
+    torch.float32: (1e-3, 1e-3),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (5e-2, 5e-2),
+    torch.complex128: (1e-6, 1e-6),
+    torch.complex64: (1e-3, 1e-3),
+}
+OTHER_FLOAT_TOLERANCE = (1e-1, 1e-1)  # float8 and anything newer: coarser than bfloat16
+
+
+@dataclass(frozen=True)
+class Container:
+    """Where a leaf-less tree node stands in a flattened output: its type and size must match."""
+
+    kind: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Leaf:
+    path: str
+    value: Any  # a detached copy of a tensor, a Container, or any other leaf as returned
+
+
+Outputs = list[Leaf]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the gate compared and the worst floating-point error it saw."""
+
+    leaves: int
+    max_abs_error: Optional[float]  # None: no floating-point leaf
+    atol: Optional[float]  # the tolerance in force where the worst error is
+    rtol: Optional[float]
+
+
+def snapshot(output: Any) -> Outputs:
+    """`output` flattened into leaves by path, tensors copied: a CUDA-graph replay or the next
+    call may overwrite the buffers the model returned."""
+    return [Leaf(path, value.detach().clone() if isinstance(value, torch.Tensor) else value)
+            for path, value in _walk(output, "output")]
+
+
+class Gate:
+    def __init__(self, atol: Optional[float] = None, rtol: Optional[float] = None,
+                 allow_nonfinite: bool = False) -> None:
+        self.atol, self.rtol, self.allow_nonfinite = atol, rtol, allow_nonfinite
+
+    @classmethod
+    def from_options(cls, check: Any) -> "Gate":
+        """From the config's `check` section (`jobs.spec.CheckOptions`)."""
+        return cls(check.atol, check.rtol, check.allow_nonfinite)
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        atol, rtol = TOLERANCE.get(dtype, OTHER_FLOAT_TOLERANCE)
+        return (atol if self.atol is None else self.atol, rtol if self.rtol is None else self.rtol)
+
+    def check_reference(self, reference: Outputs) -> None:
+        """Eager's output itself: NaN or Inf in it make every comparison meaningless."""
+        if self.allow_nonfinite:
+            return
+        for leaf in reference:
+            values = _numeric(leaf.value)
+            if values is None or not _is_floating(values):
+                continue
+            finite = torch.isfinite(values)
+            if not bool(finite.all()):
+                nan = int(torch.isnan(values).sum())
+                raise NonFiniteOutput(
+                    f"eager output is not finite: {leaf.path} holds {nan} NaN and {int((~finite).sum()) - nan} Inf "
+                    f"of {values.numel()} values; fix the model or its inputs, or set check.allow_nonfinite: true "
+                    "if they are expected")
+
+    def compare(self, reference: Outputs, candidate: Outputs, call: str = "candidate") -> Verdict:
+        """Raise OutputMismatch naming the first leaf of `candidate` (from `call`) that fails."""
+        if len(candidate) != len(reference):
+            raise OutputMismatch(f"output of the {call} has {_count(candidate)} leaves, eager's {_count(reference)}: "
+                                 f"{_describe(candidate)} vs {_describe(reference)}")
+        worst: Optional[tuple[float, float, float]] = None  # (error, atol, rtol)
+        for want, got in zip(reference, candidate):
+            if want.path != got.path:
+                raise OutputMismatch(f"the {call} returned {got.path} where eager returned {want.path}")
+            error = self._leaf(want, got, call)
+            if error is not None and (worst is None or error[0] > worst[0]):
+                worst = error
+        return Verdict(leaves=len(reference), max_abs_error=worst[0] if worst else None,
+                       atol=worst[1] if worst else None, rtol=worst[2] if worst else None)
+
+    def _leaf(self, want: Leaf, got: Leaf, call: str) -> Optional[tuple[float, float, float]]:
+        """The leaf's (max abs error, atol, rtol) if it is floating point, None for exact leaves."""
+        where = f"{want.path} of the {call}"
+        if isinstance(want.value, Container) or isinstance(got.value, Container):
+            if want.value != got.value:
+                raise OutputMismatch(f"{where} is {_kind(got.value)}, eager's is {_kind(want.value)}")
+            return None
+        expected, actual = _numeric(want.value), _numeric(got.value)
+        if expected is None or actual is None or type(want.value) is not type(got.value):
+            if type(want.value) is not type(got.value) or not _equal(want.value, got.value):
+                raise OutputMismatch(f"{where} is {_show(got.value)}, eager's is {_show(want.value)}")
+            return None
+        if (expected.shape, expected.dtype, expected.device.type) != (actual.shape, actual.dtype, actual.device.type):
+            raise OutputMismatch(f"{where} is {_signature(actual)}, eager's is {_signature(expected)}")
+        if not _is_floating(expected):
+            differ = int((expected != actual).sum())
+            if differ:
+                raise OutputMismatch(f"{where}: {differ} of {expected.numel()} {_dtype(expected)} values "
+                                     "differ from eager's (integer and bool outputs must be equal)")
+            return None
+        return self._close(expected, actual, where)
+
+    def _close(self, expected: torch.Tensor, actual: torch.Tensor, where: str) -> tuple[float, float, float]:
+        atol, rtol = self.tolerance(expected.dtype)
+        if expected.is_complex():
+            expected, actual = torch.view_as_real(expected), torch.view_as_real(actual)
+        expected, actual = expected.double(), actual.double()
+        finite = torch.isfinite(expected)
+        broken = finite & ~torch.isfinite(actual)
+        if bool(broken.any()):
+            nan = int((broken & torch.isnan(actual)).sum())
+            raise OutputMismatch(f"{where} holds {nan} NaN and {int(broken.sum()) - nan} Inf where eager's "
+                                 f"values are finite ({int(broken.sum())} of {expected.numel()})")
+        if not bool(finite.all()):  # eager's NaN and Inf (allowed): the same ones, at the same places
+            same = torch.isnan(expected) == torch.isnan(actual)
+            same &= torch.where(torch.isinf(expected), expected == actual, torch.ones_like(same))
+            if not bool(same.all()):
+                raise OutputMismatch(f"{where}: {int((~same).sum())} of eager's NaN/Inf are not at the same "
+                                     "places in the compiled output")
+        error = torch.where(finite, (expected - actual).abs(), torch.zeros_like(expected))
+        worst = float(error.max()) if error.numel() else 0.0
+        beyond = error > atol + rtol * expected.abs().nan_to_num(0.0, 0.0, 0.0)
+        if bool(beyond.any()):
+            raise OutputMismatch(f"{where} differs from eager: max abs error {worst:.3g} exceeds atol={atol:g} "
+                                 f"+ rtol={rtol:g}*|eager| at {int(beyond.sum())} of {expected.numel()} values; "
+                                 "set check.atol/check.rtol if this is expected", max_abs_error=worst)
+        return worst, atol, rtol
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, leaf) pairs in a stable order, each container announced by a Container leaf."""
+    if isinstance(node, torch.Tensor) or node is None or isinstance(node, (bool, int, float, complex, str, bytes)):
+        yield path, node
+    elif isinstance(node, Mapping):  # dicts, OrderedDicts and HF ModelOutput (a dataclass too)
+        keys = sorted(node, key=repr)
+        yield path, Container(_type_name(node), len(keys))
+        for key in keys:
+            yield from _walk(node[key], f"{path}.{key}" if isinstance(key, str) and key.isidentifier()
+                             else f"{path}[{key!r}]")
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        names = [f.name for f in dataclasses.fields(node)]
+        yield path, Container(_type_name(node), len(names))
+        for name in names:
+            yield from _walk(getattr(node, name), f"{path}.{name}")
+    elif isinstance(node, tuple) and hasattr(node, "_fields"):  # named tuples
+        yield path, Container(_type_name(node), len(node))
+        for name in node._fields:
+            yield from _walk(getattr(node, name), f"{path}.{name}")
+    elif isinstance(node, (list, tuple)):
+        yield path, Container(_type_name(node), len(node))
+        for i, child in enumerate(node):
+            yield from _walk(child, f"{path}[{i}]")
+    elif type(node) in pytree.SUPPORTED_NODES:  # a user's own registered pytree node
+        children, _ = pytree.SUPPORTED_NODES[type(node)].flatten_fn(node)
+        yield path, Container(_type_name(node), len(children))
+        for i, child in enumerate(children):
+            yield from _walk(child, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def _numeric(value: Any) -> Optional[torch.Tensor]:
+    """A tensor, or a Python float as a float64 scalar (so NaN and tolerance rules apply)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float64)
+    return None
+
+
+def _is_floating(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() or tensor.is_complex()
+
+
+def _equal(want: Any, got: Any) -> bool:
+    try:
+        return bool(want == got)
+    except Exception:  # an object whose == is not a yes or no: only the same object counts
+        return want is got
+
+
+def _type_name(node: Any) -> str:
+    return type(node).__qualname__
+
+
+def _count(outputs: Outputs) -> int:
+    return sum(not isinstance(leaf.value, Container) for leaf in outputs)
+
+
+def _describe(outputs: Outputs) -> str:
+    top = outputs[0].value if outputs else None
+    return f"a {top.kind} of {top.size}" if isinstance(top, Container) else _show(top)
+
+
+def _kind(value: Any) -> str:
+    return f"a {value.kind} of {value.size}" if isinstance(value, Container) else _show(value)
+
+
+def _signature(tensor: torch.Tensor) -> str:
+    return f"{tuple(tensor.shape)} {_dtype(tensor)} on {tensor.device.type}"
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor {_signature(value)}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"

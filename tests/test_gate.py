@@ -1,0 +1,271 @@
+"""The correctness gate, rule by rule, on CPU tensors: no compile, no process start.
+
+Each test names the rule it holds; together they fail if any rule of jobs.gate is loosened."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, namedtuple
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+import torch
+
+from jobs.errors import NonFiniteOutput, OutputMismatch
+from jobs.gate import Gate, snapshot
+from jobs.spec import CheckOptions
+
+
+def compare(eager, compiled, gate: Optional[Gate] = None):
+    gate = gate or Gate()
+    reference = snapshot(eager)
+    gate.check_reference(reference)
+    return gate.compare(reference, snapshot(compiled), call="compiled first call")
+
+
+def refused(eager, compiled, match: str, gate: Optional[Gate] = None) -> str:
+    with pytest.raises(OutputMismatch, match=match) as caught:
+        compare(eager, compiled, gate)
+    return str(caught.value)
+
+
+X = torch.linspace(-2.0, 2.0, 64).reshape(8, 8)
+
+
+# -- floating-point tolerance --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-6), (torch.float32, 1e-3),
+                                         (torch.float16, 1e-2), (torch.bfloat16, 5e-2)])
+def test_default_tolerance_by_dtype_is_exact_at_both_sides(dtype, atol):
+    """On a zero output, rtol plays no part: 0.9*atol passes and 1.1*atol fails, per dtype."""
+    zeros = torch.zeros(16, dtype=torch.float64)
+    inside, outside = (zeros + 0.9 * atol).to(dtype), (zeros + 1.1 * atol).to(dtype)
+    verdict = compare(zeros.to(dtype), inside)
+    assert verdict.atol == atol and verdict.rtol == atol
+    assert verdict.max_abs_error == pytest.approx(float(inside[0].double()), rel=1e-6)
+    refused(zeros.to(dtype), outside, "differs from eager: max abs error")
+
+
+def test_relative_tolerance_scales_with_eager_values():
+    """|got - want| <= atol + rtol*|want|: 1000 + 1.5 passes at fp32 (bound 1.001), 1000 + 2.5 fails."""
+    big = torch.full((4,), 1000.0)
+    assert compare(big, big + 0.5).max_abs_error == pytest.approx(0.5)
+    refused(big, big + 1.5, r"max abs error 1\.5 exceeds atol=0\.001 \+ rtol=0\.001")
+
+
+def test_config_tolerances_replace_the_defaults():
+    gate = Gate.from_options(CheckOptions(atol=0.5, rtol=0.0))
+    verdict = compare(X, X + 0.4, gate)
+    assert (verdict.atol, verdict.rtol) == (0.5, 0.0)
+    assert verdict.max_abs_error == pytest.approx(0.4, rel=1e-5)
+    refused(X, X + 0.6, "atol=0.5 ", gate)
+    # tighter than the default as well: 5e-4 passes fp32's default, not atol=1e-4
+    tight = Gate.from_options(CheckOptions(atol=1e-4, rtol=0.0))
+    compare(torch.zeros(4), torch.full((4,), 5e-4))
+    refused(torch.zeros(4), torch.full((4,), 5e-4), "atol=0.0001", tight)
+
+
+def test_reported_error_is_the_largest_over_every_leaf():
+    eager = (X, X * 2, {"z": X})
+    compiled = (X + 1e-4, X * 2 + 3e-4, {"z": X + 2e-4})
+    assert compare(eager, compiled).max_abs_error == pytest.approx(3e-4, rel=1e-3)
+
+
+def test_tolerance_of_the_worst_leaf_is_reported():
+    eager = (X.double(), X.half())
+    verdict = compare(eager, (X.double() + 1e-7, X.half() + 4e-3))
+    assert verdict.atol == 1e-2 and verdict.max_abs_error == pytest.approx(4e-3, rel=0.1)
+
+
+# -- NaN and Inf ---------------------------------------------------------------------------------
+
+def test_nan_in_compiled_output_where_eager_is_finite_fails_and_says_nan():
+    compiled = X.clone()
+    compiled[0, :3] = float("nan")
+    message = refused(X, compiled, "output of the compiled first call holds 3 NaN and 0 Inf where eager's values are finite")
+    assert "max abs error 0" not in message
+
+
+def test_inf_in_compiled_output_where_eager_is_finite_fails():
+    compiled = X.clone()
+    compiled[1, 1] = float("-inf")
+    refused(X, compiled, "holds 0 NaN and 1 Inf where eager's values are finite")
+
+
+def test_eager_nan_fails_the_bucket_before_any_comparison():
+    nan = torch.full((4, 4), float("nan"))
+    with pytest.raises(NonFiniteOutput, match="eager output is not finite: output holds 16 NaN and 0 Inf of 16 values"
+                       ".*check.allow_nonfinite: true"):
+        Gate().check_reference(snapshot(nan))
+    # all-NaN eager beside an off-by-one compiler: refused, not passed with error 0
+    with pytest.raises(NonFiniteOutput):
+        compare(nan, nan + 1.0)
+
+
+def test_eager_inf_inside_a_structure_is_named_by_path():
+    eager = {"logits": X, "scale": torch.tensor([1.0, float("inf")])}
+    with pytest.raises(NonFiniteOutput, match=r"output\.scale holds 0 NaN and 1 Inf of 2 values"):
+        Gate().check_reference(snapshot(eager))
+
+
+def test_python_float_leaves_follow_the_nan_rule():
+    with pytest.raises(NonFiniteOutput, match=r"output\[1\]"):
+        Gate().check_reference(snapshot((X, float("nan"))))
+    refused((X, 1.0), (X, float("nan")), r"output\[1\] of the compiled first call holds 1 NaN")
+    refused((X, 1.0), (X, 1.5), r"output\[1\] of the compiled first call differs from eager")
+    assert compare((X, 0.25), (X, 0.25)).max_abs_error == 0.0
+
+
+def test_allowed_nonfinite_values_must_match_in_place_and_kind():
+    allow = Gate.from_options(CheckOptions(allow_nonfinite=True))
+    eager = torch.tensor([1.0, float("nan"), float("inf"), float("-inf")])
+    verdict = compare(eager, torch.tensor([1.0005, float("nan"), float("inf"), float("-inf")]), allow)
+    assert verdict.max_abs_error == pytest.approx(5e-4, rel=1e-3)  # the finite values only
+    for wrong in ([1.0, 0.0, float("inf"), float("-inf")],  # eager's NaN became a number
+                  [1.0, float("nan"), float("-inf"), float("-inf")],  # +Inf became -Inf
+                  [1.0, float("inf"), float("nan"), float("-inf")]):  # NaN and Inf swapped
+        refused(eager, torch.tensor(wrong), "of eager's NaN/Inf are not at the same places", allow)
+    # finite positions still follow the tolerance and the compiled-NaN rule
+    refused(eager, torch.tensor([1.5, float("nan"), float("inf"), float("-inf")]), "differs from eager", allow)
+    refused(eager, torch.tensor([float("nan")] * 2 + [float("inf"), float("-inf")]), "where eager's values are finite",
+            allow)
+
+
+def test_allow_nonfinite_is_off_by_default_in_the_config():
+    assert CheckOptions().allow_nonfinite is False
+    with pytest.raises(NonFiniteOutput):
+        Gate.from_options(CheckOptions()).check_reference(snapshot(torch.tensor([float("inf")])))
+    Gate.from_options(CheckOptions(allow_nonfinite=True)).check_reference(snapshot(torch.tensor([float("inf")])))
+
+
+def test_complex_outputs_are_compared_by_real_and_imaginary_parts():
+    z = torch.complex(X, -X)
+    assert compare(z, z + 5e-4j).max_abs_error == pytest.approx(5e-4, rel=1e-3)
+    refused(z, z + 5e-3j, "differs from eager")
+
+
+# -- exact leaves -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_integer_and_bool_outputs_must_be_equal(dtype):
+    eager = torch.arange(16).remainder(2).to(dtype)
+    compiled = eager.clone()
+    compiled[3] = ~compiled[3] if dtype == torch.bool else compiled[3] + 1
+    assert compare(eager, eager.clone()).max_abs_error is None
+    refused(eager, compiled, f"1 of 16 {str(dtype).removeprefix('torch.')} values differ from eager's")
+
+
+def test_integer_outputs_get_no_tolerance_even_when_configured():
+    tokens = torch.arange(8)
+    refused(tokens, tokens + 1, "8 of 8 int64 values differ", Gate(atol=10.0, rtol=10.0))
+
+
+@pytest.mark.parametrize("eager, compiled, match", [
+    (3, 4, r"output\[1\] of the compiled first call is int 4, eager's is int 3"),
+    ("argmax", "argmin", "is str 'argmin', eager's is str 'argmax'"),
+    (None, 0, "is int 0, eager's is NoneType None"),
+    (True, 1, "is int 1, eager's is bool True"),
+])
+def test_non_tensor_leaves_must_be_equal(eager, compiled, match):
+    compare((X, eager), (X, eager))
+    refused((X, eager), (X, compiled), match)
+
+
+# -- shape, dtype, device, count and structure ---------------------------------------------------
+
+def test_shape_must_match_even_when_values_broadcast():
+    refused(X[:1], X[:1].expand(2, 8), r"is \(2, 8\) float32 on cpu, eager's is \(1, 8\) float32 on cpu")
+
+
+def test_dtype_must_match_even_when_values_are_equal():
+    refused(X, X.double(), r"float64 on cpu, eager's is \(8, 8\) float32 on cpu")
+
+
+def test_tensor_against_non_tensor_fails():
+    refused((X, X), (X, 1.0), r"output\[1\] of the compiled first call is float 1\.0, eager's is a tensor")
+
+
+def test_number_of_outputs_must_match():
+    message = refused((X, X), (X, X, X), "output of the compiled first call has 3 leaves, eager's 2")
+    assert "tuple of 3" in message and "tuple of 2" in message
+    refused((X, X), (X,), "has 1 leaves, eager's 2")
+    refused([X], [X, torch.zeros(0)], "has 2 leaves, eager's 1")  # an empty extra tensor counts
+
+
+def test_container_type_must_match():
+    refused((X,), [X], "output of the compiled first call is a list of 1, eager's is a tuple of 1")
+    refused({"a": X}, (X,), "is a tuple of 1, eager's is a dict of 1")
+
+
+def test_dict_keys_must_match():
+    refused({"a": X, "b": X}, {"a": X, "c": X}, r"returned output\.c where eager returned output\.b")
+    assert compare({"b": X, "a": X * 2}, {"a": X * 2, "b": X}).leaves == 3  # order is not a difference
+
+
+@dataclass
+class Prediction:
+    logits: torch.Tensor
+    labels: torch.Tensor
+    note: str = "ok"
+
+
+class ModelOutputLike(OrderedDict):
+    """What transformers' ModelOutput is: an OrderedDict (and a dataclass) of its non-None fields."""
+
+
+Pair = namedtuple("Pair", "mean std")
+
+
+@pytest.mark.parametrize("wrap", [
+    pytest.param(lambda t, i: Prediction(t, i), id="dataclass"),
+    pytest.param(lambda t, i: ModelOutputLike(logits=t, labels=i), id="ModelOutput-like"),
+    pytest.param(lambda t, i: Pair(t, i), id="namedtuple"),
+    pytest.param(lambda t, i: [{"deep": (t,)}, i], id="nested"),
+])
+def test_tensors_inside_any_structure_are_compared(wrap):
+    labels = torch.arange(8)
+    verdict = compare(wrap(X, labels), wrap(X + 5e-4, labels))
+    assert verdict.max_abs_error == pytest.approx(5e-4, rel=1e-3) and verdict.leaves >= 3
+    refused(wrap(X, labels), wrap(X + 1.0, labels), "differs from eager: max abs error 1 ")
+    refused(wrap(X, labels), wrap(X, labels + 1), "8 of 8 int64 values differ")
+
+
+def test_dataclass_fields_are_paths_and_plain_fields_compared():
+    refused(Prediction(X, X), Prediction(X, X + 1), r"output\.labels of the compiled first call differs")
+    refused(Prediction(X, X), Prediction(X, X, note="changed"), r"output\.note .* is str 'changed'")
+
+
+def test_registered_pytree_nodes_are_walked():
+    from torch.utils import _pytree as pytree
+
+    class Boxed:
+        def __init__(self, inner):
+            self.inner = inner
+
+    pytree.register_pytree_node(Boxed, lambda b: ([b.inner], None), lambda children, _: Boxed(children[0]))
+    try:
+        assert compare(Boxed(X), Boxed(X)).leaves == 2
+        refused(Boxed(X), Boxed(X + 1.0), r"output\[0\] of the compiled first call differs")
+    finally:
+        pytree.SUPPORTED_NODES.pop(Boxed)
+
+
+def test_snapshot_copies_so_a_later_call_cannot_overwrite_the_reference():
+    """Under CUDA graphs a replay writes into the buffers the last call returned."""
+    out = X.clone()
+    reference = snapshot((out,))
+    out.add_(1.0)
+    refused((X,), (out,), "differs from eager")
+    assert Gate().compare(reference, snapshot((X,))).max_abs_error == 0.0
+
+
+def test_verdict_counts_every_leaf_and_container():
+    verdict = compare({"a": (X, X), "b": 3}, {"a": (X, X), "b": 3})
+    assert verdict.leaves == 5  # dict, tuple, two tensors, the int
+    assert verdict.max_abs_error == 0.0 and math.isfinite(verdict.max_abs_error)
+
+
+def test_outputs_without_floating_point_report_no_error_or_tolerance():
+    verdict = compare((torch.arange(4), "x"), (torch.arange(4), "x"))
+    assert (verdict.max_abs_error, verdict.atol, verdict.rtol) == (None, None, None)
