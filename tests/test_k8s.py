@@ -14,7 +14,7 @@ import yaml
 
 from conftest import ROOT, orchestrate
 
-SCHEMAS = ROOT.parent / "shared" / "schemas" / "kuberay"
+SCHEMAS = ROOT / "tests" / "schemas" / "kuberay"  # vendored: see its README.md
 K8S_VERSION = "1.32"
 
 

@@ -1,5 +1,5 @@
 """Distributed warmup on a real Ray cluster: a head on the host plus two worker nodes in network
-namespaces (../shared/tools/netns-hosts), each declaring one GPU of class H200, so GPU scheduling
+namespaces (tests/tools/netns-hosts), each declaring one GPU of class H200, so GPU scheduling
 is exercised on a machine without GPUs (the workers compile on the CPU)."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, orchestrate
+from conftest import ROOT, assert_measured, orchestrate
 
 pytestmark = pytest.mark.slow
 
-NETNS_HOSTS = ROOT.parent / "shared" / "tools" / "netns-hosts"
+NETNS_HOSTS = ROOT / "tests" / "tools" / "netns-hosts"  # vendored: see tests/tools/README.md
 RAY = str(Path(sys.executable).with_name("ray"))
 HEAD_IP, PORT = "10.201.0.1", 6390
 MODELS = textwrap.dedent("""
@@ -140,7 +140,8 @@ def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
     for r in warm:
         assert r["status"] == "ok", r["error"]
         assert r["cache_state"] == "hit" and r["cache"]["fx_graph_misses"] == 0
-        assert r["speedup"] > 0 and r["gpu"] is None  # declared GPUs, CPU compute
+        assert r["gpu"] is None  # declared GPUs, CPU compute
+        assert_measured(r)
     assert report["summary"]["cache_state"] == "warm"
     assert report["summary"]["fleet"]["buckets"]["1"]["ranks_ok"] == 2
     # both nodes pulled into their own directory: nothing was shared through the filesystem
