@@ -1,3 +1,4 @@
+import math
 import os
 import subprocess
 import sys
@@ -22,6 +23,29 @@ def orchestrate(*args: str, cache_dir: Path | None = None, timeout: int = 900,
     if cache_dir is not None:
         cmd += ["--cache-dir", str(cache_dir)]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_measured(record: dict, *, benchmarked: bool = True) -> None:
+    """An "ok" bucket record (jobs.records.BucketResult as a dict) holds real measurements, not
+    just any value: NaN passes `> 0` and `is not None` checks, so every number is checked finite.
+
+    - The correctness gate ran: `max_abs_error` is finite and >= 0, and so are the `atol`/`rtol`
+      it was held to. The gate passes where |compiled - eager| <= atol + rtol * |eager|, and the
+      record does not carry |eager|, so `atol` bounds the error only when `rtol` is 0. Exactly 0
+      is not asserted: compiled and eager need not be bit-identical.
+    - With `benchmarked`: both median latencies are finite and > 0 and `speedup` is their ratio.
+    """
+    assert record["status"] == "ok", record.get("error_detail") or record.get("error")
+    error, atol, rtol = record["max_abs_error"], record["atol"], record["rtol"]
+    for name, value in (("max_abs_error", error), ("atol", atol), ("rtol", rtol)):
+        assert value is not None and math.isfinite(value) and value >= 0, (name, value, record)
+    if rtol == 0:
+        assert error <= atol, record
+    if benchmarked:
+        eager, compiled, speedup = record["eager_ms"], record["compiled_ms"], record["speedup"]
+        for name, value in (("eager_ms", eager), ("compiled_ms", compiled), ("speedup", speedup)):
+            assert value is not None and math.isfinite(value) and value > 0, (name, value, record)
+        assert speedup == pytest.approx(eager / compiled), record
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, orchestrate
+from conftest import ROOT, assert_measured, orchestrate
 
 # A serving replica on what `orchestrate pull` fetched, compiled as examples/resnet18.yaml says:
 # argv[1] "bare" is plain torch, "prepared" first makes the one call docs/cache.md asks of a server.
@@ -70,7 +70,8 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
         assert result["status"] == "ok", result["error"]
         assert result["cache_state"] == "hit" and result["gpu"] == torch.cuda.get_device_name(0)
         # loaded bucket by bucket, benchmarked after all: still one graph per bucket, no recompile
-        assert result["cudagraphs"] is True and result["recompiles"] == 0 and result["speedup"] > 0
+        assert result["cudagraphs"] is True and result["recompiles"] == 0
+        assert_measured(result)
         # a rank's copy of the units' tuned configs is found where it pulled them (the autotuners
         # in the cache entries name the units' private directories, deleted by now)
         assert result["cache"]["autotuned_kernels"] == 0

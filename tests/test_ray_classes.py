@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from conftest import assert_measured
 from test_ray_cluster import netns_cluster, warmup
 
 pytestmark = pytest.mark.slow
@@ -70,7 +71,8 @@ def test_a_bucket_failed_on_one_class_stays_warm_and_benchmarked_on_the_other(cl
     # the H200 rank keeps both buckets, loaded and benchmarked: the other class's failure is not its own
     for bucket in (1, 2):
         record = warm[H200_IP, bucket]
-        assert record["status"] == "ok" and record["cache_state"] == "hit" and record["speedup"] > 0
+        assert record["status"] == "ok" and record["cache_state"] == "hit"
+        assert_measured(record)
     # each class benchmarks once its own units (on its own node) have ended
     timeline = report["executor"]["timeline"]
     for rank in (row for row in timeline if row["wave"] == "warm"):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import orchestrate
+from conftest import assert_measured, orchestrate
 
 pytestmark = pytest.mark.slow
 
@@ -48,10 +48,8 @@ def test_cold_run_reports_the_contract(runs):
         assert result["rank"] == 0 and result["node"]
         assert result["cache"]["fx_graph_misses"] == 1 and result["cache_hits"] == 0
         assert result["compile_seconds"] > 0 and result["graph_record_seconds"] > 0
-        assert result["eager_ms"] > 0 and result["compiled_ms"] > 0
-        assert result["speedup"] == pytest.approx(result["eager_ms"] / result["compiled_ms"])
+        assert_measured(result)  # benchmarked, and checked against eager
         assert result["graph_breaks"] == 0 and result["recompiles"] == 0
-        assert 0 <= result["max_abs_error"] <= result["atol"] + 1e-2  # checked against eager
         assert result["cudagraphs"] is False
         assert "CPU" in result["cudagraph_skip_reasons"][0]
     assert report["summary"]["cache_state"] == "cold"
