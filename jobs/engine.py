@@ -424,6 +424,7 @@ def _check(result: BucketResult, gate: Gate, reference: Outputs, calls: dict[str
     result.checked_outputs = verdicts[0].leaves if verdicts else 0
     result.max_abs_error = worst.max_abs_error if worst else None
     result.atol, result.rtol = (worst.atol, worst.rtol) if worst else (None, None)
+    result.tolerance_used = max(v.tolerance_used for v in measured) if measured else None
 
 
 def _ratio(eager_ms: float, compiled_ms: float) -> Optional[float]:

@@ -63,6 +63,9 @@ class Verdict:
     max_abs_error: Optional[float]  # None: no floating-point leaf
     atol: Optional[float]  # the tolerance in force where the worst error is
     rtol: Optional[float]
+    # the largest |compiled - eager| / (atol + rtol*|eager|) over every value: how close the
+    # closest call came to failing (at most 1 for a pass)
+    tolerance_used: Optional[float]
 
 
 def snapshot(output: Any) -> Outputs:
@@ -108,17 +111,22 @@ class Gate:
             raise OutputMismatch(f"output of the {call} has {_count(candidate)} leaves, eager's {_count(reference)}: "
                                  f"{_describe(candidate)} vs {_describe(reference)}")
         worst: Optional[tuple[float, float, float]] = None  # (error, atol, rtol)
+        used: Optional[float] = None
         for want, got in zip(reference, candidate):
             if want.path != got.path:
                 raise OutputMismatch(f"the {call} returned {got.path} where eager returned {want.path}")
-            error = self._leaf(want, got, call)
-            if error is not None and (worst is None or error[0] > worst[0]):
+            measured = self._leaf(want, got, call)
+            if measured is None:
+                continue
+            error, fraction = measured
+            if worst is None or error[0] > worst[0]:
                 worst = error
+            used = fraction if used is None else max(used, fraction)
         return Verdict(leaves=len(reference), max_abs_error=worst[0] if worst else None,
-                       atol=worst[1] if worst else None, rtol=worst[2] if worst else None)
+                       atol=worst[1] if worst else None, rtol=worst[2] if worst else None, tolerance_used=used)
 
-    def _leaf(self, want: Leaf, got: Leaf, call: str) -> Optional[tuple[float, float, float]]:
-        """The leaf's (max abs error, atol, rtol) if it is floating point, None for exact leaves."""
+    def _leaf(self, want: Leaf, got: Leaf, call: str) -> Optional[tuple[tuple[float, float, float], float]]:
+        """((max abs error, atol, rtol), tolerance used) if the leaf is floating point, else None."""
         where = f"{want.path} of the {call}"
         if isinstance(want.value, Container) or isinstance(got.value, Container):
             if want.value != got.value:
@@ -139,7 +147,8 @@ class Gate:
             return None
         return self._close(expected, actual, where)
 
-    def _close(self, expected: torch.Tensor, actual: torch.Tensor, where: str) -> tuple[float, float, float]:
+    def _close(self, expected: torch.Tensor, actual: torch.Tensor,
+               where: str) -> tuple[tuple[float, float, float], float]:
         atol, rtol = self.tolerance(expected.dtype)
         if expected.is_complex():
             expected, actual = torch.view_as_real(expected), torch.view_as_real(actual)
@@ -158,12 +167,14 @@ class Gate:
                                      "places in the compiled output")
         error = torch.where(finite, (expected - actual).abs(), torch.zeros_like(expected))
         worst = float(error.max()) if error.numel() else 0.0
-        beyond = error > atol + rtol * expected.abs().nan_to_num(0.0, 0.0, 0.0)
+        allowed = atol + rtol * expected.abs().nan_to_num(0.0, 0.0, 0.0)
+        beyond = error > allowed
         if bool(beyond.any()):
             raise OutputMismatch(f"{where} differs from eager: max abs error {worst:.3g} exceeds atol={atol:g} "
                                  f"+ rtol={rtol:g}*|eager| at {int(beyond.sum())} of {expected.numel()} values; "
                                  "set check.atol/check.rtol if this is expected", max_abs_error=worst)
-        return worst, atol, rtol
+        fraction = torch.where(error > 0, error / allowed, torch.zeros_like(error))  # 0/0 (exact at atol=0) is 0
+        return (worst, atol, rtol), float(fraction.max()) if fraction.numel() else 0.0
 
 
 def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:

@@ -44,6 +44,7 @@ class BucketResult:
     max_abs_error: Optional[float] = None  # worst over floating-point leaves of the first call and a replay
     atol: Optional[float] = None
     rtol: Optional[float] = None
+    tolerance_used: Optional[float] = None  # worst |compiled - eager| / (atol + rtol*|eager|): at most 1 when ok
     peak_memory_bytes: Optional[int] = None
     peak_memory_kind: Optional[str] = None
 

@@ -30,15 +30,16 @@ def assert_measured(record: dict, *, benchmarked: bool = True) -> None:
     just any value: NaN passes `> 0` and `is not None` checks, so every number is checked finite.
 
     - The correctness gate ran: `max_abs_error` is finite and >= 0, and so are the `atol`/`rtol`
-      it was held to. The gate passes where |compiled - eager| <= atol + rtol * |eager|, and the
-      record does not carry |eager|, so `atol` bounds the error only when `rtol` is 0. Exactly 0
-      is not asserted: compiled and eager need not be bit-identical.
+      it was held to; `tolerance_used`, the worst |compiled - eager| / (atol + rtol*|eager|), is
+      within [0, 1] (and `max_abs_error` within atol where rtol is 0). Exactly 0 is not asserted:
+      compiled and eager need not be bit-identical.
     - With `benchmarked`: both median latencies are finite and > 0 and `speedup` is their ratio.
     """
     assert record["status"] == "ok", record.get("error_detail") or record.get("error")
     error, atol, rtol = record["max_abs_error"], record["atol"], record["rtol"]
     for name, value in (("max_abs_error", error), ("atol", atol), ("rtol", rtol)):
         assert value is not None and math.isfinite(value) and value >= 0, (name, value, record)
+    assert record["tolerance_used"] is not None and 0 <= record["tolerance_used"] <= 1, record
     if rtol == 0:
         assert error <= atol, record
     if benchmarked:

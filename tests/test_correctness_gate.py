@@ -118,6 +118,7 @@ def test_tensors_inside_a_dataclass_output_are_checked(tmp_path):
     (result,) = report["results"]
     assert result["checked_outputs"] == 3  # the dataclass, its logits and its labels
     assert result["max_abs_error"] == 0.0 and (result["atol"], result["rtol"]) == (1e-3, 1e-3)
+    assert result["tolerance_used"] == 0.0
 
     failed, report = warmup(tmp_path / "broken", "classifier", "off_by_one", buckets="4")
     assert failed.returncode == 1, failed.stderr

@@ -48,10 +48,25 @@ def test_default_tolerance_by_dtype_is_exact_at_both_sides(dtype, atol):
 
 
 def test_relative_tolerance_scales_with_eager_values():
-    """|got - want| <= atol + rtol*|want|: 1000 + 1.5 passes at fp32 (bound 1.001), 1000 + 2.5 fails."""
+    """|got - want| <= atol + rtol*|want|: at 1000 the fp32 bound is 1.001, so 0.5 passes, 1.5 fails."""
     big = torch.full((4,), 1000.0)
-    assert compare(big, big + 0.5).max_abs_error == pytest.approx(0.5)
+    verdict = compare(big, big + 0.5)
+    assert verdict.max_abs_error == pytest.approx(0.5)
+    assert verdict.tolerance_used == pytest.approx(0.5 / 1.001, rel=1e-4)
     refused(big, big + 1.5, r"max abs error 1\.5 exceeds atol=0\.001 \+ rtol=0\.001")
+
+
+def test_tolerance_used_is_the_worst_fraction_of_the_bound_over_all_values():
+    """Not the fraction at the largest error: 0.5 at 1000 uses half the bound, 9e-4 at 0 uses 90%."""
+    eager = torch.tensor([1000.0, 0.0])
+    verdict = compare(eager, eager + torch.tensor([0.5, 9e-4]))
+    assert verdict.max_abs_error == pytest.approx(0.5)
+    assert verdict.tolerance_used == pytest.approx(0.9, rel=1e-3)
+    assert compare((eager, torch.arange(3)), (eager, torch.arange(3))).tolerance_used == 0.0
+    assert compare(torch.arange(3), torch.arange(3)).tolerance_used is None
+    exact = Gate(atol=0.0, rtol=0.0)  # a zero bound: equal values use none of it
+    assert compare(eager, eager.clone(), exact).tolerance_used == 0.0
+    refused(eager, eager + torch.tensor([0.0, 1e-30]), "max abs error 1e-30", exact)
 
 
 def test_config_tolerances_replace_the_defaults():
@@ -268,4 +283,16 @@ def test_verdict_counts_every_leaf_and_container():
 
 def test_outputs_without_floating_point_report_no_error_or_tolerance():
     verdict = compare((torch.arange(4), "x"), (torch.arange(4), "x"))
-    assert (verdict.max_abs_error, verdict.atol, verdict.rtol) == (None, None, None)
+    assert (verdict.max_abs_error, verdict.atol, verdict.rtol, verdict.tolerance_used) == (None, None, None, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gate_on_cuda_tensors():
+    on_gpu = X.cuda()
+    assert compare((on_gpu, on_gpu.half()), (on_gpu + 5e-4, on_gpu.half())).max_abs_error == pytest.approx(5e-4, rel=1e-2)
+    broken = on_gpu.clone()
+    broken[2, 2] = float("nan")
+    refused(on_gpu, broken, "holds 1 NaN and 0 Inf where eager's values are finite")
+    refused(on_gpu, X, "on cpu, eager's is .* on cuda")
+    with pytest.raises(NonFiniteOutput):
+        Gate().check_reference(snapshot(on_gpu / 0))
