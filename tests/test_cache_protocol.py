@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -50,6 +54,24 @@ NOT_ARTIFACTS = {"inductor/locks/cprf.lock": b"", "inductor/pr/tmpab12cd": b"hal
 def store(tmp_path):
     (tmp_path / "store").mkdir()
     return open_store(f"file://{tmp_path / 'store'}")
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The clock publish() stamps `created_at` with, moved by hand: ordering without sleeping."""
+    class Clock(datetime):
+        current = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+
+        @classmethod
+        def now(cls, tz=None):
+            return cls.current.astimezone(tz) if tz is not None else cls.current.replace(tzinfo=None)
+
+        @classmethod
+        def advance(cls, seconds: float) -> None:
+            cls.current += timedelta(seconds=seconds)
+
+    monkeypatch.setattr(sync, "datetime", Clock)
+    return Clock
 
 
 def test_round_trip_skips_locks_and_temporaries(store, tmp_path):
@@ -92,18 +114,27 @@ def test_new_buckets_extend_a_namespace(store, tmp_path):
 
 
 PUBLISHER = """
-import sys
+import sys, time
 from pathlib import Path
 from cache import sync
 from cache.manifest import SigningKey
 from cache.store import open_store
 store, directory, namespace = open_store(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if len(sys.argv) > 5:  # held back: publish only once this file exists
+    deadline = time.monotonic() + 120
+    while not Path(sys.argv[5]).exists():
+        if time.monotonic() > deadline:
+            sys.exit("never released: " + sys.argv[5])
+        time.sleep(0.01)
 transfer = sync.publish(store, directory, namespace, SigningKey(b"k" * 32), allow_unsigned=False, buckets=[int(sys.argv[4])])
 print(transfer.generation, transfer.races)
 """
 
 
-def publish_concurrently(store_url: str, tmp_path: Path, publishers: int = 8) -> list[subprocess.CompletedProcess]:
+def start_publishers(store_url: str, tmp_path: Path, publishers: int = 8,
+                     release: Optional[Path] = None) -> list[subprocess.Popen]:
+    """One process per publisher on namespace NS, each with its own files and one path all share.
+    With `release`, the last publisher waits for that file to exist before it publishes."""
     procs = []
     for i in range(publishers):
         node = make_cache(tmp_path / f"node{i}", {
@@ -111,10 +142,27 @@ def publish_concurrently(store_url: str, tmp_path: Path, publishers: int = 8) ->
             f"triton/k{i}/kernel.cubin": os.urandom(200_000),
             "inductor/shared/code.py": f"compiled by node {i}".encode(),  # same path, different bytes
         })
-        procs.append(subprocess.Popen([sys.executable, "-c", PUBLISHER, store_url, str(node), NS, str(i + 1)],
+        held = [str(release)] if release is not None and i == publishers - 1 else []
+        procs.append(subprocess.Popen([sys.executable, "-c", PUBLISHER, store_url, str(node), NS, str(i + 1), *held],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       cwd=Path(__file__).resolve().parent.parent))
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate()) for p in procs]
+    return procs
+
+
+def finish_publishers(procs: list[subprocess.Popen]) -> list[subprocess.CompletedProcess]:
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return results
+
+
+def publish_concurrently(store_url: str, tmp_path: Path, publishers: int = 8) -> list[subprocess.CompletedProcess]:
+    return finish_publishers(start_publishers(store_url, tmp_path, publishers))
 
 
 def check_consistent(store, publishers: int) -> None:
@@ -125,35 +173,71 @@ def check_consistent(store, publishers: int) -> None:
     sync.verify(store, NS, KEY, allow_unsigned=False)
 
 
+@dataclass(frozen=True)
+class Observation:
+    """One pull by the racing reader."""
+
+    generation: Optional[int]  # None: nothing published yet, or the pull failed
+    complete: Optional[bool]  # the pulled tree is exactly the manifest's file list
+    error: Optional[str]
+    during_publishing: bool  # the pull returned before the last publisher had exited
+
+
 def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
     """8 publisher processes on one namespace while a reader pulls in a loop: every pull sees a
-    complete, verified state, and the end state holds all 8 publishers' files."""
-    pulls, errors, stop = [], [], threading.Event()
+    complete, verified state, generations never go back, and the end state holds all 8
+    publishers' files. The last publisher is held back until a pull of the reader has landed, so a
+    pull during publishing is guaranteed however the machine schedules us; the other 7 race each
+    other freely."""
+    observations: list[Observation] = []
+    first_pull_landed, publishers_done, stop = threading.Event(), threading.Event(), threading.Event()
+    deadline = time.monotonic() + 180  # the reader's bound, whatever happens to the publishers
 
-    def reader():
+    def reader() -> None:
         n = 0
-        while not stop.is_set() and n < 500:
+        while not stop.is_set() and time.monotonic() < deadline:
             n += 1
-            target = tmp_path / f"reader{n}"
+            target = tmp_path / "readers" / f"pull{n}"
+            generation = complete = error = None
             try:
                 pulled = sync.pull(store, NS, target, KEY, allow_unsigned=False)
-            except Exception as exc:  # any failure is a protocol bug
-                errors.append(repr(exc))
-                continue
-            if pulled is not None:
-                manifest_files = json.loads(store.read(sync._manifest_key(NS, pulled.generation)))["body"]["files"]
-                assert sorted(tree(target)) == sorted(manifest_files)
-                pulls.append(pulled.generation)
+                if pulled is not None:
+                    generation = pulled.generation
+                    manifest = json.loads(store.read(sync._manifest_key(NS, generation)))["body"]["files"]
+                    complete = sorted(tree(target)) == sorted(manifest)
+            except Exception as exc:  # any failure is a protocol bug: recorded, asserted below
+                error = repr(exc)
+            during = not publishers_done.is_set()  # read after the pull returned: conservative
+            observations.append(Observation(generation, complete, error, during))
+            if generation is not None or error is not None:
+                first_pull_landed.set()  # the held-back publisher may go: this pull was during publishing
+            shutil.rmtree(target, ignore_errors=True)
+            if generation is None and error is None:
+                time.sleep(0.005)  # nothing published yet: let the publishers have the CPU
 
-    thread = threading.Thread(target=reader)
+    release = tmp_path / "release-the-last-publisher"
+    thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    results = publish_concurrently(store.url, tmp_path)
+    procs = start_publishers(store.url, tmp_path, 8, release=release)
+    try:
+        first_pull_landed.wait(timeout=120)
+    finally:
+        release.touch()
+        results = finish_publishers(procs)
+        publishers_done.set()
+    time.sleep(0.05)  # a few pulls of the final state too
     stop.set()
-    thread.join(timeout=120)
-    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the reader did not stop"
+
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
     assert sorted(int(r.stdout.split()[0]) for r in results) == list(range(1, 9))
-    assert errors == []
-    assert pulls == sorted(pulls)  # a reader never goes back to an older generation
+    assert [o.error for o in observations if o.error] == []
+    pulled = [o for o in observations if o.generation is not None]
+    assert [o for o in pulled if not o.complete] == []  # never a partial namespace
+    assert any(o.during_publishing for o in pulled), f"no pull landed while publishing: {observations[-5:]}"
+    generations = [o.generation for o in pulled]
+    assert generations == sorted(generations)  # a reader never goes back to an older generation
     check_consistent(store, 8)
     # first writer wins per path: the shared file keeps generation 1's bytes in every later one
     gen1 = json.loads(store.read(sync._manifest_key(NS, 1)))["body"]["files"]["inductor/shared/code.py"]
@@ -222,11 +306,11 @@ def test_unsafe_paths_in_a_signed_manifest_are_refused(store, tmp_path):
     assert not (tmp_path / "escape.py").exists()
 
 
-def test_gc_keeps_newest_namespaces_and_referenced_shards(store, tmp_path):
+def test_gc_keeps_newest_namespaces_and_referenced_shards(store, tmp_path, clock):
     old = make_cache(tmp_path / "old", {"inductor/a": b"old artifact"})
     new = make_cache(tmp_path / "new", {"inductor/b": b"new artifact"})
     sync.publish(store, old, "mlp-torch2.11.0-x-1111", KEY, allow_unsigned=False, meta={"model": "mlp"})
-    time.sleep(1.1)  # created_at has one-second resolution
+    clock.advance(1)  # created_at has one-second resolution
     sync.publish(store, new, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False, meta={"model": "mlp"})
     assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=3600) == {
         "manifests_deleted": 1, "objects_deleted": 0}  # the old shard is within its grace period
