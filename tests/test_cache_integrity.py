@@ -1,0 +1,662 @@
+"""What a pull trusts, check by check: each test below is the attack (or accident) that exactly one
+check in cache/sync.py or cache/manifest.py stops, so turning that check off fails the test.
+
+Fast and CPU only: generated files, a directory store, no torch. Mutation testing runs this file
+(scripts/mutation.py, docs/testing.md)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import socket
+import tarfile
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cache import sync
+from cache.manifest import (KEY_ENV, KEY_FILE_ENV, FileEntry, IntegrityError, Manifest, SigningKey, decode, encode,
+                            sha256_file)
+from cache.store import NotFound, StoreError, open_store
+from test_cache_protocol import ARTIFACTS, KEY, NS, OTHER_KEY, clock, make_cache, tree  # noqa: F401  clock: fixture
+
+SHARED = "inductor/shared/code.py"
+
+
+@pytest.fixture
+def store(tmp_path):
+    (tmp_path / "store").mkdir()
+    return open_store(f"file://{tmp_path / 'store'}")
+
+
+def envelope(store, namespace: str, generation: int) -> dict:
+    return json.loads(store.read(sync._manifest_key(namespace, generation)))
+
+
+def write_signed(store, namespace: str, body: dict, key=KEY) -> None:
+    """A manifest as a publisher holding `key` would create it: validly signed, whatever it says."""
+    data = {"body": body, "signature": {"alg": "hmac-sha256", "key_id": key.key_id, "value": key.sign(body)}}
+    assert store.create(sync._manifest_key(namespace, body["generation"]), json.dumps(data).encode())
+
+
+def no_staging_left(parent: Path) -> bool:
+    return not any(p.name.startswith(".incoming") for p in parent.iterdir())
+
+
+# --- (a) the per-file hash: a valid shard that holds other bytes under the promised name ------------
+
+
+def test_a_file_whose_shard_is_valid_but_holds_other_bytes_is_refused(store, tmp_path):
+    """Every publisher's shard holds its own bytes for a path they all compile (`SHARED`): each
+    shard is intact and named by its hash, and the manifest is validly signed. A manifest that
+    pairs one publisher's file hash with another publisher's shard (a merge bug, or a key holder
+    mixing generations) passes the signature and the shard hash; only the per-file sha256 stops
+    the wrong bytes from reaching the local cache."""
+    ours, theirs = b"compiled by node A", b"compiled by node B"  # same size: no size check can help
+    sync.publish(store, make_cache(tmp_path / "a", {**ARTIFACTS, SHARED: ours}), NS, KEY, allow_unsigned=False)
+    sync.publish(store, make_cache(tmp_path / "b", {SHARED: theirs}), "other-ns", KEY, allow_unsigned=False)
+    their_shard = envelope(store, "other-ns", 1)["body"]["files"][SHARED]["shard"]
+
+    body = envelope(store, NS, 1)["body"]
+    assert body["files"][SHARED]["shard"] != their_shard
+    body["generation"] = 2
+    body["files"][SHARED]["shard"] = their_shard  # sha256 and size still say `ours`
+    body["shards"][their_shard] = envelope(store, "other-ns", 1)["body"]["shards"][their_shard]
+    write_signed(store, NS, body)
+
+    with pytest.raises(IntegrityError, match=f"shard {their_shard[:16]}...: {SHARED} does not match its sha256; "
+                                             "refusing it"):
+        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+    with pytest.raises(IntegrityError, match=f"{SHARED} does not match its sha256"):
+        sync.verify(store, NS, KEY, allow_unsigned=False)
+
+
+def test_a_shard_with_bytes_appended_is_refused_by_the_shard_hash(store, tmp_path):
+    """Trailing bytes after a tar's end leave every member intact: the per-file hashes all pass,
+    only the shard hash sees it."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    [shard] = [p for p in (Path(store.root) / "v1" / "objects").rglob("*") if p.is_file()]
+    shard.write_bytes(shard.read_bytes() + b"\0" * 10240)
+    with pytest.raises(IntegrityError, match=re.escape(
+            f"{store.url}: shard {shard.name[:16]}... does not match its sha256 (corrupt or tampered); refusing it, "
+            "the local cache is untouched")):
+        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+
+
+def _repack(store, shard_sha: str, change) -> str:
+    """Rewrite a published shard through `change(members) -> members` and upload it under its new
+    hash; returns the new shard's sha256."""
+    path = Path(store.root) / sync._object_key(shard_sha)
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in change(members):
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    data = buffer.getvalue()
+    sha = sync._sha256(data)
+    target = Path(store.root) / sync._object_key(sha)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return sha
+
+
+def _point_manifest_at(store, old_shard: str, new_shard: str) -> None:
+    body = envelope(store, NS, 1)["body"]
+    body["generation"] = 2
+    for entry in body["files"].values():
+        if entry["shard"] == old_shard:
+            entry["shard"] = new_shard
+    body["shards"][new_shard] = body["shards"].pop(old_shard)
+    write_signed(store, NS, body)
+
+
+def test_a_shard_missing_a_promised_file_is_refused(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    shard = envelope(store, NS, 1)["body"]["files"]["inductor/pr/cprf.py"]["shard"]
+    short = _repack(store, shard, lambda members: [(m, d) for m, d in members if m.name != "inductor/pr/cprf.py"])
+    _point_manifest_at(store, shard, short)
+    with pytest.raises(IntegrityError, match=rf"shard {short[:16]}\.\.\. lacks 1 files its manifest promises; "
+                                             "refusing it"):
+        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+
+
+def test_a_promised_file_that_is_a_link_in_its_shard_is_refused(store, tmp_path):
+    """A tar member may be a symbolic link: extracted, it would point anywhere. Only regular
+    files are accepted, whatever the manifest's signature."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    shard = envelope(store, NS, 1)["body"]["files"]["inductor/pr/cprf.py"]["shard"]
+
+    def to_link(members):
+        for info, data in members:
+            if info.name == "inductor/pr/cprf.py":
+                link = tarfile.TarInfo(info.name)
+                link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                yield link, None
+            else:
+                yield info, data
+    linked = _repack(store, shard, to_link)
+    _point_manifest_at(store, shard, linked)
+    with pytest.raises(IntegrityError, match=rf"shard {linked[:16]}\.\.\.: inductor/pr/cprf.py is not a regular "
+                                             "file; refusing it"):
+        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+
+
+# --- (b) "already have it": size is not identity -----------------------------------------------------
+
+
+def test_a_local_file_of_the_right_size_but_other_bytes_is_replaced(store, tmp_path):
+    """A crash mid-write, a disk error or a stray edit can leave a file of the published size with
+    other bytes; a pull must not trust it because the size matches."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    damaged = node / "inductor/pr/cprf.py"
+    damaged.write_bytes(b"#" * len(ARTIFACTS["inductor/pr/cprf.py"]))
+    again = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    assert again.files == 1 and again.shards == 1
+    assert tree(node) == ARTIFACTS
+
+
+def test_a_local_file_of_another_size_or_a_missing_one_is_fetched_again(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    (node / "inductor/pr/cprf.py").write_bytes(ARTIFACTS["inductor/pr/cprf.py"] + b"# one more line\n")
+    (node / "inductor/aotautograd/aq/entry").unlink()
+    again = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    assert again.files == 2
+    assert tree(node) == ARTIFACTS
+
+
+def test_complete_local_files_are_not_fetched_again(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = make_cache(tmp_path / "node", ARTIFACTS)  # compiled here already, byte for byte
+    again = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    assert (again.files, again.shards, again.bytes) == (0, 0, 0)
+    assert json.loads((node / sync.APPLIED_MARKER).read_text()) == {"generation": 1}
+
+
+# --- (c) a signed manifest and no key: refuse, do not skip the check ---------------------------------
+
+
+def test_a_signed_manifest_is_refused_when_no_key_is_configured(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    message = (rf"manifest is signed \(key id {KEY.key_id}\) but no key is configured to verify it; "
+               f"set {KEY_ENV} or {KEY_FILE_ENV}")
+    with pytest.raises(IntegrityError, match=message):
+        sync.pull(store, NS, tmp_path / "node", None, allow_unsigned=False)
+    assert not (tmp_path / "node").exists()
+    with pytest.raises(IntegrityError, match=message):
+        sync.verify(store, NS, None, allow_unsigned=False)
+    # --allow-unsigned is the explicit opt-out: it reads what it cannot verify
+    assert sync.pull(store, NS, tmp_path / "node", None, allow_unsigned=True).files == len(ARTIFACTS)
+    assert tree(tmp_path / "node") == ARTIFACTS
+
+
+# --- the manifest format: what another version of orchestrate must read and verify -------------------
+
+GOLDEN = Manifest(namespace="mlp-torch2.13.0-cpu-x86-64-0123456789abcdef", generation=3,
+                  files={"inductor/pr/cprf.py": FileEntry(sha256="ab" * 32, size=1700, shard="cd" * 32)},
+                  shards={"cd" * 32: 10240}, buckets=[1, 8], created_at="2026-11-30T12:00:00+00:00",
+                  publisher="node-1/4242", meta={"model": "mlp-\u00fc"})  # non-ASCII: the canonical form escapes it
+# Written by this version; a change here breaks every published manifest (bump manifest.FORMAT instead)
+GOLDEN_KEY_ID = "50a8789c92a9"  # SigningKey(b"k" * 32)
+GOLDEN_SIGNATURE = "152d20ddbefcf16f3b3d842b9ac6f2efc0b8157e63bb44818efe445c46304008"
+
+
+def test_signatures_and_key_ids_are_stable_across_versions():
+    key = SigningKey(b"k" * 32)  # made here, not at import: the key derivation runs under the test
+    assert key.key_id == GOLDEN_KEY_ID and repr(key) == f"SigningKey(id={GOLDEN_KEY_ID})"
+    assert key.sign(GOLDEN.body()) == GOLDEN_SIGNATURE
+    envelope = {"body": GOLDEN.body(), "signature": {"alg": "hmac-sha256", "key_id": GOLDEN_KEY_ID,
+                                                     "value": GOLDEN_SIGNATURE}}
+    assert json.loads(encode(GOLDEN, key)) == envelope
+    assert decode(json.dumps(envelope).encode(), key, allow_unsigned=False, where="w") == GOLDEN
+    assert json.loads(encode(GOLDEN, None)) == {"body": GOLDEN.body(), "signature": None}
+
+
+def test_optional_manifest_fields_have_defaults():
+    body = GOLDEN.body()
+    for name in ("buckets", "created_at", "publisher", "meta"):
+        del body[name]
+    manifest = decode(json.dumps({"body": body, "signature": None}).encode(), None, allow_unsigned=True, where="w")
+    assert (manifest.buckets, manifest.created_at, manifest.publisher, manifest.meta) == ([], "", "", {})
+    assert (manifest.namespace, manifest.generation, manifest.files, manifest.shards) == (
+        GOLDEN.namespace, GOLDEN.generation, GOLDEN.files, GOLDEN.shards)
+    assert manifest.total_bytes == 1700
+
+
+def signed(body: dict, key=KEY) -> bytes:
+    return json.dumps({"body": body, "signature": {"key_id": key.key_id, "value": key.sign(body)}}).encode()
+
+
+@pytest.mark.parametrize("data", [b"not json", b"[]", b'{"body": {}}', b'{"signature": null}'])
+def test_what_is_not_a_manifest_is_refused(data):
+    with pytest.raises(IntegrityError, match=r"^w: not a manifest \(corrupt JSON\); refusing it$"):
+        decode(data, KEY, allow_unsigned=True, where="w")
+
+
+def test_a_signed_but_malformed_or_newer_manifest_is_refused():
+    body = GOLDEN.body()
+    del body["files"]
+    with pytest.raises(IntegrityError, match=r"^w: manifest is malformed \('files'\); refusing it$"):
+        decode(signed(body), KEY, allow_unsigned=False, where="w")
+    body = {**GOLDEN.body(), "format": 2}
+    with pytest.raises(IntegrityError, match=r"^manifest format 2 is not 1; upgrade orchestrate$"):
+        decode(signed(body), KEY, allow_unsigned=False, where="w")
+
+
+def test_refusals_say_why_and_what_to_do():
+    with pytest.raises(IntegrityError, match=re.escape(
+            f"w: manifest is unsigned; refusing it (set {KEY_ENV} on the publisher, or pass --allow-unsigned for "
+            "local experiments)")):
+        decode(encode(GOLDEN, None), KEY, allow_unsigned=False, where="w")
+    with pytest.raises(IntegrityError, match=re.escape(
+            f"w: manifest signature does not match (signed with key id {KEY.key_id}, verifying with "
+            f"{OTHER_KEY.key_id}): tampered or signed with another key; refusing it")):
+        decode(encode(GOLDEN, KEY), OTHER_KEY, allow_unsigned=False, where="w")
+
+
+def test_a_signing_key_needs_16_bytes():
+    with pytest.raises(IntegrityError, match="^" + re.escape(
+            "the cache signing key is shorter than 16 bytes; use e.g. `openssl rand -hex 32`") + "$"):
+        SigningKey(b"x" * 15)
+    assert SigningKey(b"x" * 16).sign({}) != SigningKey(b"y" * 16).sign({})
+
+
+def test_the_signing_key_comes_from_a_file_or_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    assert SigningKey.from_env() is None
+    monkeypatch.setenv(KEY_ENV, "from-the-environment")
+    assert SigningKey.from_env().key_id == SigningKey(b"from-the-environment").key_id
+    env_file, arg_file = tmp_path / "env-key", tmp_path / "arg-key"
+    env_file.write_text("from-the-env-file-1234\n")  # the newline `echo` leaves is not part of the key
+    arg_file.write_text("from-the-argument-5678\n")
+    monkeypatch.setenv(KEY_FILE_ENV, str(env_file))
+    assert SigningKey.from_env().key_id == SigningKey(b"from-the-env-file-1234").key_id  # a file beats a value
+    assert SigningKey.from_env(str(arg_file)).key_id == SigningKey(b"from-the-argument-5678").key_id
+    monkeypatch.delenv(KEY_FILE_ENV)
+    assert SigningKey.from_env(str(arg_file)).key_id == SigningKey(b"from-the-argument-5678").key_id
+    with pytest.raises(IntegrityError, match=re.escape(
+            f"signing key file {tmp_path / 'missing'}: cannot read it (No such file or directory)")):
+        SigningKey.from_env(str(tmp_path / "missing"))
+
+
+# --- the store layout and the shards: content-addressed and reproducible ------------------------------
+
+
+def objects(store) -> dict[str, Path]:
+    return {p.name: p for p in (Path(store.root) / "v1" / "objects").rglob("*") if p.is_file()}
+
+
+def test_objects_are_named_by_their_hash_under_a_two_character_fan_out(store, tmp_path):
+    transfer = sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    [info] = store.list("v1/objects/")
+    match = re.fullmatch(r"v1/objects/([0-9a-f]{2})/([0-9a-f]{64})", info.key)
+    assert match and match.group(2).startswith(match.group(1))
+    assert sha256_file(Path(store.root) / info.key) == match.group(2)
+    assert transfer.bytes == info.size and transfer.files == len(ARTIFACTS) and transfer.shards == 1
+    assert [i.key for i in store.list(f"v1/namespaces/{NS}/")] == [f"v1/namespaces/{NS}/gen-00000001.json"]
+
+
+def test_shards_are_reproducible_tars_with_zeroed_metadata(store, tmp_path):
+    """Two nodes that compiled the same bytes upload the same shard: one object, whatever the
+    files' times and permissions were."""
+    first = make_cache(tmp_path / "a", ARTIFACTS)
+    second = make_cache(tmp_path / "b", ARTIFACTS)
+    for i, path in enumerate(p for p in second.rglob("*") if p.is_file()):
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+        path.chmod(0o600)
+    sync.publish(store, first, NS, KEY, allow_unsigned=False)
+    sync.publish(store, second, "other-ns", KEY, allow_unsigned=False)
+    [shard] = objects(store).values()
+    with tarfile.open(shard) as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members] == sorted(ARTIFACTS)
+    for member in members:
+        assert (member.type, member.mode, member.mtime, member.uid, member.gid, member.uname, member.gname) == (
+            tarfile.REGTYPE, 0o644, 0, 0, 0, "", ""), member.name
+
+
+def test_files_are_packed_into_shards_of_at_most_shard_bytes(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(sync, "SHARD_BYTES", 10)
+    files = {"f1": b"a" * 5, "f2": b"b" * 5, "f3": b"c" * 4, "f4": b"d" * 6, "f5": b"e" * 10, "f6": b"f"}
+    transfer = sync.publish(store, make_cache(tmp_path / "a", files), NS, KEY, allow_unsigned=False)
+    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    groups: dict[str, set[str]] = {}
+    for rel, entry in manifest.files.items():
+        groups.setdefault(entry.shard, set()).add(rel)
+    # in path order, a shard takes files while it stays within SHARD_BYTES; exactly full is within
+    assert sorted(map(sorted, groups.values())) == [["f1", "f2"], ["f3", "f4"], ["f5"], ["f6"]]
+    assert (transfer.files, transfer.shards) == (6, 4)
+    assert transfer.bytes == sum(p.stat().st_size for p in objects(store).values())
+    assert manifest.shards == {name: p.stat().st_size for name, p in objects(store).items()}
+    pulled = sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert (pulled.files, pulled.shards) == (6, 4) and tree(tmp_path / "node") == files
+
+
+# --- publish: what a manifest records, and when there is nothing to publish --------------------------
+
+
+def test_a_manifest_records_who_published_what_and_when(store, tmp_path):
+    before = datetime.now().astimezone()
+    started = time.perf_counter()
+    transfer = sync.publish(store, make_cache(tmp_path / "a", {**ARTIFACTS, "inductor/skip/me.py": b"x"}), NS, KEY,
+                            allow_unsigned=False, buckets=[8, 1, 8], meta={"model": "mlp"},
+                            exclude=["inductor/skip/me.py", "inductor/never/there.py"])
+    assert 0 <= transfer.seconds <= time.perf_counter() - started
+    assert transfer.skipped == ["inductor/never/there.py", "inductor/skip/me.py"]
+    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    assert manifest.namespace == NS and manifest.generation == 1 and manifest.buckets == [1, 8]
+    assert sorted(manifest.files) == sorted(ARTIFACTS)  # the excluded file stays local
+    assert manifest.meta == {"model": "mlp"}
+    assert manifest.publisher == f"{socket.gethostname()}/{os.getpid()}"
+    created = datetime.fromisoformat(manifest.created_at)
+    assert created.utcoffset() == timedelta(0) and before - timedelta(seconds=1) <= created
+    assert set(manifest.shards) == {entry.shard for entry in manifest.files.values()}
+    assert sync.publish(store, tmp_path / "a", "no-meta", KEY, allow_unsigned=False).generation == 1
+    assert sync.newest(store, "no-meta", KEY, allow_unsigned=False).meta == {}
+
+
+def test_publishing_nothing_new_uploads_nothing_and_adds_no_generation(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1, 32])
+    uploaded = set(objects(store))
+    again = sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[32, 1])
+    assert (again.generation, again.files, again.shards, again.bytes) == (1, 0, 0, 0)
+    assert set(objects(store)) == uploaded and sync.generations(store, NS) == [1]
+    # a new bucket with no new files is a new generation: readers learn the bucket is warm
+    assert sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[64]).generation == 2
+    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    assert manifest.buckets == [1, 32, 64] and set(manifest.shards) == uploaded
+
+
+def test_an_unsigned_namespace_grows_with_allow_unsigned(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, NS, None, allow_unsigned=True)
+    make_cache(node, {"inductor/more.py": b"more"})
+    assert sync.publish(store, node, NS, None, allow_unsigned=True).generation == 2
+    assert sync.verify(store, NS, None, allow_unsigned=True).generation == 2
+
+
+def test_publishing_without_a_key_says_how_to_get_one(store, tmp_path):
+    with pytest.raises(IntegrityError, match=re.escape(
+            "publishing needs a signing key so readers can trust the cache: set ORCHESTRATE_CACHE_SIGNING_KEY "
+            "(or ..._FILE), or pass --allow-unsigned")):
+        sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, None, allow_unsigned=False)
+    assert store.list("v1/") == []
+
+
+class RacingStore:
+    """A store where, before each of our manifest creates, the next rival publishes first."""
+
+    def __init__(self, inner, rivals: list[Path], key, allow_unsigned: bool) -> None:
+        self.inner, self.rivals, self.key, self.allow_unsigned = inner, rivals, key, allow_unsigned
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def create(self, key: str, data: bytes) -> bool:
+        if self.rivals and "/namespaces/" in key:
+            sync.publish(self.inner, self.rivals.pop(0), NS, self.key, allow_unsigned=self.allow_unsigned)
+        return self.inner.create(key, data)
+
+
+@pytest.mark.parametrize("key, allow_unsigned", [(KEY, False), (None, True)], ids=["signed", "unsigned"])
+def test_a_publisher_that_loses_races_merges_onto_the_winners(store, tmp_path, key, allow_unsigned):
+    sync.publish(store, make_cache(tmp_path / "base", {"inductor/base.py": b"base"}), NS, key,
+                 allow_unsigned=allow_unsigned)
+    rivals = [make_cache(tmp_path / f"rival{i}", {f"inductor/rival{i}.py": b"r", SHARED: f"rival {i}".encode()})
+              for i in range(2)]
+    ours = make_cache(tmp_path / "ours", {"inductor/ours.py": b"o", SHARED: b"ours"})
+    transfer = sync.publish(RacingStore(store, rivals, key, allow_unsigned), ours, NS, key,
+                            allow_unsigned=allow_unsigned, buckets=[4])
+    assert (transfer.generation, transfer.races) == (4, 2)
+    manifest = sync.newest(store, NS, key, allow_unsigned=allow_unsigned)
+    assert sorted(manifest.files) == ["inductor/base.py", "inductor/ours.py", "inductor/rival0.py",
+                                      "inductor/rival1.py", SHARED]
+    assert manifest.buckets == [4]
+    sync.pull(store, NS, tmp_path / "node", key, allow_unsigned=allow_unsigned)
+    assert (tmp_path / "node" / SHARED).read_bytes() == b"rival 0"  # the first to publish a path keeps it
+
+
+def test_a_publisher_gives_up_after_losing_max_publish_races(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(sync, "MAX_PUBLISH_RACES", 3)
+    losing = SimpleNamespace(url=store.url, list=store.list, read=store.read, upload=store.upload,
+                             create=lambda key, data: False)
+    with pytest.raises(StoreError, match=f"^publish {NS}: lost 3 races for the next manifest generation$"):
+        sync.publish(losing, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+
+
+# --- pull: where files land, and in which order -----------------------------------------------------
+
+
+def test_pull_creates_a_nested_directory_even_for_an_empty_namespace(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", {}), "empty-ns", KEY, allow_unsigned=False, buckets=[1])
+    empty = sync.pull(store, "empty-ns", tmp_path / "x" / "y" / "empty", KEY, allow_unsigned=False)
+    assert empty.files == 0 and tree(tmp_path / "x" / "y" / "empty") == {}
+    assert (tmp_path / "x" / "y" / "empty" / sync.APPLIED_MARKER).is_file()
+    sync.publish(store, make_cache(tmp_path / "b", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    started = time.perf_counter()
+    pulled = sync.pull(store, NS, tmp_path / "p" / "q" / "node", KEY, allow_unsigned=False)
+    assert 0 <= pulled.seconds <= time.perf_counter() - started
+    assert tree(tmp_path / "p" / "q" / "node") == ARTIFACTS
+
+
+def test_index_entries_are_placed_after_the_code_they_point_to(store, tmp_path, monkeypatch):
+    """A compiler process reading the directory during a pull must never find an index entry
+    (fxgraph, aotautograd, Triton's __grp__ files) whose code is not there yet."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node, placed, replace = tmp_path / "node", [], os.replace
+
+    def recording_replace(src, dst):
+        if Path(dst).is_relative_to(node):
+            placed.append(Path(dst).relative_to(node).as_posix())
+        return replace(src, dst)
+    monkeypatch.setattr(sync.os, "replace", recording_replace)
+    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    index = ["inductor/aotautograd/aq/entry", "inductor/fxgraph/ab/fabc/entry", "triton/HASH/__grp__kernel.json"]
+    assert placed == ["inductor/pr/cprf.py", "triton/HASH/kernel.cubin", *index]
+
+
+@pytest.mark.parametrize("path", ["/etc/cron.d/evil", "inductor/../../evil.py", "inductor/x.lock",
+                                  sync.APPLIED_MARKER])
+def test_a_signed_manifest_naming_an_unsafe_path_is_refused(store, tmp_path, path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    body = envelope(store, NS, 1)["body"]
+    body["generation"] = 2
+    body["files"][path] = body["files"]["inductor/pr/cprf.py"]
+    write_signed(store, NS, body)
+    message = re.escape(f"manifest of {NS} names an unsafe path {path!r}; refusing it")
+    with pytest.raises(IntegrityError, match=message):
+        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    with pytest.raises(IntegrityError, match=message):
+        sync.verify(store, NS, KEY, allow_unsigned=False)
+    assert not (tmp_path / "node").exists()
+
+
+# --- scan: a directory that changes while it is read -------------------------------------------------
+
+
+def test_scan_skips_what_disappears_while_it_scans(tmp_path, monkeypatch):
+    """Compilers write and delete temporaries meanwhile: a file or folder gone between listing and
+    reading is skipped, and everything else is still found."""
+    root = make_cache(tmp_path / "ns", {"a/keep1": b"1", "a/vanishing": b"v", "a/z-keep2": b"22", "b/keep3": b"333",
+                                        "z-gone-folder/x": b"x"})  # scanned first, the others still to come
+    real_scandir = os.scandir
+
+    def racing_scandir(folder):
+        if Path(folder).name == "z-gone-folder":
+            raise FileNotFoundError(folder)
+        entries = list(real_scandir(folder))
+        if Path(folder).name == "a":
+            (Path(folder) / "vanishing").unlink()  # listed, then removed before its stat
+        return iter(sorted(entries, key=lambda e: e.name))
+    monkeypatch.setattr(sync.os, "scandir", racing_scandir)
+    found = sync.scan(root)
+    assert {rel: size for rel, (_, size) in found.items()} == {"a/keep1": 1, "a/z-keep2": 2, "b/keep3": 3}
+
+
+# --- listing, describing and verifying a store --------------------------------------------------------
+
+
+def test_only_generation_files_make_a_namespace(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    root = Path(store.root) / "v1" / "namespaces"
+    (root / "gen-00000001.json").write_text("{}")  # no namespace folder: not a namespace
+    (root / "notes").mkdir()
+    (root / "notes" / "README").write_text("hello")
+    assert sync.namespaces(store) == [NS]
+
+
+def test_errors_name_the_manifest_by_its_full_url(tmp_path):
+    (tmp_path / "storeX").mkdir()  # rstrip takes a set of characters: a name ending in X keeps it honest
+    store = open_store(f"file://{tmp_path / 'storeX'}/")
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    with pytest.raises(IntegrityError, match=re.escape(
+            f"file://{tmp_path / 'storeX'}/v1/namespaces/{NS}/gen-00000001.json: manifest signature does not match")):
+        sync.pull(store, NS, tmp_path / "node", OTHER_KEY, allow_unsigned=False)
+
+
+def test_describe_lists_every_namespace_and_why_one_cannot_be_read(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, "good", KEY, allow_unsigned=False, buckets=[1])
+    sync.publish(store, node, "good", KEY, allow_unsigned=False, buckets=[2])
+    sync.publish(store, node, "foreign", OTHER_KEY, allow_unsigned=False)
+    sync.publish(store, node, "unsigned", None, allow_unsigned=True)
+    infos = {info.namespace: info for info in sync.describe(store, KEY, allow_unsigned=False)}
+    assert sorted(infos) == ["foreign", "good", "unsigned"]
+    good, foreign, unsigned = infos["good"], infos["foreign"], infos["unsigned"]
+    assert (good.generations, good.manifest.buckets, good.error) == (2, [1, 2], None)
+    assert (foreign.generations, foreign.manifest) == (1, None)
+    assert foreign.error.startswith(f"{store.url}/v1/namespaces/foreign/gen-00000001.json: manifest signature does "
+                                    f"not match (signed with key id {OTHER_KEY.key_id}")
+    assert (unsigned.generations, unsigned.manifest) == (1, None) and "manifest is unsigned" in unsigned.error
+    relaxed = {info.namespace: info for info in sync.describe(store, KEY, allow_unsigned=True)}
+    assert relaxed["unsigned"].manifest is not None and relaxed["unsigned"].error is None
+
+
+def test_verify_names_a_namespace_that_was_never_published(store):
+    with pytest.raises(NotFound, match=re.escape(f"{store.url}: namespace nope was never published")):
+        sync.verify(store, "nope", KEY, allow_unsigned=False)
+
+
+# --- gc: which namespaces, generations and shards go ----------------------------------------------
+
+
+NOW = 2_000_000_000  # gc's clock in these tests: whole seconds, so ages compare exactly
+
+
+@pytest.fixture
+def gc_time(monkeypatch):
+    monkeypatch.setattr(sync, "time", SimpleNamespace(time=lambda: NOW, perf_counter=time.perf_counter))
+
+
+def age_objects(store, seconds: float) -> None:
+    for path in objects(store).values():
+        os.utime(path, (NOW - seconds, NOW - seconds))
+
+
+def manifest_names(store) -> list[str]:
+    return sorted(i.key.split("/", 2)[2] for i in store.list("v1/namespaces/"))
+
+
+def test_gc_keeps_the_newest_namespaces_of_each_model_and_their_two_newest_generations(store, tmp_path, clock,
+                                                                                        gc_time):
+    def publish(namespace: str, generations: int, meta=None) -> None:
+        for g in range(generations):
+            node = make_cache(tmp_path / namespace / str(g), {f"{namespace}/{g}.py": namespace.encode()})
+            sync.publish(store, node, namespace, KEY, allow_unsigned=False, buckets=[g], meta=meta)
+            clock.advance(60)
+    publish("mlp-torch2.11.0-x-1111", 1, meta={"model": "mlp"})
+    publish("bert-torch2.11.0-x-3333", 1)  # no model named: the namespace's prefix is the model
+    publish("renamed-torch2.12.0-x-5555", 3, meta={"model": "mlp"})
+    publish("bert-torch2.13.0-x-4444", 3)
+    publish("mlp-torch2.13.0-x-2222", 3, meta={"model": "mlp"})
+    age_objects(store, 7200)
+
+    assert sync.gc(store, 1, KEY, allow_unsigned=False) == {"manifests_deleted": 7, "objects_deleted": 5}
+    assert manifest_names(store) == [
+        "bert-torch2.13.0-x-4444/gen-00000002.json", "bert-torch2.13.0-x-4444/gen-00000003.json",
+        "mlp-torch2.13.0-x-2222/gen-00000002.json", "mlp-torch2.13.0-x-2222/gen-00000003.json"]
+    for namespace in ("bert-torch2.13.0-x-4444", "mlp-torch2.13.0-x-2222"):
+        sync.verify(store, namespace, KEY, allow_unsigned=False)  # every shard the kept ones name is still there
+    assert len(objects(store)) == 6
+
+
+def test_gc_deletes_unreferenced_shards_only_after_the_grace_period(store, tmp_path, gc_time):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    age_objects(store, 86400)  # referenced: kept however old
+    strays = {}
+    for name, age in (("exactly-the-grace", 3600), ("just-past-it", 3600.5), ("fresh", 10)):
+        source = tmp_path / name
+        source.write_bytes(name.encode())
+        sha = sha256_file(source)
+        store.upload(sync._object_key(sha), source)
+        os.utime(Path(store.root) / sync._object_key(sha), (NOW - age, NOW - age))
+        strays[name] = sha
+    assert sync.gc(store, 1, KEY, allow_unsigned=False) == {"manifests_deleted": 0, "objects_deleted": 1}
+    assert strays["just-past-it"] not in objects(store)
+    assert {strays["exactly-the-grace"], strays["fresh"]} <= set(objects(store))
+    sync.verify(store, NS, KEY, allow_unsigned=False)
+
+
+def test_gc_never_deletes_shards_while_a_kept_namespace_cannot_be_verified(store, tmp_path, clock, gc_time):
+    """A newest namespace this key cannot verify may need any shard: gc keeps them all (and its
+    manifests), while an unverifiable namespace ranked below a verified one is deleted."""
+    node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
+    sync.publish(store, node, "resnet-torch2.13.0-x-8888", OTHER_KEY, allow_unsigned=False)  # alone in its model
+    clock.advance(60)
+    sync.publish(store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "vit-torch2.11.0-x-6666", KEY,
+                 allow_unsigned=False)
+    clock.advance(60)
+    sync.publish(store, make_cache(tmp_path / "c", {"inductor/c.py": b"c"}), "vit-torch2.13.0-x-7777", OTHER_KEY,
+                 allow_unsigned=False)  # newer, but unverifiable: ranks last
+    clock.advance(60)
+    sync.publish(store, make_cache(tmp_path / "d", {"inductor/d.py": b"d"}), "mlp-torch2.11.0-x-1111", KEY,
+                 allow_unsigned=False)
+    clock.advance(60)
+    sync.publish(store, make_cache(tmp_path / "e", {"inductor/e.py": b"e"}), "mlp-torch2.13.0-x-2222", KEY,
+                 allow_unsigned=False)
+    age_objects(store, 7200)
+    shards = set(objects(store))
+    assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0) == {
+        "manifests_deleted": 2, "objects_deleted": 0}
+    assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222", "resnet-torch2.13.0-x-8888", "vit-torch2.11.0-x-6666"]
+    assert set(objects(store)) == shards
+
+
+def test_gc_stops_at_a_kept_generation_that_does_not_verify(store, tmp_path, gc_time):
+    node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[2])
+    first = Path(store.root) / sync._manifest_key(NS, 1)
+    body = json.loads(first.read_text())["body"]
+    first.write_bytes(encode(Manifest.from_body(body), OTHER_KEY))
+    before = manifest_names(store)
+    with pytest.raises(IntegrityError, match=f"^{NS}: manifest signature does not match"):
+        sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0)
+    assert manifest_names(store) == before
+
+
+def test_gc_of_an_unsigned_store_with_allow_unsigned(store, tmp_path, clock, gc_time):
+    sync.publish(store, make_cache(tmp_path / "a", {"inductor/a.py": b"a"}), "mlp-torch2.11.0-x-1111", None,
+                 allow_unsigned=True)
+    clock.advance(60)
+    sync.publish(store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "mlp-torch2.13.0-x-2222", None,
+                 allow_unsigned=True)
+    age_objects(store, 7200)
+    assert sync.gc(store, 1, None, allow_unsigned=True) == {"manifests_deleted": 1, "objects_deleted": 1}
+    assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222"]
+    sync.verify(store, "mlp-torch2.13.0-x-2222", None, allow_unsigned=True)
