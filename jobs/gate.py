@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Any, Iterator, Optional
 
 import torch
@@ -53,6 +54,7 @@ class Leaf:
 
 
 Outputs = list[Leaf]
+_NOTHING = Leaf("nothing", None)  # what one side has where the other's output goes on
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class Gate:
             values = _numeric(leaf.value)
             if values is None or not _is_floating(values):
                 continue
+            values = _as_real_double(values)
             finite = torch.isfinite(values)
             if not bool(finite.all()):
                 nan = int(torch.isnan(values).sum())
@@ -105,14 +108,12 @@ class Gate:
                     f"of {values.numel()} values; fix the model or its inputs, or set check.allow_nonfinite: true "
                     "if they are expected")
 
-    def compare(self, reference: Outputs, candidate: Outputs, call: str = "candidate") -> Verdict:
-        """Raise OutputMismatch naming the first leaf of `candidate` (from `call`) that fails."""
-        if len(candidate) != len(reference):
-            raise OutputMismatch(f"output of the {call} has {_count(candidate)} leaves, eager's {_count(reference)}: "
-                                 f"{_describe(candidate)} vs {_describe(reference)}")
+    def compare(self, reference: Outputs, candidate: Outputs, *, call: str) -> Verdict:
+        """Raise OutputMismatch naming the first leaf of `candidate` (the output of `call`) that
+        fails. Containers carry their sizes, so outputs of different lengths differ at a container."""
         worst: Optional[tuple[float, float, float]] = None  # (error, atol, rtol)
         used: Optional[float] = None
-        for want, got in zip(reference, candidate):
+        for want, got in zip_longest(reference, candidate, fillvalue=_NOTHING):
             if want.path != got.path:
                 raise OutputMismatch(f"the {call} returned {got.path} where eager returned {want.path}")
             measured = self._leaf(want, got, call)
@@ -128,13 +129,11 @@ class Gate:
     def _leaf(self, want: Leaf, got: Leaf, call: str) -> Optional[tuple[tuple[float, float, float], float]]:
         """((max abs error, atol, rtol), tolerance used) if the leaf is floating point, else None."""
         where = f"{want.path} of the {call}"
-        if isinstance(want.value, Container) or isinstance(got.value, Container):
-            if want.value != got.value:
-                raise OutputMismatch(f"{where} is {_kind(got.value)}, eager's is {_kind(want.value)}")
-            return None
+        if type(want.value) is not type(got.value) or isinstance(want.value, Container) and want.value != got.value:
+            raise OutputMismatch(f"{where} is {_show(got.value)}, eager's is {_show(want.value)}")
         expected, actual = _numeric(want.value), _numeric(got.value)
-        if expected is None or actual is None or type(want.value) is not type(got.value):
-            if type(want.value) is not type(got.value) or not _equal(want.value, got.value):
+        if expected is None:  # a container (equal, above) or a value that is neither tensor nor float
+            if not _equal(want.value, got.value):
                 raise OutputMismatch(f"{where} is {_show(got.value)}, eager's is {_show(want.value)}")
             return None
         if (expected.shape, expected.dtype, expected.device.type) != (actual.shape, actual.dtype, actual.device.type):
@@ -150,24 +149,21 @@ class Gate:
     def _close(self, expected: torch.Tensor, actual: torch.Tensor,
                where: str) -> tuple[tuple[float, float, float], float]:
         atol, rtol = self.tolerance(expected.dtype)
-        if expected.is_complex():
-            expected, actual = torch.view_as_real(expected), torch.view_as_real(actual)
-        expected, actual = expected.double(), actual.double()
+        expected, actual = _as_real_double(expected), _as_real_double(actual)
         finite = torch.isfinite(expected)
         broken = finite & ~torch.isfinite(actual)
         if bool(broken.any()):
             nan = int((broken & torch.isnan(actual)).sum())
             raise OutputMismatch(f"{where} holds {nan} NaN and {int(broken.sum()) - nan} Inf where eager's "
                                  f"values are finite ({int(broken.sum())} of {expected.numel()})")
-        if not bool(finite.all()):  # eager's NaN and Inf (allowed): the same ones, at the same places
-            same = torch.isnan(expected) == torch.isnan(actual)
-            same &= torch.where(torch.isinf(expected), expected == actual, torch.ones_like(same))
-            if not bool(same.all()):
-                raise OutputMismatch(f"{where}: {int((~same).sum())} of eager's NaN/Inf are not at the same "
-                                     "places in the compiled output")
+        # eager's NaN and Inf (where allowed): the same ones at the same places
+        same = (torch.isnan(expected) == torch.isnan(actual)) & (finite | torch.isnan(expected) | (expected == actual))
+        if not bool(same.all()):
+            raise OutputMismatch(f"{where}: {int((~same).sum())} of eager's NaN/Inf are not at the same "
+                                 "places in the compiled output")
         error = torch.where(finite, (expected - actual).abs(), torch.zeros_like(expected))
         worst = float(error.max()) if error.numel() else 0.0
-        allowed = atol + rtol * expected.abs().nan_to_num(0.0, 0.0, 0.0)
+        allowed = atol + rtol * expected.abs()  # infinite or NaN only where error is 0
         beyond = error > allowed
         if bool(beyond.any()):
             raise OutputMismatch(f"{where} differs from eager: max abs error {worst:.3g} exceeds atol={atol:g} "
@@ -179,9 +175,7 @@ class Gate:
 
 def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, leaf) pairs in a stable order, each container announced by a Container leaf."""
-    if isinstance(node, torch.Tensor) or node is None or isinstance(node, (bool, int, float, complex, str, bytes)):
-        yield path, node
-    elif isinstance(node, Mapping):  # dicts, OrderedDicts and HF ModelOutput (a dataclass too)
+    if isinstance(node, Mapping):  # dicts, OrderedDicts and HF ModelOutput (a dataclass too)
         keys = sorted(node, key=repr)
         yield path, Container(_type_name(node), len(keys))
         for key in keys:
@@ -205,7 +199,7 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
         yield path, Container(_type_name(node), len(children))
         for i, child in enumerate(children):
             yield from _walk(child, f"{path}[{i}]")
-    else:
+    else:  # a tensor, or any other value
         yield path, node
 
 
@@ -222,28 +216,22 @@ def _is_floating(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() or tensor.is_complex()
 
 
+def _as_real_double(tensor: torch.Tensor) -> torch.Tensor:
+    """float64 (complex as pairs of them): exact for every float dtype, and float8 has no isfinite."""
+    return (torch.view_as_real(tensor) if tensor.is_complex() else tensor).double()
+
+
 def _equal(want: Any, got: Any) -> bool:
+    if want is got:
+        return True
     try:
         return bool(want == got)
-    except Exception:  # an object whose == is not a yes or no: only the same object counts
-        return want is got
+    except Exception:  # an == that is not a yes or no (an array's): not shown to be equal
+        return False
 
 
 def _type_name(node: Any) -> str:
     return type(node).__qualname__
-
-
-def _count(outputs: Outputs) -> int:
-    return sum(not isinstance(leaf.value, Container) for leaf in outputs)
-
-
-def _describe(outputs: Outputs) -> str:
-    top = outputs[0].value if outputs else None
-    return f"a {top.kind} of {top.size}" if isinstance(top, Container) else _show(top)
-
-
-def _kind(value: Any) -> str:
-    return f"a {value.kind} of {value.size}" if isinstance(value, Container) else _show(value)
 
 
 def _signature(tensor: torch.Tensor) -> str:
@@ -255,6 +243,8 @@ def _dtype(tensor: torch.Tensor) -> str:
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, Container):
+        return f"a {value.kind} of {value.size}"
     if isinstance(value, torch.Tensor):
         return f"a tensor {_signature(value)}"
     text = repr(value)

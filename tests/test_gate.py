@@ -202,10 +202,19 @@ def test_tensor_against_non_tensor_fails():
 
 
 def test_number_of_outputs_must_match():
-    message = refused((X, X), (X, X, X), "output of the compiled first call has 3 leaves, eager's 2")
-    assert "tuple of 3" in message and "tuple of 2" in message
-    refused((X, X), (X,), "has 1 leaves, eager's 2")
-    refused([X], [X, torch.zeros(0)], "has 2 leaves, eager's 1")  # an empty extra tensor counts
+    refused((X, X), (X, X, X), "output of the compiled first call is a tuple of 3, eager's is a tuple of 2")
+    refused((X, X), (X,), "is a tuple of 1, eager's is a tuple of 2")
+    refused([X], [X, torch.zeros(0)], "is a list of 2, eager's is a list of 1")  # an empty extra tensor counts
+    refused({"a": X}, {"a": X, "b": X}, "is a dict of 2, eager's is a dict of 1")
+
+
+def test_outputs_of_different_lengths_are_refused_whatever_the_containers_say():
+    """Should a container's size ever fail to tell, the gate still walks both outputs to the end."""
+    reference, candidate = snapshot((X, X)), snapshot((X, X))
+    with pytest.raises(OutputMismatch, match=r"the replay returned nothing where eager returned output\[1\]"):
+        Gate().compare(reference, candidate[:-1], call="replay")
+    with pytest.raises(OutputMismatch, match=r"the replay returned output\[1\] where eager returned nothing"):
+        Gate().compare(reference[:-1], candidate, call="replay")
 
 
 def test_container_type_must_match():
@@ -272,7 +281,7 @@ def test_snapshot_copies_so_a_later_call_cannot_overwrite_the_reference():
     reference = snapshot((out,))
     out.add_(1.0)
     refused((X,), (out,), "differs from eager")
-    assert Gate().compare(reference, snapshot((X,))).max_abs_error == 0.0
+    assert Gate().compare(reference, snapshot((X,)), call="replay").max_abs_error == 0.0
 
 
 def test_verdict_counts_every_leaf_and_container():
@@ -296,3 +305,120 @@ def test_gate_on_cuda_tensors():
     refused(on_gpu, X, "on cpu, eager's is .* on cuda")
     with pytest.raises(NonFiniteOutput):
         Gate().check_reference(snapshot(on_gpu / 0))
+
+
+# -- what each rule reports ------------------------------------------------------------------------
+
+def test_messages_name_the_fix():
+    with pytest.raises(OutputMismatch) as caught:
+        compare(X, X + 1.0)
+    assert str(caught.value) == ("output of the compiled first call differs from eager: max abs error 1 exceeds "
+                                 "atol=0.001 + rtol=0.001*|eager| at 64 of 64 values; set check.atol/check.rtol "
+                                 "if this is expected")
+    assert caught.value.max_abs_error == pytest.approx(1.0)
+    with pytest.raises(NonFiniteOutput) as caught:
+        Gate().check_reference(snapshot(torch.tensor([float("nan"), 1.0])))
+    assert str(caught.value) == ("eager output is not finite: output holds 1 NaN and 0 Inf of 2 values; fix the "
+                                 "model or its inputs, or set check.allow_nonfinite: true if they are expected")
+
+
+def test_a_mismatch_that_is_not_about_values_carries_no_error():
+    with pytest.raises(OutputMismatch) as caught:
+        compare((X,), [X])
+    assert caught.value.max_abs_error is None
+
+
+def test_nonfinite_mismatch_counts_the_misplaced_values():
+    allow = Gate(allow_nonfinite=True)
+    eager = torch.tensor([float("nan"), float("inf"), 1.0, 2.0, 3.0])
+    refused(eager, torch.tensor([0.0, 0.0, 1.0, 2.0, 3.0]), "2 of eager's NaN/Inf are not at the same places", allow)
+
+
+def test_python_floats_are_held_to_float64_tolerance():
+    refused((X, 1.0), (X, 1.0 + 1e-4), r"output\[1\] .* exceeds atol=1e-06")
+    assert compare((X, 1.0), (X, 1.0 + 1e-7)).max_abs_error == pytest.approx(1e-7, rel=1e-3)
+
+
+def test_dtypes_without_a_default_get_the_coarsest_tolerance():
+    eight = torch.zeros(4).to(torch.float8_e4m3fn)
+    assert Gate().tolerance(torch.float8_e4m3fn) == (0.1, 0.1)
+    verdict = compare(eight, (torch.zeros(4) + 0.0625).to(torch.float8_e4m3fn))
+    assert verdict.max_abs_error == 0.0625 and verdict.atol == 0.1
+    refused(eight, (torch.zeros(4) + 0.125).to(torch.float8_e4m3fn), "atol=0.1 ")
+    with pytest.raises(NonFiniteOutput):
+        Gate().check_reference(snapshot(torch.tensor([float("nan")]).to(torch.float8_e4m3fn)))
+
+
+def test_empty_tensors_compare_with_no_error():
+    verdict = compare(torch.zeros(0, 8), torch.zeros(0, 8))
+    assert (verdict.max_abs_error, verdict.tolerance_used) == (0.0, 0.0)
+
+
+def test_worst_error_and_fraction_are_taken_over_leaves_not_the_last_one():
+    verdict = compare((X, X), (X + 9e-4, X + 1e-4))
+    assert verdict.max_abs_error == pytest.approx(9e-4, rel=1e-3)
+    # the first leaf's, at the eager value nearest 0 (the second leaf's is 9 times smaller)
+    assert verdict.tolerance_used == pytest.approx(float((9e-4 / (1e-3 + 1e-3 * X.abs())).max()), rel=1e-3)
+    tied = compare((X.double(), X), (X.double(), X))  # equal errors: the first leaf's tolerance is kept
+    assert (tied.max_abs_error, tied.atol) == (0.0, 1e-6)
+
+
+def test_leaves_whose_equality_is_not_a_yes_or_no():
+    class Ambiguous:
+        def __eq__(self, other):
+            raise ValueError("the truth value is ambiguous")
+
+    same = Ambiguous()
+    compare((X, same), (X, same))  # the very same object
+    refused((X, Ambiguous()), (X, Ambiguous()), r"output\[1\] of the compiled first call is Ambiguous")
+
+
+def test_long_values_are_shortened_in_messages():
+    message = refused(("a" * 30 + "b" * 30,), ("c" * 60,), "is str 'ccc")
+    assert f"is str '{'c' * 36}..., eager's is str '{'a' * 30}{'b' * 6}..." in message
+    refused(("x" * 38,), ("y" * 38,), f"is str '{'y' * 38}', eager's")  # 40 characters with quotes: in full
+    refused(("x" * 39,), ("y" * 39,), f"is str '{'y' * 36}..., eager's")  # 41: shortened
+
+
+def test_paths_name_keys_and_fields():
+    refused({0: X, "two words": X, "plain": X}, {0: X + 1, "two words": X, "plain": X}, r"output\[0\] of")
+    refused({"two words": X}, {"two words": X + 1}, r"output\['two words'\] of")
+    refused({"plain": X}, {"plain": X + 1}, r"output\.plain of")
+    refused(Pair(X, X), Pair(X, X + 1), r"output\.std of the compiled")
+    assert compare({1: X, "a": X}, {"a": X, 1: X}).leaves == 3  # keys of mixed types sort
+
+
+@dataclass
+class OtherPrediction:
+    logits: torch.Tensor
+    labels: torch.Tensor
+    note: str = "ok"
+
+
+Other = namedtuple("Other", "mean std")
+
+
+def test_container_classes_must_match_not_just_their_fields():
+    refused(Prediction(X, X), OtherPrediction(X, X), "is a OtherPrediction of 3, eager's is a Prediction of 3")
+    refused(Pair(X, X), Other(X, X), "is a Other of 2, eager's is a Pair of 2")
+    refused(Pair(X, X), (X, X), "is a tuple of 2, eager's is a Pair of 2")
+
+
+def test_registered_pytree_nodes_are_compared_by_class_and_size():
+    from torch.utils import _pytree as pytree
+
+    class Bag:
+        def __init__(self, *items):
+            self.items = items
+
+    class Sack(Bag):
+        pass
+
+    for cls in (Bag, Sack):
+        pytree.register_pytree_node(cls, lambda b: (list(b.items), None), lambda children, _, cls=cls: cls(*children))
+    try:
+        refused(Bag(X), Bag(X, X), "is a .*Bag of 2, eager's is a .*Bag of 1")
+        refused(Bag(X), Sack(X), "Sack of 1, eager's is a .*Bag of 1")
+    finally:
+        pytree.SUPPORTED_NODES.pop(Bag)
+        pytree.SUPPORTED_NODES.pop(Sack)
