@@ -44,11 +44,10 @@ class CompileUnit:
     num_gpus: float  # a fraction: compiling is mostly CPU work, and the GPU's rank runs beside it
     # Inductor's compile workers for this unit (TORCHINDUCTOR_COMPILE_THREADS). On a GPU node, the
     # node's CPUs split between the units that share it; CPU-only workers get the node's CPUs when
-    # alone on it and 1 when sharing it (pools not measured there). A pool compiles Triton kernels
-    # in parallel: resnet50 alone on the H200 compiled in 15.7-16.6 s with Inductor's pool and
-    # 21.4-22.1 s in-process, and its fleet took 39.6 s with 5 workers per unit against 44.1 s
-    # in-process. (Session 3's case against pools, the MLP's first calls 7.4 s instead of 4.5 s,
-    # also had a pool of 16 in the rank; ranks now compile in-process: docs/performance.md.)
+    # alone on it and 1 when sharing it (pools are not measured there). A pool compiles Triton
+    # kernels in parallel, which makes resnet-sized compiles faster; for a kernel-light model like
+    # the MLP it is within noise (docs/performance.md, Fleet warmup on Ray: "compile threads" and
+    # "compile pools"). Ranks only load, so they compile in-process (RankWorker).
     compile_threads: int = 1
     # A CPU each; a node with fewer CPUs than units gives each an equal part, so that all of them
     # still start (the alternative is a unit that never fits in its rank's bundle).

@@ -261,8 +261,9 @@ def _reserve_gpus(gpu_ranks: list[Target], units: list[CompileUnit]) -> Any:
     """A placement group with one bundle per GPU rank: its GPU, pinned to its node, with the CPUs
     of the compile units dealt to it. A fraction of a bundle's GPU goes only to the actors
     scheduled in that bundle, so a rank and its units share exactly that GPU. Left to itself, Ray
-    packs fractions first-fit: the units filled GPU 0 of a two-H200 node and the second rank found
-    no GPU to start on until they had ended (19 s late)."""
+    packs fractions first-fit: on a node with two GPUs the units fill one, the first rank takes the
+    other, and the second rank finds no GPU to start on until the units have ended
+    (docs/performance.md, "where the time goes: compile threads, GPU placement")."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundles = []
@@ -404,11 +405,11 @@ def _seconds(value: Optional[float]) -> str:
 def _threads_as_a_plain_process() -> None:
     """Ray starts every worker with OMP_NUM_THREADS=max(1, its num_cpus) unless told otherwise;
     torch sizes its intra-op pool from it, and Inductor specialises CPU kernels to that size and
-    puts it in their cache key. Units compiling with 1 thread published artifacts that a plain
-    torch process on the same node (a serving replica) never hit: it missed with the node's
-    default and hit with OMP_NUM_THREADS=1. So a worker runs with torch's default for the node,
-    as that process does, or with ORCHESTRATE_TORCH_THREADS (the driver's OMP_NUM_THREADS) when
-    set. Called before the worker imports torch."""
+    puts it in their cache key. Artifacts compiled with Ray's count would then miss in a plain
+    torch process on the same node (a serving replica), which runs with the node's default. So a
+    worker runs with torch's default for the node, as that process does, or with
+    ORCHESTRATE_TORCH_THREADS (the driver's OMP_NUM_THREADS) when set. Called before the worker
+    imports torch."""
     threads = os.environ.get(TORCH_THREADS_ENV)
     if threads:
         os.environ["OMP_NUM_THREADS"] = threads
@@ -474,8 +475,9 @@ class RankWorker:
     def prepare(self) -> None:
         """Everything that needs no artifact: imports, CUDA, the model, the eager references and,
         with a CPU to spare, each bucket's Dynamo trace and the compiler's own start, so that a
-        load after a publish is only a cache hit. Without one (the 2-core CI machine), this work
-        beside two compile units took their first calls from 13 s to 18 s: the loads pay it."""
+        load after a publish is only a cache hit. Without one (a 2-core CI machine), this work
+        would slow down the compile units it shares the CPUs with, so the loads pay for it instead
+        (docs/performance.md, "the 2-core CPU machine")."""
         def set_up(session: Any) -> None:
             from jobs import torch_internals as ti
 
