@@ -129,9 +129,9 @@ def pickle_torch_names_as_a_plain_process() -> list[str]:
     its dotted name resolves. In a plain process that is one of torch's own (torch._utils). But a
     module imported before torch whose attribute lookup imports anything resolves `torch.*` too:
     Cython's shadow `cython.cimports.libc`, imported through pydantic.v1 by a Ray worker where
-    Cython is installed. It comes first, every key changes, and a serving replica missed all that
-    the fleet published (H200, torch 2.11). Re-inserting such a module moves it after torch's, as
-    importlib itself does when an import completes; nothing is unloaded. Returns the names moved."""
+    Cython is installed. It comes first, every key changes, and a serving replica would miss all
+    that the fleet publishes. Re-inserting such a module moves it after torch's, as importlib
+    itself does when an import completes; nothing is unloaded. Returns the names moved."""
     moved = []
     for name, module in list(sys.modules.items()):
         if name == "__main__" or module is None:  # pickle skips both
@@ -156,11 +156,11 @@ def find_tuned_configs_where_loaded() -> None:
     with the absolute path of the kernel's source in the process that compiled it. On a hit it
     looks for the kernel's tuned config (`<key>.best_config`, beside that source) at that path
     only. Anywhere else (a rank's pull, a serving replica, a compile unit's deleted private
-    directory) it finds nothing: it benchmarks every config of every such kernel again (1.4-1.6 s
-    of a 2 s resnet18 bucket load on the H200, 12-13 kernels) and writes the result under the
-    compiler's path, creating its directories. Our copy of the kernel sits at the same place
-    relative to the cache directory, and so does the published tuned config: look there. Idempotent;
-    a torch without this code path is left alone."""
+    directory) it finds nothing: it benchmarks every config of every such kernel again (most of a
+    resnet18 bucket's load on a GPU: docs/performance.md, "a rank's loads were re-tuning every
+    kernel") and writes the result under the compiler's path, creating its directories. Our copy
+    of the kernel sits at the same place relative to the cache directory, and so does the
+    published tuned config: look there. Idempotent; a torch without this code path is left alone."""
     try:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner
