@@ -1,4 +1,4 @@
-"""Example models that need no downloads: the two plain-PyTorch cases of DESIGN.md's table."""
+"""Example models that need no downloads, built from plain PyTorch modules: an MLP and a TransformerEncoder."""
 
 from torch import nn
 
