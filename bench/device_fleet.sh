@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The fleet benchmark as run on the lent GPU machine (no network): install the wheelhouse that
-# ../shared/tools/gpu-wheels built into .whl/, then run bench/fleet_warmup.py per model.
+# The fleet benchmark on a GPU machine without network access. Needs a wheelhouse in .whl/: the
+# dependencies that machine lacks, built for Python 3.12 x86_64 on a machine with network access
+# (e.g. with a gpu-wheels tool). Installs it, then runs bench/fleet_warmup.py per model.
 #   [BENCH_ROUNDS=3] [BENCH_TIMEOUT=s] [BENCH_ARGS="--no-naive ..."] bench/device_fleet.sh OUT_DIR [example ...]
 set -uo pipefail
 out=${1:?usage: bench/device_fleet.sh OUT_DIR [example ...]}; shift

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU-only tests and a warmup per example, as run on the lent GPU machine (no network):
-# install the wheelhouse that ../shared/tools/gpu-wheels built into .whl/, run the tests that
+# The GPU-only tests and a warmup per example, on a GPU machine without network access. Needs a
+# wheelhouse in .whl/: the dependencies that machine lacks, built for Python 3.12 x86_64 on a
+# machine with network access (e.g. with a gpu-wheels tool). Installs it, runs the tests that
 # skip without CUDA, then `orchestrate warmup --no-ray --device cuda` per example, keeping each
 # report. Everything lands in OUT_DIR/device-tests.tar.gz.
 #   bench/device_tests.sh OUT_DIR [example ...]        # default examples: mlp resnet18

@@ -1,4 +1,4 @@
-"""Fleet warmup through Ray against the naive way, and against the issue's target.
+"""Fleet warmup through Ray against the naive way, and against the fleet's target.
 
     python bench/fleet_warmup.py --example mlp --buckets 1,8,32 [--ranks N] [--cluster existing|local|both]
         [--rounds 3]  (the machine varies by ~15% between runs: decide a ratio on the median of rounds)
@@ -12,7 +12,7 @@ moment its result exists (the report on stdout), as a replica or a job would fee
 - naive: every rank compiles every bucket itself: N `orchestrate warmup --no-ray` processes at once.
 - alone: one fresh process compiling a single bucket (spawn, imports, CUDA, model, compile, CUDA
   graphs, check), for every bucket, one after the other, with Inductor's default compile threads
-  and with one; the faster counts. The target of issue 4 is
+  and with one; the faster counts. The target is
   fleet <= 1.25 x (slowest bucket alone + the slowest rank's pulls).
 """
 
@@ -110,8 +110,8 @@ def main() -> None:
 
     # Read torch, Ray and the model's factory module (torchvision) from disk once: every run below
     # then starts them from the page cache, as on a node that has run anything before; otherwise
-    # whichever run comes first pays the disk alone (resnet50's first fleet on a fresh H200: its
-    # workers imported in 13.7-14.6 s, against 8.7-10.8 s in the three fleets after it).
+    # whichever run comes first pays the disk alone, seconds more for its workers' imports on a
+    # fresh machine (docs/performance.md, "Do the workers' torch threads slow the fleet?").
     warm = ("import ray, torch, torch._inductor.compile_fx; from orchestrator.config import load_spec; "
             f"from jobs.model import load_factory; spec = load_spec({model!r}); load_factory(spec.model, spec.base_dir)")
     subprocess.run([sys.executable, "-c", warm], cwd=ROOT, check=True)

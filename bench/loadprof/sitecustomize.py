@@ -6,11 +6,11 @@
 Python imports `sitecustomize` at start-up from the path, so every Ray worker started with it
 wraps `jobs.engine._BucketWork.compile` once `jobs.engine` is imported, and appends to
 $LOADPROF/loads.txt a header (pid, bucket, cache state, wall, stages), the torch `dynamo_timed`
-phases that grew during the call (CachingAutotuner.benchmark_all_configs is the one that showed
-ranks re-tuning every kernel, session 6) and, in processes compiling in-process
+phases that grew during the call (CachingAutotuner.benchmark_all_configs among them: a load
+that re-tunes its kernels shows there) and, in processes compiling in-process
 (TORCHINDUCTOR_COMPILE_THREADS=1: the ranks), a cProfile by cumulative and own time.
 With NOKILL=1 in the driver's environment, ray.kill does nothing: compile units live until the
-job ends (to test whether their teardown slows a rank's loads; it did not).
+job ends, to tell whether their teardown slows a rank's loads.
 """
 
 import builtins
