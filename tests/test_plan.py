@@ -114,8 +114,8 @@ def test_the_driver_of_a_ray_run_never_imports_torch():
 
 
 def test_a_workers_answer_unpickles_without_torch(tmp_path):
-    """What a worker returns holds no torch object (a TorchVersion once made the driver import
-    torch, 1-2 s, in the middle of the compile wave)."""
+    """What a worker returns holds no torch object: unpickling one (a TorchVersion, say) would
+    import torch into the driver, seconds in the middle of the compile wave."""
     import pickle
     import subprocess
     import sys

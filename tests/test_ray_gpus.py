@@ -64,7 +64,7 @@ def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp
     assert sorted(gpu for row in ranks for gpu in row["gpu_ids"]) == ["0", "1"]
     assert len(units) == 3 and all(len(row["gpu_ids"]) == 1 and row["gpu_ids"][0] in ("0", "1") for row in units)
     # both ranks set up while the units compile: Ray packing the units' fractions onto GPU 0 first
-    # would leave the second rank no GPU to start on until they ended (seen on two H200s)
+    # would leave the second rank no GPU to start on until they ended
     assert max(row["started_s"] for row in ranks) < min(row["ended_s"] for row in units)
     assert all(sum(1 for row in units if row["gpu_ids"] == [gpu]) <= 2 for gpu in ("0", "1"))
     # the milestones show the pipeline: each rank traces every bucket while it waits (a CPU to

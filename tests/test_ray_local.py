@@ -53,8 +53,8 @@ def test_default_path_runs_on_a_local_ray_instance(fleet):
 
 def test_a_plain_torch_server_starts_warm_from_what_the_fleet_published(fleet, tmp_path):
     """The promise to serving pods: init container pulls, the server's own torch.compile hits.
-    It missed while Ray's OMP_NUM_THREADS=1 reached the compile units (Inductor keys CPU kernels
-    on torch's thread count); the server here runs with the count the driver had, as they do now."""
+    Inductor keys CPU kernels on torch's thread count, so the server would miss if Ray's
+    OMP_NUM_THREADS reached the compile units; it runs with the count the driver had, as the units do."""
     cache, proc = fleet
     assert proc.returncode == 0, proc.stderr
     replica = tmp_path / "replica"

@@ -156,7 +156,8 @@ def test_a_loaded_kernel_looks_for_its_tuned_config_in_this_processs_cache(tmp_p
     assert missing.filename == "/elsewhere/compile-b8/inductor/cd/ccdkernel.py"
 
 
-# How this process pickles a torch constant, as every cache key does, before and after the fix.
+# How this process pickles a torch constant, as every cache key does, before and after
+# pickle_torch_names_as_a_plain_process.
 PICKLED_NAME = """
 import json, pickle, sys
 {imported_first}
@@ -171,7 +172,7 @@ print(json.dumps({{"before": before, "after": pickle.dumps(torch.contiguous_form
 def test_a_process_that_imported_cython_first_computes_a_plain_processs_cache_keys():
     """pydantic.v1 imports Cython's shadow module where Cython is installed (a Ray worker does, on
     the GPU image), and its `cython.cimports.libc` resolves any name: pickle then names torch's
-    constants after it, and every cache key differs from a plain server's (0 hits on the H200)."""
+    constants after it, and every cache key differs from a plain server's, which then hits nothing."""
     pytest.importorskip("Cython")
 
     def pickled(imported_first: str) -> dict:
@@ -182,7 +183,7 @@ def test_a_process_that_imported_cython_first_computes_a_plain_processs_cache_ke
 
     plain, shadowed = pickled(""), pickled("import pydantic.v1")
     assert plain["moved"] == [] and plain["after"] == plain["before"]
-    assert shadowed["before"] != plain["before"]  # what the fleet's keys were made of on the GPU
+    assert shadowed["before"] != plain["before"]  # a Ray worker's keys before the move, where Cython is installed
     assert "cython.cimports.libc" in shadowed["moved"]
     assert shadowed["after"] == plain["before"]
 
