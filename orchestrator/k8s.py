@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import yaml
 
+from cache.namespace import slug
 from jobs.spec import WarmupSpec
 
 CONFIG_DIR = "/etc/orchestrate"
@@ -42,8 +43,7 @@ class ClusterShape:
 
 def name_for(spec: WarmupSpec) -> str:
     """A DNS-1123 name: lowercase alphanumerics and '-', at most 40 characters (room for suffixes)."""
-    base = re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-")[:24] or "model"
-    return f"warmup-{base}-{spec.identity_hash()[:8]}"
+    return f"warmup-{slug(spec.name, 24, keep='-', fallback='model')}-{spec.identity_hash()[:8]}"
 
 
 def entrypoint(config_file: str, spec: WarmupSpec, *, remote: Optional[str], pushgateway: Optional[str],

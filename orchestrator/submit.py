@@ -11,12 +11,12 @@ import asyncio
 import hashlib
 import json
 import os
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from cache.namespace import slug
 from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
 
@@ -36,8 +36,7 @@ class Submission:
 def submission_id(spec: WarmupSpec) -> str:
     key = json.dumps({"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device,
                       "remote": spec.remote}, sort_keys=True)
-    name = re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-")[:32]
-    return f"orchestrate-{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return f"orchestrate-{slug(spec.name, 32, keep='-')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: list[str],
