@@ -17,6 +17,7 @@ import yaml
 
 from cache.namespace import slug
 from jobs.spec import WarmupSpec
+from orchestrator.config import format_buckets
 
 CONFIG_DIR = "/etc/orchestrate"
 CACHE_DIR = "/nvme/orchestrate"
@@ -48,7 +49,7 @@ def name_for(spec: WarmupSpec) -> str:
 
 def entrypoint(config_file: str, spec: WarmupSpec, *, remote: Optional[str], pushgateway: Optional[str],
                extra: tuple[str, ...] = ()) -> str:
-    args = ["orchestrate", "warmup", "--model", config_file, "--buckets", ",".join(map(str, spec.buckets)),
+    args = ["orchestrate", "warmup", "--model", config_file, "--buckets", format_buckets(spec.buckets),
             "--ray-address", "auto", "--cache-dir", CACHE_DIR]
     if remote:
         args += ["--remote", remote]

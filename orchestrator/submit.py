@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from cache.namespace import slug
 from jobs.spec import WarmupSpec
+from orchestrator.config import format_buckets
 from orchestrator.errors import ClusterUnreachable
 
 _PASS_ENV = ("ORCHESTRATE_", "AWS_")
@@ -52,7 +53,7 @@ def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: lis
     job_id, existing = _reusable(client, submission_id(spec))
     if existing is None:
         args = ["orchestrate", "warmup", "--model", config_path.name, "--ray-address", "auto", "--json",
-                "--buckets", ",".join(map(str, spec.buckets)), *extra_args]
+                "--buckets", format_buckets(spec.buckets), *extra_args]
         env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
         client.submit_job(entrypoint=shlex.join(args), submission_id=job_id,
                           runtime_env={"working_dir": str(config_path.parent), "env_vars": env},
