@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,8 @@ from cache.namespace import slug
 from jobs.spec import WarmupSpec
 from orchestrator.config import format_buckets
 from orchestrator.errors import ClusterUnreachable
+from orchestrator.job_env import job_env_vars
 
-_PASS_ENV = ("ORCHESTRATE_", "AWS_")
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
@@ -40,6 +39,12 @@ def submission_id(spec: WarmupSpec) -> str:
     return f"orchestrate-{slug(spec.name, 32, keep='-')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+def runtime_env(config_path: Path) -> dict[str, Any]:
+    """The job's runtime_env: the config's folder as its working_dir, and the environment every
+    warmup job gets (job_env.job_env_vars, as `orchestrate warmup` on Ray passes it)."""
+    return {"working_dir": str(config_path.parent), "env_vars": job_env_vars()}
+
+
 def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: list[str],
            wait: bool, log: Callable[[str], None]) -> Submission:
     from ray.job_submission import JobSubmissionClient
@@ -54,9 +59,7 @@ def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: lis
     if existing is None:
         args = ["orchestrate", "warmup", "--model", config_path.name, "--ray-address", "auto", "--json",
                 "--buckets", format_buckets(spec.buckets), *extra_args]
-        env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
-        client.submit_job(entrypoint=shlex.join(args), submission_id=job_id,
-                          runtime_env={"working_dir": str(config_path.parent), "env_vars": env},
+        client.submit_job(entrypoint=shlex.join(args), submission_id=job_id, runtime_env=runtime_env(config_path),
                           metadata={"orchestrate.model": spec.name})
         log(f"submitted {job_id} to {address}")
     else:
