@@ -31,8 +31,16 @@ def namespace(model_name: str, platform: Platform, config_hash: str) -> str:
     identity = json.dumps({"platform": asdict(platform), "config": config_hash}, sort_keys=True)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     torch = platform.torch_version.split("+")[0]
-    return f"{_slug(model_name)}-torch{torch}-{_slug(platform.gpu_name)}-{digest}"
+    model, gpu = (slug(part, 32, keep=".", fallback="x") for part in (model_name, platform.gpu_name))
+    return f"{model}-torch{torch}-{gpu}-{digest}"
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")[:32] or "x"
+def slug(text: str, max_length: int, *, keep: str, fallback: str = "") -> str:
+    """`text` as a name part: lowercased; every run of characters other than a-z, 0-9 and those in
+    `keep` becomes one '-'; no '-' at either end; cut to `max_length`; `fallback` if nothing is left.
+
+    The one rule for names derived from a model name: cache namespaces keep '.' (`keep="."`); Ray
+    submission ids and Kubernetes object names keep '-' (`keep="-"`: the characters of a DNS-1123
+    label). The names already in stores and clusters were made by exactly this, so a change here
+    renames them."""
+    return re.sub(f"[^a-z0-9{re.escape(keep)}]+", "-", text.lower()).strip("-")[:max_length] or fallback

@@ -24,7 +24,7 @@ from rich.console import Console
 from cache.manifest import IntegrityError
 from cache.store import StoreError
 from orchestrator import __version__
-from orchestrator.config import apply_overrides, cache_root, default_cache_root, load_spec, parse_buckets
+from orchestrator.config import cache_root, default_cache_root, load_spec_with_overrides
 from orchestrator.errors import (EXIT_BUCKET_FAILED, EXIT_INTERRUPTED, EXIT_MISS, EXIT_OK, EXIT_STORE,
                                  EXIT_UNTRUSTED, EXIT_USAGE, UserError)
 
@@ -40,6 +40,11 @@ def _store_options(command):
                              "(default $ORCHESTRATE_REMOTE, then the config's `remote`).")(command)
 
 
+def _buckets_option(command):
+    """--buckets, the same for every command that runs or renders a warmup (load_spec_with_overrides)."""
+    return click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="orchestrate")
 def cli() -> None:
@@ -48,7 +53,7 @@ def cli() -> None:
 
 @cli.command()
 @click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config (see examples/).")
-@click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")
+@_buckets_option
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
 @click.option("--cache-dir", metavar="DIR", help="Local cache root (node-local NVMe in production).")
 @click.option("--fresh", is_flag=True, help="Delete this model's local cache namespace first: a cold compile.")
@@ -70,9 +75,7 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
     On Ray (the default; a local instance unless --ray-address): each bucket is compiled once
     per GPU class and published to the store, then every rank pulls, loads and benchmarks.
     The store is --remote (or the config's `remote`), else a directory beside the cache."""
-    spec = load_spec(model_path)
-    spec = apply_overrides(spec, buckets=None if buckets is None else parse_buckets(buckets), device=device,
-                           cache_dir=cache_dir)
+    spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     if report_path:
         _check_writable(report_path)
     store_url = remote or spec.remote
@@ -193,7 +196,7 @@ def _embedded_store(root: Path, allow_unsigned: bool):
 def pull(model_path: str, to_dir: str, device: Optional[str], allow_miss: bool, as_json: bool, remote: Optional[str],
          allow_unsigned: bool, signing_key_file: Optional[str]) -> None:
     """Fill a serving replica's cache directory from the store (for init containers)."""
-    spec = apply_overrides(load_spec(model_path), device=device)
+    spec = load_spec_with_overrides(model_path, device=device)
     store_url = remote or spec.remote
     if not store_url:
         raise UserError("no store: pass --remote URL or set `remote:` in the config")
@@ -227,7 +230,7 @@ def pull(model_path: str, to_dir: str, device: Optional[str], allow_miss: bool, 
 
 @cli.command()
 @click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
-@click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")
+@_buckets_option
 @click.option("--ray-address", metavar="URL", help="The Ray dashboard (Jobs API), e.g. http://head:8265.")
 @click.option("--k8s", "as_k8s", is_flag=True, help="Render a KubeRay RayJob instead (see `render k8s`).")
 @click.option("--image", metavar="IMAGE", help="--k8s: container image with orchestrate, torch and ray.")
@@ -241,7 +244,7 @@ def submit(model_path: str, buckets: Optional[str], ray_address: Optional[str], 
            apply: bool, remote: Optional[str], pushgateway: Optional[str], wait: bool,
            report_path: Optional[Path]) -> None:
     """Run a warmup on a Ray cluster (Jobs API) or as a KubeRay RayJob."""
-    spec = apply_overrides(load_spec(model_path), buckets=None if buckets is None else parse_buckets(buckets))
+    spec = load_spec_with_overrides(model_path, buckets=buckets)
     remote = remote or spec.remote
     if as_k8s:
         _emit_k8s(spec, Path(model_path), image, remote, pushgateway, apply)
@@ -270,7 +273,7 @@ def render() -> None:
 
 @render.command("k8s")
 @click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
-@click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")
+@_buckets_option
 @click.option("--image", required=True, metavar="IMAGE", help="Container image with orchestrate, torch and ray.")
 @click.option("--remote", metavar="URL", help="Shared store (s3://bucket/prefix).")
 @click.option("--pushgateway", metavar="URL", help="Pushgateway for the job's metrics.")
@@ -280,7 +283,7 @@ def render() -> None:
 def render_k8s(model_path: str, buckets: Optional[str], image: str, remote: Optional[str], pushgateway: Optional[str],
                namespace: str, workers: int, gpus_per_worker: int) -> None:
     """A RayJob (ray.io/v1) and the ConfigMap carrying the model config, as YAML on stdout."""
-    spec = apply_overrides(load_spec(model_path), buckets=None if buckets is None else parse_buckets(buckets))
+    spec = load_spec_with_overrides(model_path, buckets=buckets)
     from orchestrator.k8s import ClusterShape, render as render_manifests, to_yaml
 
     shape = ClusterShape(image=image, namespace=namespace, workers=workers, gpus_per_worker=gpus_per_worker)

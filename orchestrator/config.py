@@ -60,6 +60,16 @@ def apply_overrides(spec: WarmupSpec, *, buckets: Optional[list[int]] = None, de
         raise ConfigError(describe(exc, WarmupSpec)) from None
 
 
+def load_spec_with_overrides(path: str | Path, *, buckets: Optional[str] = None, device: Optional[str] = None,
+                             cache_dir: Optional[str] = None) -> WarmupSpec:
+    """The spec a command runs: the config at `path`, then the command line's overrides over it.
+    `buckets` is the --buckets text as typed (None: the config's buckets stand). The config is
+    read and checked first, so a broken config is reported before a bad --buckets."""
+    spec = load_spec(path)
+    return apply_overrides(spec, buckets=None if buckets is None else parse_buckets(buckets), device=device,
+                           cache_dir=cache_dir)
+
+
 def parse_buckets(text: str) -> list[int]:
     """`--buckets 1,8,32` -> [1, 8, 32]; positive integers, no duplicates."""
     buckets = []
@@ -71,6 +81,12 @@ def parse_buckets(text: str) -> list[int]:
         return validate_buckets(buckets)
     except ValueError as exc:
         raise ConfigError(f"--buckets: {exc}") from None
+
+
+def format_buckets(buckets: list[int]) -> str:
+    """[1, 8, 32] -> `1,8,32`: the --buckets text a submitted job's command line carries, read back
+    by parse_buckets."""
+    return ",".join(map(str, buckets))
 
 
 def cache_root(spec: WarmupSpec) -> Path:

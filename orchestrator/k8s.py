@@ -15,7 +15,9 @@ from typing import Any, Optional
 
 import yaml
 
+from cache.namespace import slug
 from jobs.spec import WarmupSpec
+from orchestrator.config import format_buckets
 
 CONFIG_DIR = "/etc/orchestrate"
 CACHE_DIR = "/nvme/orchestrate"
@@ -42,13 +44,12 @@ class ClusterShape:
 
 def name_for(spec: WarmupSpec) -> str:
     """A DNS-1123 name: lowercase alphanumerics and '-', at most 40 characters (room for suffixes)."""
-    base = re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-")[:24] or "model"
-    return f"warmup-{base}-{spec.identity_hash()[:8]}"
+    return f"warmup-{slug(spec.name, 24, keep='-', fallback='model')}-{spec.identity_hash()[:8]}"
 
 
 def entrypoint(config_file: str, spec: WarmupSpec, *, remote: Optional[str], pushgateway: Optional[str],
                extra: tuple[str, ...] = ()) -> str:
-    args = ["orchestrate", "warmup", "--model", config_file, "--buckets", ",".join(map(str, spec.buckets)),
+    args = ["orchestrate", "warmup", "--model", config_file, "--buckets", format_buckets(spec.buckets),
             "--ray-address", "auto", "--cache-dir", CACHE_DIR]
     if remote:
         args += ["--remote", remote]

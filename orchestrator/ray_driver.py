@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 from jobs.records import BucketResult, Remote
 from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
+from orchestrator.job_env import TORCH_THREADS_ENV, job_env_vars
 from orchestrator.plan import (RANK_GPU_SHARE, CompileUnit, Node, Target, compile_units, has_spare_cpu, nodes_from_ray,
                                targets)
 
@@ -37,9 +38,6 @@ TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and
 # a reused worker keeps Dynamo's in-memory code cache, so it would "load" without ever reading the
 # cache it is meant to test.
 _PROCESS = {"max_restarts": TASK_RETRIES, "max_task_retries": TASK_RETRIES}
-# Variables a worker needs to reach and trust the store; passed through runtime_env
-_PASS_ENV = ("ORCHESTRATE_", "AWS_", "TORCHINDUCTOR_", "TRITON_")
-TORCH_THREADS_ENV = "ORCHESTRATE_TORCH_THREADS"
 
 
 @dataclass
@@ -105,9 +103,7 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
     import ray
 
     started = time.perf_counter()
-    env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
-    if "OMP_NUM_THREADS" in os.environ:  # the driver's own count, for workers as for a plain process
-        env.setdefault(TORCH_THREADS_ENV, os.environ["OMP_NUM_THREADS"])
+    env = job_env_vars()
     owns_cluster = not ray.is_initialized() and address is None
     preflight(spec)
     if address and address != "auto":

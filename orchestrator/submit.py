@@ -10,17 +10,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from cache.namespace import slug
 from jobs.spec import WarmupSpec
+from orchestrator.config import format_buckets
 from orchestrator.errors import ClusterUnreachable
+from orchestrator.job_env import job_env_vars
 
-_PASS_ENV = ("ORCHESTRATE_", "AWS_")
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
@@ -36,8 +36,13 @@ class Submission:
 def submission_id(spec: WarmupSpec) -> str:
     key = json.dumps({"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device,
                       "remote": spec.remote}, sort_keys=True)
-    name = re.sub(r"[^a-z0-9-]+", "-", spec.name.lower()).strip("-")[:32]
-    return f"orchestrate-{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return f"orchestrate-{slug(spec.name, 32, keep='-')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def runtime_env(config_path: Path) -> dict[str, Any]:
+    """The job's runtime_env: the config's folder as its working_dir, and the environment every
+    warmup job gets (job_env.job_env_vars, as `orchestrate warmup` on Ray passes it)."""
+    return {"working_dir": str(config_path.parent), "env_vars": job_env_vars()}
 
 
 def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: list[str],
@@ -53,10 +58,8 @@ def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: lis
     job_id, existing = _reusable(client, submission_id(spec))
     if existing is None:
         args = ["orchestrate", "warmup", "--model", config_path.name, "--ray-address", "auto", "--json",
-                "--buckets", ",".join(map(str, spec.buckets)), *extra_args]
-        env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_ENV)}
-        client.submit_job(entrypoint=shlex.join(args), submission_id=job_id,
-                          runtime_env={"working_dir": str(config_path.parent), "env_vars": env},
+                "--buckets", format_buckets(spec.buckets), *extra_args]
+        client.submit_job(entrypoint=shlex.join(args), submission_id=job_id, runtime_env=runtime_env(config_path),
                           metadata={"orchestrate.model": spec.name})
         log(f"submitted {job_id} to {address}")
     else:

@@ -178,6 +178,16 @@ def test_superscript_buckets(tmp_path):
     assert_user_error(orchestrate("warmup", "--model", str(path), "--buckets", "²", tmp_path=tmp_path), "--buckets")
 
 
+@pytest.mark.parametrize("command", [("warmup",), ("submit", "--k8s", "--image", "img"),
+                                     ("render", "k8s", "--image", "img")])
+def test_every_command_with_buckets_reads_them_by_one_rule(tmp_path, command):
+    help_text = " ".join(orchestrate(*command, "--help", tmp_path=tmp_path).stdout.split())  # unwrapped
+    assert "--buckets 1,8,32 Bucket sizes; overrides the config's `buckets`." in help_text
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate(*command, "--model", str(path), "--buckets", "8,8", tmp_path=tmp_path),
+                      "--buckets: bucket 8 is listed twice")
+
+
 # --- config errors (before torch is imported) ---------------------------------------------------
 
 

@@ -13,7 +13,9 @@ from orchestrator.config import (
     ConfigError,
     apply_overrides,
     cache_root,
+    format_buckets,
     load_spec,
+    load_spec_with_overrides,
     parse_buckets,
 )
 from orchestrator.errors import EXIT_USAGE, UserError
@@ -492,6 +494,45 @@ def test_apply_overrides_invalid(tmp_path, changes, where):
         apply_overrides(spec, **changes)
     assert where in str(info.value)
     assert "\n" not in str(info.value)
+
+
+# --- load_spec_with_overrides: the one buckets override of warmup, pull, submit and render ------
+
+
+def test_without_buckets_the_configs_stand(tmp_path):
+    spec = load_spec_with_overrides(write(tmp_path, MINIMAL + "buckets: [4, 2]\n"))
+    assert spec.buckets == [2, 4] and spec.device == "auto" and spec.cache_dir is None
+
+
+@pytest.mark.parametrize("text, expected", [("32,2", [2, 32]), ("4", [4]), (" 1, 2 ", [1, 2])])
+def test_buckets_text_replaces_the_configs(tmp_path, text, expected):
+    assert load_spec_with_overrides(write(tmp_path, MINIMAL + "buckets: [4, 2]\n"), buckets=text).buckets == expected
+
+
+def test_the_other_overrides_ride_along(tmp_path):
+    spec = load_spec_with_overrides(write(tmp_path, MINIMAL), buckets="2", device="cpu", cache_dir=str(tmp_path / "c"))
+    assert (spec.buckets, spec.device, spec.cache_dir) == ([2], "cpu", str((tmp_path / "c").resolve()))
+    assert spec.base_dir == tmp_path.resolve()
+
+
+@pytest.mark.parametrize("text, problem", [("", "is not a positive integer"), ("8,8", "bucket 8 is listed twice"),
+                                           ("0", "'0' is not a positive integer")])
+def test_a_bad_buckets_text_is_a_one_line_config_error(tmp_path, text, problem):
+    with pytest.raises(ConfigError) as info:
+        load_spec_with_overrides(write(tmp_path, MINIMAL), buckets=text)
+    assert str(info.value).startswith("--buckets: ") and problem in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_broken_config_is_reported_before_a_bad_buckets_text(tmp_path):
+    with pytest.raises(ConfigError, match="config .*no such file"):
+        load_spec_with_overrides(tmp_path / "missing.yaml", buckets="0")
+
+
+@pytest.mark.parametrize("buckets", [[1], [1, 8, 32], [32, 1, 8]])
+def test_format_buckets_is_read_back_by_parse_buckets(buckets):
+    assert format_buckets(buckets) == ",".join(map(str, buckets))
+    assert parse_buckets(format_buckets(buckets)) == sorted(buckets)
 
 
 # --- identity ---------------------------------------------------------------------------------

@@ -89,6 +89,15 @@ def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
     assert secrets == {"orchestrate-signing-key", "orchestrate-store"}  # credentials only by reference
 
 
+@pytest.mark.parametrize("command", [("render", "k8s"), ("submit", "--k8s")])
+def test_the_job_runs_the_buckets_of_the_command_line(command):
+    proc = orchestrate(*command, "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1",
+                       "--buckets", "8,2")
+    assert proc.returncode == 0, proc.stderr
+    job = list(yaml.safe_load_all(proc.stdout))[1]
+    assert " --buckets 2,8 " in job["spec"]["entrypoint"]
+
+
 def test_a_typo_in_a_rayjob_is_caught(rayjob_validator):
     job = rendered()[1]
     job["spec"]["entrypiont"] = job["spec"].pop("entrypoint")
