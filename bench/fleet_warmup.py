@@ -127,7 +127,7 @@ def main() -> None:
         print("| cluster | fleet, each round | slowest alone + pulls, each round | ratio, each round | median ratio |")
         print("|---|---|---|---|---|")
         for name, rows in ratios.items():
-            fleets, references, each = zip(*rows)
+            fleets, references, each = zip(*rows, strict=True)
             print(f"| {name} | {', '.join(f'{x:.1f}' for x in fleets)} s | {', '.join(f'{x:.1f}' for x in references)} s "
                   f"| {', '.join(f'{x:.2f}' for x in each)} | **{statistics.median(each):.2f}** (target <= 1.25) |")
 

@@ -72,7 +72,7 @@ def main() -> None:
     print("| model | cold: sum of first calls | warm: sum of first calls | graphs recorded (warm) | "
           "ready cold / warm | process wall cold / warm | warm cache hits/misses | eager ms | compiled ms | speedup |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for example, cold, warm in rows:
+    for example, _cold, warm in rows:
         cs, ws = cold["summary"], warm["summary"]
         results = warm["results"]
         print(f"| {example} | {cs['compile_seconds_total']:.1f} s | {ws['compile_seconds_total']:.1f} s | "
@@ -83,7 +83,7 @@ def main() -> None:
               f"{fmt([r['speedup'] for r in results], '.2f')} |")
     print("\n| model | warm: process spawn to ready | exit lag after report | b2b speedup (warm) | eager / compiled b2b ms |")
     print("|---|---|---|---|---|")
-    for example, cold, warm in rows:
+    for example, _cold, warm in rows:
         ws, results = warm["summary"], warm["results"]
         print(f"| {example} | {ws['process_seconds_to_ready']:.1f} s | {warm['exit_lag_seconds']:.1f} s | "
               f"{fmt([r['throughput_speedup'] for r in results], '.2f')} | "

@@ -26,7 +26,7 @@ class LocalCache:
     def triton_dir(self) -> Path:
         return self.path / "triton"
 
-    def prepare(self) -> "LocalCache":
+    def prepare(self) -> LocalCache:
         self.inductor_dir.mkdir(parents=True, exist_ok=True)
         self.triton_dir.mkdir(parents=True, exist_ok=True)
         return self

@@ -49,7 +49,7 @@ class Manifest:
         return data
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> "Manifest":
+    def from_body(cls, body: dict[str, Any]) -> Manifest:
         if body.get("format") != FORMAT:
             raise IntegrityError(f"manifest format {body.get('format')!r} is not {FORMAT}; upgrade orchestrate")
         files = {path: FileEntry(**entry) for path, entry in body["files"].items()}
@@ -79,7 +79,7 @@ class SigningKey:
         return f"SigningKey(id={self.key_id})"
 
     @classmethod
-    def from_env(cls, key_file: Optional[str] = None) -> Optional["SigningKey"]:
+    def from_env(cls, key_file: Optional[str] = None) -> Optional[SigningKey]:
         path = key_file or os.environ.get(KEY_FILE_ENV)
         if path:
             try:

@@ -28,11 +28,12 @@ import tarfile
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from cache.manifest import FileEntry, IntegrityError, Manifest, SigningKey, decode, encode, sha256_file
 from cache.store import NotFound, Store, StoreError
@@ -127,7 +128,7 @@ def publish(store: Store, directory: Path, namespace: str, key: Optional[Signing
     entries, shard_sizes = _upload_shards(store, fresh, transfer) if fresh else ({}, {})
     buckets = sorted(set(buckets))
 
-    for race in range(MAX_PUBLISH_RACES):
+    for _ in range(MAX_PUBLISH_RACES):
         new_paths = {rel: entry for rel, entry in entries.items() if head is None or rel not in head.files}
         if head is not None and not new_paths and set(buckets) <= set(head.buckets):
             transfer.generation = head.generation  # nothing new: publishing again would change nothing

@@ -32,8 +32,8 @@ from cache.store import StoreError, open_store
 from jobs import torch_internals as ti
 from jobs.errors import OutputMismatch, SetupError, brief
 from jobs.gate import Gate, Outputs, snapshot
-from jobs.records import BucketResult, Remote  # noqa: F401  (Remote: part of this module's interface)
 from jobs.model import build_model, make_inputs, resolve_device
+from jobs.records import BucketResult, Remote  # noqa: F401  (Remote: part of this module's interface)
 from jobs.spec import WarmupSpec
 from jobs.timing import Clock, median, p90, process_age_seconds
 
@@ -48,7 +48,7 @@ class Progress(Protocol):
 
     def advance(self, bucket: int) -> None: ...
 
-    def finish(self, result: "BucketResult") -> None: ...
+    def finish(self, result: BucketResult) -> None: ...
 
 
 class NoProgress:
@@ -61,7 +61,7 @@ class NoProgress:
     def advance(self, bucket: int) -> None:
         pass
 
-    def finish(self, result: "BucketResult") -> None:
+    def finish(self, result: BucketResult) -> None:
         pass
 
 
@@ -219,20 +219,20 @@ class Session:
     def event(self, what: str) -> None:
         self.events.append((what, time.time()))
 
-    def _bucket(self, bucket: int) -> "_BucketWork":
+    def _bucket(self, bucket: int) -> _BucketWork:
         if bucket not in self._work:
             result = BucketResult(bucket=bucket, rank=self.rank,
                                   gpu=self.platform.gpu_name if self.device.type == "cuda" else None)
             self._work[bucket] = _BucketWork(self.spec, self.model, self.compiled, self.device, result, self.progress)
         return self._work[bucket]
 
-    def _finished(self, work: "_BucketWork") -> BucketResult:
+    def _finished(self, work: _BucketWork) -> BucketResult:
         if work.result.status == "ok":  # a failed bucket was reported by _guard already
             work.done()
             self.progress.finish(work.result)
         return work.result
 
-    def _guard(self, work: "_BucketWork", step: Any) -> None:
+    def _guard(self, work: _BucketWork, step: Any) -> None:
         """Run one step of a bucket; an exception fails that bucket only, and deletes what it compiled."""
         before = set(sync.scan(self.local.path))
         try:

@@ -17,10 +17,10 @@ of how the candidate was produced, so every serving variant is held to the same 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import zip_longest
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -83,7 +83,7 @@ class Gate:
         self.atol, self.rtol, self.allow_nonfinite = atol, rtol, allow_nonfinite
 
     @classmethod
-    def from_options(cls, check: Any) -> "Gate":
+    def from_options(cls, check: Any) -> Gate:
         """From the config's `check` section (`jobs.spec.CheckOptions`)."""
         return cls(check.atol, check.rtol, check.allow_nonfinite)
 

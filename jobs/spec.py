@@ -74,7 +74,7 @@ class InputSpec(_Strict):
         return shape
 
     @model_validator(mode="after")
-    def _range_fits_dtype(self) -> "InputSpec":
+    def _range_fits_dtype(self) -> InputSpec:
         if self.dtype in INT_DTYPES:
             if self.range is None:
                 raise ValueError(f"integer input ({self.dtype}) needs `range: [low, high]`, e.g. [0, 32000] for token ids")
@@ -142,7 +142,7 @@ class WarmupSpec(_Strict):
         return validate_buckets(buckets)
 
     @model_validator(mode="after")
-    def _symbol_used(self) -> "WarmupSpec":
+    def _symbol_used(self) -> WarmupSpec:
         used = False
         for i, spec in enumerate(self.inputs):
             for dim in spec.shape:
@@ -158,11 +158,11 @@ class WarmupSpec(_Strict):
     def base_dir(self) -> Path:
         return Path(self._base_dir or ".")
 
-    def with_base_dir(self, base_dir: Path) -> "WarmupSpec":
+    def with_base_dir(self, base_dir: Path) -> WarmupSpec:
         self._base_dir = str(base_dir)
         return self
 
-    def replaced(self, **changes: Any) -> "WarmupSpec":
+    def replaced(self, **changes: Any) -> WarmupSpec:
         """A validated copy with top-level fields replaced (CLI overrides)."""
         data = self.model_dump()
         data.update(changes)

@@ -12,9 +12,10 @@ import platform as host_platform
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from importlib import metadata
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from torch._dynamo.utils import counters
@@ -98,7 +99,7 @@ def compile_kwargs(mode: Optional[str], dynamic: Optional[bool], fullgraph: bool
 
 
 def compile_model(model: torch.nn.Module, kwargs: dict[str, Any], *,
-                  trace_ahead: bool = False) -> tuple[Any, Optional["TraceAhead"]]:
+                  trace_ahead: bool = False) -> tuple[Any, Optional[TraceAhead]]:
     """torch.compile(model, **kwargs) and, when asked and the backend is Inductor, the TraceAhead
     backend that lets the process trace buckets before their artifacts exist (else None)."""
     options = kwargs.get("options") or {}
@@ -137,7 +138,7 @@ def pickle_torch_names_as_a_plain_process() -> list[str]:
         if name == "__main__" or module is None:  # pickle skips both
             continue
         try:
-            resolves = getattr(module, "torch") is torch
+            resolves = module.torch is torch
         except Exception:  # a lazy module's __getattr__ may raise anything; pickle passes over it too
             resolves = False
         if not resolves:
@@ -244,7 +245,7 @@ class CompileStats:
     cudagraph_skips: int = 0
     autotuned_kernels: int = 0  # kernels whose launch configs were benchmarked (none on a warm load)
 
-    def __add__(self, other: "CompileStats") -> "CompileStats":
+    def __add__(self, other: CompileStats) -> CompileStats:
         """Two windows of one bucket's first call (a trace ahead, then the load) as one."""
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
                   for f in fields(self) if f.name != "graph_breaks"}

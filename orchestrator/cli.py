@@ -13,10 +13,11 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import click
 from rich.console import Console
@@ -25,8 +26,16 @@ from cache.manifest import IntegrityError
 from cache.store import StoreError
 from orchestrator import __version__
 from orchestrator.config import cache_root, default_cache_root, load_spec_with_overrides
-from orchestrator.errors import (EXIT_BUCKET_FAILED, EXIT_INTERRUPTED, EXIT_MISS, EXIT_OK, EXIT_STORE,
-                                 EXIT_UNTRUSTED, EXIT_USAGE, UserError)
+from orchestrator.errors import (
+    EXIT_BUCKET_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_MISS,
+    EXIT_OK,
+    EXIT_STORE,
+    EXIT_UNTRUSTED,
+    EXIT_USAGE,
+    UserError,
+)
 
 
 def _store_options(command):
@@ -284,7 +293,8 @@ def render_k8s(model_path: str, buckets: Optional[str], image: str, remote: Opti
                namespace: str, workers: int, gpus_per_worker: int) -> None:
     """A RayJob (ray.io/v1) and the ConfigMap carrying the model config, as YAML on stdout."""
     spec = load_spec_with_overrides(model_path, buckets=buckets)
-    from orchestrator.k8s import ClusterShape, render as render_manifests, to_yaml
+    from orchestrator.k8s import ClusterShape, to_yaml
+    from orchestrator.k8s import render as render_manifests
 
     shape = ClusterShape(image=image, namespace=namespace, workers=workers, gpus_per_worker=gpus_per_worker)
     try:
@@ -297,7 +307,8 @@ def render_k8s(model_path: str, buckets: Optional[str], image: str, remote: Opti
 
 def _emit_k8s(spec, config: Path, image: Optional[str], remote: Optional[str], pushgateway: Optional[str],
               apply: bool) -> None:
-    from orchestrator.k8s import ClusterShape, render as render_manifests, to_yaml
+    from orchestrator.k8s import ClusterShape, to_yaml
+    from orchestrator.k8s import render as render_manifests
 
     if not image:
         raise UserError("--k8s needs --image (a container image with orchestrate, torch and ray)")
@@ -314,7 +325,8 @@ def _emit_k8s(spec, config: Path, image: Optional[str], remote: Optional[str], p
 def _apply(documents: list) -> bool:
     """Create the manifests where the kubernetes client and a cluster are available."""
     try:
-        from kubernetes import client, config as kube_config, utils
+        from kubernetes import client, utils
+        from kubernetes import config as kube_config
         kube_config.load_config()
     except Exception as exc:  # no client installed, or no kubeconfig / in-cluster account
         click.echo(f"orchestrate: warning: no Kubernetes cluster to apply to ({type(exc).__name__}); "

@@ -13,7 +13,8 @@ RAY_AUTH_TOKEN, not any other variable of the driver's.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 PASSED_PREFIXES = ("ORCHESTRATE_", "AWS_", "TORCHINDUCTOR_", "TRITON_")
 # The driver's OMP_NUM_THREADS travels under this name: Ray sets every worker's own

@@ -105,7 +105,7 @@ def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUni
         share = _floor((1 - RANK_GPU_SHARE) / math.ceil(len(buckets) / len(gpu_ranks)))
         homes = [gpu_ranks[i % len(gpu_ranks)] for i in range(len(buckets))]
         on_node = Counter(home.node for home in homes)
-        for bucket, home in zip(buckets, homes):
+        for bucket, home in zip(buckets, homes, strict=True):
             here = on_node[home.node]
             units.append(CompileUnit(gpu_class, bucket, share, compile_threads=max(1, home.node.cpus // here),
                                      num_cpus=min(1.0, _floor(home.node.cpus / here)), home=home.rank))

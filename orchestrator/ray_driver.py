@@ -19,16 +19,25 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from jobs.records import BucketResult, Remote
 from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.job_env import TORCH_THREADS_ENV, job_env_vars
-from orchestrator.plan import (RANK_GPU_SHARE, CompileUnit, Node, Target, compile_units, has_spare_cpu, nodes_from_ray,
-                               targets)
+from orchestrator.plan import (
+    RANK_GPU_SHARE,
+    CompileUnit,
+    Node,
+    Target,
+    compile_units,
+    has_spare_cpu,
+    nodes_from_ray,
+    targets,
+)
 
 if TYPE_CHECKING:  # workers import torch; the driver does not
     from jobs.engine import WarmupRun

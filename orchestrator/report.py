@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.spec import WarmupSpec
-from orchestrator.plan import fleet_summary, spread as _spread
+from orchestrator.plan import fleet_summary
+from orchestrator.plan import spread as _spread
 from orchestrator.ray_driver import FleetRun
 
 if TYPE_CHECKING:  # the driver of a Ray run never imports torch

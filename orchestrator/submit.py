@@ -11,9 +11,10 @@ import asyncio
 import hashlib
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from cache.namespace import slug
 from jobs.spec import WarmupSpec

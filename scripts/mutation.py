@@ -26,8 +26,9 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLED = {"killed", "timeout", "caught by type check"}  # mutmut's own score counts these three

@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from s3fixtures import *  # noqa: F401,F403  moto_server, fault_proxy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -143,7 +143,7 @@ class MotoServer:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> "MotoServer":
+    def start(self) -> MotoServer:
         last_error = ""
         for _attempt in range(3):  # a just-freed port can be grabbed by someone else
             self.port = free_port()
@@ -235,7 +235,7 @@ class MotoServer:
         except OSError:
             return ""
 
-    def __enter__(self) -> "MotoServer":
+    def __enter__(self) -> MotoServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -551,7 +551,7 @@ class FaultProxy:
         for t in threads:
             t.join(timeout=5)
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -563,7 +563,7 @@ class FaultProxy:
         while not self._stop.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

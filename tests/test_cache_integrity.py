@@ -18,12 +18,21 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_cache_protocol import ARTIFACTS, KEY, NS, OTHER_KEY, clock, make_cache, tree  # noqa: F401  clock: fixture
 
 from cache import sync
-from cache.manifest import (KEY_ENV, KEY_FILE_ENV, FileEntry, IntegrityError, Manifest, SigningKey, decode, encode,
-                            sha256_file)
+from cache.manifest import (
+    KEY_ENV,
+    KEY_FILE_ENV,
+    FileEntry,
+    IntegrityError,
+    Manifest,
+    SigningKey,
+    decode,
+    encode,
+    sha256_file,
+)
 from cache.store import NotFound, StoreError, open_store
-from test_cache_protocol import ARTIFACTS, KEY, NS, OTHER_KEY, clock, make_cache, tree  # noqa: F401  clock: fixture
 
 SHARED = "inductor/shared/code.py"
 

@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_measured
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,6 @@ import json
 import textwrap
 
 import pytest
-
 from conftest import orchestrate
 
 SIGNED = {"ORCHESTRATE_CACHE_SIGNING_KEY": "test-signing-key-0123456789abcdef"}

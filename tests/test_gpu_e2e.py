@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, assert_measured, orchestrate
 
 # A serving replica on what `orchestrate pull` fetched, compiled as examples/resnet18.yaml says:

@@ -11,7 +11,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from conftest import ROOT, orchestrate
 
 SCHEMAS = ROOT / "tests" / "schemas" / "kuberay"  # vendored: see its README.md

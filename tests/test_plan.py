@@ -2,8 +2,7 @@
 
 import pytest
 
-from orchestrator.plan import (RANK_GPU_SHARE, Node, compile_units, fleet_summary, has_spare_cpu, nodes_from_ray,
-                               targets)
+from orchestrator.plan import RANK_GPU_SHARE, Node, compile_units, fleet_summary, has_spare_cpu, nodes_from_ray, targets
 
 RAY_NODES = [
     {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",

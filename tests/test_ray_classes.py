@@ -8,7 +8,6 @@ import json
 import textwrap
 
 import pytest
-
 from conftest import assert_measured
 from test_ray_cluster import netns_cluster, warmup
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, assert_measured, orchestrate
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,8 @@ import secrets
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-
 from conftest import orchestrate
 
 pytestmark = pytest.mark.slow

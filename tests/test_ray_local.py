@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, orchestrate
 
 pytestmark = pytest.mark.slow

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from test_cache_protocol import ARTIFACTS, KEY, NS, check_consistent, make_cache, publish_concurrently, tree
 
 from cache import sync
 from cache.manifest import IntegrityError
 from cache.store import StoreAuthError, StoreUnreachable, open_store
-from test_cache_protocol import ARTIFACTS, KEY, NS, check_consistent, make_cache, publish_concurrently, tree
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import time
 from http.client import HTTPConnection
 
 import pytest
-
 from s3fixtures import FaultProxy, MotoServer, fault_proxy, moto_server  # noqa: F401
 
 boto3 = pytest.importorskip("boto3")

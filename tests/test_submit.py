@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, orchestrate
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, assert_measured
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import ROOT
 
 from cache.local import LocalCache
 from cache.namespace import Platform, namespace
-from conftest import ROOT
 from jobs import torch_internals as ti
 from jobs.timing import Clock, median, p90
 

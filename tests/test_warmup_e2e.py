@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from conftest import assert_measured, orchestrate
 
 pytestmark = pytest.mark.slow
