@@ -34,6 +34,7 @@ def main() -> None:
         def run():
             with ctx():
                 return model(*inputs, **kwargs)
+
         return run
 
     clock = Clock(device)
@@ -41,7 +42,9 @@ def main() -> None:
     b2b = clock.back_to_back({n: variant(c) for n, c in modes.items()}, rounds=20, calls=10)
     print(f"{spec.name} bucket {args.bucket} on {device}:")
     for name in modes:
-        print(f"  eager {name:15s} latency {median(latency[name]):.3f} ms   back-to-back {median(b2b[name]):.3f} ms/call")
+        print(
+            f"  eager {name:15s} latency {median(latency[name]):.3f} ms   back-to-back {median(b2b[name]):.3f} ms/call"
+        )
 
 
 if __name__ == "__main__":

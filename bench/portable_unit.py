@@ -56,8 +56,9 @@ def child(mode: str, config: str, buckets: list[int], work: Path) -> dict:
     model = build_model(spec, device)
     ti.allow_recompiles(len(buckets))
     options = spec.compile
-    compiled = torch.compile(model, **ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph,
-                                                        options.backend, options.options))
+    compiled = torch.compile(
+        model, **ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend, options.options)
+    )
     window = ti.CounterWindow()
     first_calls = 0.0
     with torch.no_grad():
@@ -68,8 +69,13 @@ def child(mode: str, config: str, buckets: list[int], work: Path) -> dict:
             for _ in range(2):  # record the CUDA graphs: ready to serve
                 clock.wall(lambda: (ti.mark_step(), compiled(*args, **kwargs)))
     stats = window.stats()
-    out.update(first_calls_seconds=first_calls, ready_seconds=time.perf_counter() - start,
-               spawn_to_ready_seconds=(process_age_seconds() or 0.0), hits=stats.cache_hits, misses=stats.cache_misses)
+    out.update(
+        first_calls_seconds=first_calls,
+        ready_seconds=time.perf_counter() - start,
+        spawn_to_ready_seconds=(process_age_seconds() or 0.0),
+        hits=stats.cache_hits,
+        misses=stats.cache_misses,
+    )
     if mode == "save":
         blob = torch.compiler.save_cache_artifacts()
         (work / "mega.bin").write_bytes(blob[0] if blob else b"")
@@ -79,8 +85,12 @@ def child(mode: str, config: str, buckets: list[int], work: Path) -> dict:
 
 
 def spawn(mode: str, config: str, buckets: str, work: Path) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", mode, "--config", config, "--buckets", buckets,
-                           "--work", str(work)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--config", config, "--buckets", buckets, "--work", str(work)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -99,8 +109,10 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.config, buckets, args.work)))
         return
-    print("| model | node A cold: first calls | Mega-Cache blob | load | first calls | spawn->ready | "
-          "snapshot | pull | first calls | spawn->ready | hits/misses mega, snapshot |")
+    print(
+        "| model | node A cold: first calls | Mega-Cache blob | load | first calls | spawn->ready | "
+        "snapshot | pull | first calls | spawn->ready | hits/misses mega, snapshot |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for example in args.examples.split(","):
         work = Path(tempfile.mkdtemp(prefix=f"portable-{example}-"))
@@ -109,19 +121,22 @@ def main() -> None:
         saved = spawn("save", config, args.buckets, work)
         runs: dict[str, list[dict]] = {"mega": [], "snapshot": []}
         for i in range(args.repeats):
-            for mode in (("mega", "snapshot") if i % 2 == 0 else ("snapshot", "mega")):
+            for mode in ("mega", "snapshot") if i % 2 == 0 else ("snapshot", "mega"):
                 runs[mode].append(spawn(mode, config, args.buckets, work))
 
         def med(mode: str, key: str) -> float:
             return statistics.median(r[key] for r in runs[mode])
 
         m, s = runs["mega"][0], runs["snapshot"][0]
-        print(f"| {example} | {saved['first_calls_seconds']:.1f} s | {saved['mega_bytes'] / 1e6:.1f} MB | "
-              f"{med('mega', 'unit_seconds'):.2f} s | {med('mega', 'first_calls_seconds'):.2f} s | "
-              f"{med('mega', 'spawn_to_ready_seconds'):.1f} s | {saved['publish']['bytes'] / 1e6:.1f} MB, "
-              f"{saved['publish']['files']} files | {med('snapshot', 'unit_seconds'):.2f} s | "
-              f"{med('snapshot', 'first_calls_seconds'):.2f} s | {med('snapshot', 'spawn_to_ready_seconds'):.1f} s | "
-              f"{m['hits']}/{m['misses']}, {s['hits']}/{s['misses']} |", flush=True)
+        print(
+            f"| {example} | {saved['first_calls_seconds']:.1f} s | {saved['mega_bytes'] / 1e6:.1f} MB | "
+            f"{med('mega', 'unit_seconds'):.2f} s | {med('mega', 'first_calls_seconds'):.2f} s | "
+            f"{med('mega', 'spawn_to_ready_seconds'):.1f} s | {saved['publish']['bytes'] / 1e6:.1f} MB, "
+            f"{saved['publish']['files']} files | {med('snapshot', 'unit_seconds'):.2f} s | "
+            f"{med('snapshot', 'first_calls_seconds'):.2f} s | {med('snapshot', 'spawn_to_ready_seconds'):.1f} s | "
+            f"{m['hits']}/{m['misses']}, {s['hits']}/{s['misses']} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

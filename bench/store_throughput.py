@@ -52,12 +52,20 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_DEFAULT_REGION="us-east-1")
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     import boto3
+
     for _ in range(100):
         try:
             boto3.client("s3").create_bucket(Bucket="bench")
@@ -91,24 +99,27 @@ def run(args: argparse.Namespace) -> None:
     total = sum(size for _, size in files.values())
     tarball = work / "all.tar"
     sync._write_tar(tarball, {rel: path for rel, (path, _) in files.items()})
-    times: dict[str, list[float]] = {k: [] for k in ("publish", "pull", "raw_files_up", "raw_files_down",
-                                                      "raw_one_up", "raw_one_down")}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("publish", "pull", "raw_files_up", "raw_files_down", "raw_one_up", "raw_one_down")
+    }
     for _ in range(args.repeats):
         url = f"{args.remote.rstrip('/')}/{uuid.uuid4().hex[:8]}"
         if url.startswith("file://"):
-            Path(url[len("file://"):]).mkdir(parents=True)
+            Path(url[len("file://") :]).mkdir(parents=True)
         store = open_store(url)
         ns, dest = "bench", work / f"pull-{uuid.uuid4().hex[:6]}"
         times["publish"].append(timed(lambda: sync.publish(store, source, ns, None, allow_unsigned=True)))
         times["pull"].append(timed(lambda: sync.pull(store, ns, dest, None, allow_unsigned=True)))
         with ThreadPoolExecutor(sync.PARALLEL) as pool:
-            times["raw_files_up"].append(timed(lambda: list(pool.map(
-                lambda item: store.upload(f"raw/{item[0]}", item[1][0]), files.items()))))
+            times["raw_files_up"].append(
+                timed(lambda: list(pool.map(lambda item: store.upload(f"raw/{item[0]}", item[1][0]), files.items())))
+            )
             raw_dest = work / f"raw-{uuid.uuid4().hex[:6]}"
 
             def fetch(rel: str) -> None:
                 (raw_dest / rel).parent.mkdir(parents=True, exist_ok=True)
                 store.download(f"raw/{rel}", raw_dest / rel)
+
             times["raw_files_down"].append(timed(lambda: list(pool.map(fetch, files))))
         times["raw_one_up"].append(timed(lambda: store.upload("one/all.tar", tarball)))
         times["raw_one_down"].append(timed(lambda: store.download("one/all.tar", work / "one.tar")))
@@ -117,13 +128,19 @@ def run(args: argparse.Namespace) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     mb = total / 1e6
     print(f"store {args.remote}: {len(files)} files, {mb:.1f} MB, median of {args.repeats}\n")
-    print("| operation | protocol | raw, one object per file | raw, one object | protocol vs per-file | protocol vs one object |")
+    print(
+        "| operation | protocol | raw, one object per file | raw, one object | protocol vs per-file | protocol vs one object |"
+    )
     print("|---|---|---|---|---|---|")
-    for op, proto, per_file, one in (("upload", "publish", "raw_files_up", "raw_one_up"),
-                                     ("download", "pull", "raw_files_down", "raw_one_down")):
-        print(f"| {op} | {med[proto]:.2f} s ({mb / med[proto]:.0f} MB/s) | {med[per_file]:.2f} s "
-              f"({mb / med[per_file]:.0f} MB/s) | {med[one]:.2f} s ({mb / med[one]:.0f} MB/s) | "
-              f"{med[per_file] / med[proto]:.1f}x faster | {med[one] / med[proto]:.2f}x |")
+    for op, proto, per_file, one in (
+        ("upload", "publish", "raw_files_up", "raw_one_up"),
+        ("download", "pull", "raw_files_down", "raw_one_down"),
+    ):
+        print(
+            f"| {op} | {med[proto]:.2f} s ({mb / med[proto]:.0f} MB/s) | {med[per_file]:.2f} s "
+            f"({mb / med[per_file]:.0f} MB/s) | {med[one]:.2f} s ({mb / med[one]:.0f} MB/s) | "
+            f"{med[per_file] / med[proto]:.1f}x faster | {med[one] / med[proto]:.2f}x |"
+        )
     shutil.rmtree(work, ignore_errors=True)
 
 

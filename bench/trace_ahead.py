@@ -67,20 +67,42 @@ def child(args: argparse.Namespace) -> None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
         Path(args.profile).write_text(text.getvalue())
-    print(json.dumps({"mode": mode, "status": sorted({r.status for r in results}),
-                      "cache_state": sorted({str(r.cache_state) for r in results}),
-                      "load_s": {r.bucket: r.stage_seconds.get("compile") for r in results},
-                      "trace_ahead_s": {r.bucket: r.stage_seconds.get("trace ahead") for r in results}}))
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "status": sorted({r.status for r in results}),
+                "cache_state": sorted({str(r.cache_state) for r in results}),
+                "load_s": {r.bucket: r.stage_seconds.get("compile") for r in results},
+                "trace_ahead_s": {r.bucket: r.stage_seconds.get("trace ahead") for r in results},
+            }
+        )
+    )
 
 
 def run(args: argparse.Namespace, model: str, cache: Path, mode: str, buckets: str, pool: bool = True) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
-    cmd = [sys.executable, __file__, "--child", mode, "--model-path", model, "--buckets", buckets,
-           "--cache-dir", str(cache)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--model-path",
+        model,
+        "--buckets",
+        buckets,
+        "--cache-dir",
+        str(cache),
+    ]
     cmd += ["--prime-first"] if args.prime_first else []
     cmd += ["--profile", str(args.profile)] if args.profile else []
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env=env if pool else {**env, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env if pool else {**env, "TORCHINDUCTOR_COMPILE_THREADS": "1"},
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -107,8 +129,7 @@ def main() -> None:
     # each bucket compiled by a process of its own in a directory of its own, merged as pulls merge them
     cold = {b: run(args, model, work / f"compiled-{b}", "cold", b)["compile_seconds"] for b in buckets}
     for b in buckets:
-        shutil.copytree(work / f"compiled-{b}", work / "compiled", dirs_exist_ok=True,
-                        ignore=NOT_ARTIFACTS)
+        shutil.copytree(work / f"compiled-{b}", work / "compiled", dirs_exist_ok=True, ignore=NOT_ARTIFACTS)
     runs: dict[str, list[dict]] = {"plain": [], "ahead": []}
     for i in range(args.rounds):
         for mode in runs:
@@ -120,17 +141,21 @@ def main() -> None:
     where = "a copy at another path" if args.copy else "the compiler's directory"
     threads = "Inductor's default compile workers" if args.pool else "compiling in-process, as a rank"
     order = "primed before the traces" if args.prime_first else "primed after the traces, as a rank"
-    print(f"{args.example}: cold first calls {', '.join(f'b{b} {s:.2f}' for b, s in cold.items())} s; loads from "
-          f"{where}, {threads}, {order}")
+    print(
+        f"{args.example}: cold first calls {', '.join(f'b{b} {s:.2f}' for b, s in cold.items())} s; loads from "
+        f"{where}, {threads}, {order}"
+    )
     print("| load | bucket | after the publish (median) | each | trace ahead, before it | cache |")
     print("|---|---|---|---|---|---|")
     for mode, rows in runs.items():
         for bucket in buckets:
             loads = [r["load_s"][bucket] for r in rows]
             traces = [r["trace_ahead_s"][bucket] for r in rows if r["trace_ahead_s"][bucket] is not None]
-            print(f"| {mode} | {bucket} | {statistics.median(loads):.2f} s | {', '.join(f'{x:.2f}' for x in loads)} s | "
-                  f"{', '.join(f'{x:.2f}' for x in traces) + ' s' if traces else '-'} | "
-                  f"{', '.join(sorted({s for r in rows for s in r['cache_state']}))} |")
+            print(
+                f"| {mode} | {bucket} | {statistics.median(loads):.2f} s | {', '.join(f'{x:.2f}' for x in loads)} s | "
+                f"{', '.join(f'{x:.2f}' for x in traces) + ' s' if traces else '-'} | "
+                f"{', '.join(sorted({s for r in rows for s in r['cache_state']}))} |"
+            )
 
 
 if __name__ == "__main__":

@@ -53,9 +53,16 @@ class Manifest:
         if body.get("format") != FORMAT:
             raise IntegrityError(f"manifest format {body.get('format')!r} is not {FORMAT}; upgrade orchestrate")
         files = {path: FileEntry(**entry) for path, entry in body["files"].items()}
-        return cls(namespace=body["namespace"], generation=body["generation"], files=files, shards=body["shards"],
-                   buckets=body.get("buckets", []), created_at=body.get("created_at", ""),
-                   publisher=body.get("publisher", ""), meta=body.get("meta", {}))
+        return cls(
+            namespace=body["namespace"],
+            generation=body["generation"],
+            files=files,
+            shards=body["shards"],
+            buckets=body.get("buckets", []),
+            created_at=body.get("created_at", ""),
+            publisher=body.get("publisher", ""),
+            meta=body.get("meta", {}),
+        )
 
     @property
     def total_bytes(self) -> int:
@@ -108,16 +115,22 @@ def decode(data: bytes, key: Optional[SigningKey], *, allow_unsigned: bool, wher
         raise IntegrityError(f"{where}: not a manifest (corrupt JSON); refusing it") from None
     if signature is None:
         if not allow_unsigned:
-            raise IntegrityError(f"{where}: manifest is unsigned; refusing it (set {KEY_ENV} on the publisher, "
-                                 "or pass --allow-unsigned for local experiments)")
+            raise IntegrityError(
+                f"{where}: manifest is unsigned; refusing it (set {KEY_ENV} on the publisher, "
+                "or pass --allow-unsigned for local experiments)"
+            )
     elif key is None:
         if not allow_unsigned:
-            raise IntegrityError(f"{where}: manifest is signed (key id {signature.get('key_id')}) but no key is "
-                                 f"configured to verify it; set {KEY_ENV} or {KEY_FILE_ENV}")
+            raise IntegrityError(
+                f"{where}: manifest is signed (key id {signature.get('key_id')}) but no key is "
+                f"configured to verify it; set {KEY_ENV} or {KEY_FILE_ENV}"
+            )
     elif not hmac.compare_digest(str(signature.get("value", "")), key.sign(body)):
-        raise IntegrityError(f"{where}: manifest signature does not match (signed with key id "
-                             f"{signature.get('key_id')}, verifying with {key.key_id}): tampered or signed with "
-                             "another key; refusing it")
+        raise IntegrityError(
+            f"{where}: manifest signature does not match (signed with key id "
+            f"{signature.get('key_id')}, verifying with {key.key_id}): tampered or signed with "
+            "another key; refusing it"
+        )
     try:
         return Manifest.from_body(body)
     except (KeyError, TypeError) as exc:

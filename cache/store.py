@@ -26,7 +26,6 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_afte
 T = TypeVar("T")
 
 
-
 def _setting(name: str, default: float) -> float:
     """Retry and timeout bounds: a dead store fails in seconds; operators may tighten or relax."""
     return float(os.environ.get(f"ORCHESTRATE_STORE_{name}", default))
@@ -86,16 +85,19 @@ def open_store(url: str) -> Store:
 
 def _retry(call: Callable[[], T], what: str, url: str) -> T:
     """Run `call`, retrying transient failures; turn exhaustion into one clear StoreUnreachable."""
-    retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, TransientError)),
-                        wait=wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.5),
-                        stop=stop_after_attempt(int(_setting("ATTEMPTS", 5))) |
-                        stop_after_delay(_setting("RETRY_SECONDS", 30)), reraise=True)
+    retrying = Retrying(
+        retry=retry_if_exception(lambda e: isinstance(e, TransientError)),
+        wait=wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.5),
+        stop=stop_after_attempt(int(_setting("ATTEMPTS", 5))) | stop_after_delay(_setting("RETRY_SECONDS", 30)),
+        reraise=True,
+    )
     try:
         return retrying(call)
     except TransientError as exc:
         attempts = retrying.statistics.get("attempt_number", 1)
-        raise StoreUnreachable(f"{what} {url}: {exc} (gave up after {attempts} attempts); "
-                               "check the endpoint, network and AWS_ENDPOINT_URL") from None
+        raise StoreUnreachable(
+            f"{what} {url}: {exc} (gave up after {attempts} attempts); check the endpoint, network and AWS_ENDPOINT_URL"
+        ) from None
 
 
 class S3Store:
@@ -108,9 +110,12 @@ class S3Store:
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
         # AWS_ENDPOINT_URL, AWS_REGION, credentials and profiles come from the standard variables
-        config = Config(retries={"total_max_attempts": 1, "mode": "standard"},
-                        connect_timeout=_setting("CONNECT_TIMEOUT", 5), read_timeout=_setting("READ_TIMEOUT", 30),
-                        max_pool_connections=32)
+        config = Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=_setting("CONNECT_TIMEOUT", 5),
+            read_timeout=_setting("READ_TIMEOUT", 30),
+            max_pool_connections=32,
+        )
         self._multipart_bytes = int(_setting("MULTIPART_BYTES", 64 * 1024 * 1024))
         self._client = boto3.session.Session().client("s3", config=config)
         self._endpoint = self._client.meta.endpoint_url
@@ -124,6 +129,7 @@ class S3Store:
                 return fn()
             except Exception as exc:
                 raise self._classify(exc, what) from exc
+
         return _retry(attempt, what, f"{self.url} ({self._endpoint})")
 
     def _classify(self, exc: Exception, what: str) -> Exception:
@@ -134,11 +140,20 @@ class S3Store:
             exc = exc.__context__
         where = f"{what} s3://{self.bucket}/{self.prefix}"
         if isinstance(exc, be.NoCredentialsError):
-            return StoreAuthError(f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
-                                  "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role")
-        if isinstance(exc, (be.EndpointConnectionError, be.ConnectTimeoutError, be.ReadTimeoutError,
-                            be.ConnectionClosedError, be.ResponseStreamingError)) or \
-                type(exc).__name__ in ("ProtocolError", "IncompleteReadError"):
+            return StoreAuthError(
+                f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role"
+            )
+        if isinstance(
+            exc,
+            (
+                be.EndpointConnectionError,
+                be.ConnectTimeoutError,
+                be.ReadTimeoutError,
+                be.ConnectionClosedError,
+                be.ResponseStreamingError,
+            ),
+        ) or type(exc).__name__ in ("ProtocolError", "IncompleteReadError"):
             return TransientError(f"{type(exc).__name__}: {exc}")
         if isinstance(exc, be.ClientError):
             code = str(exc.response.get("Error", {}).get("Code", ""))
@@ -147,10 +162,16 @@ class S3Store:
                 return NotFound(f"{where}: not found")
             if code == "NoSuchBucket":
                 return StoreError(f"{where}: bucket {self.bucket!r} does not exist; create it or fix --remote")
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
-                        "InvalidToken") or status in (401, 403):
-                return StoreAuthError(f"{where}: access refused ({code}); check the credentials and their "
-                                      "permissions on this bucket")
+            if code in (
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+                "AccessDenied",
+                "ExpiredToken",
+                "InvalidToken",
+            ) or status in (401, 403):
+                return StoreAuthError(
+                    f"{where}: access refused ({code}); check the credentials and their permissions on this bucket"
+                )
             if status >= 500 or status == 429 or code in ("SlowDown", "Throttling", "RequestTimeout"):
                 return TransientError(f"HTTP {status} {code}")
             return StoreError(f"{where}: {code or status}: {exc}")
@@ -159,7 +180,9 @@ class S3Store:
         return StoreError(f"{where}: {type(exc).__name__}: {exc}")
 
     def read(self, key: str) -> bytes:
-        return self._call("read", lambda: self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
+        return self._call(
+            "read", lambda: self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        )
 
     def create(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
@@ -172,21 +195,26 @@ class S3Store:
                 if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
                     return False
                 raise
+
         return self._call("write", put)
 
     def upload(self, key: str, path: Path) -> None:
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=self._multipart_bytes,
-                                multipart_chunksize=max(5 * 1024 * 1024, self._multipart_bytes // 2), max_concurrency=8)
+        config = TransferConfig(
+            multipart_threshold=self._multipart_bytes,
+            multipart_chunksize=max(5 * 1024 * 1024, self._multipart_bytes // 2),
+            max_concurrency=8,
+        )
         self._call("upload", lambda: self._client.upload_file(str(path), self.bucket, self._key(key), Config=config))
 
     def download(self, key: str, path: Path) -> None:
         from boto3.s3.transfer import TransferConfig
 
         config = TransferConfig(multipart_threshold=self._multipart_bytes, max_concurrency=8)
-        self._call("download", lambda: self._client.download_file(self.bucket, self._key(key), str(path),
-                                                                   Config=config))
+        self._call(
+            "download", lambda: self._client.download_file(self.bucket, self._key(key), str(path), Config=config)
+        )
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         def pages() -> list[ObjectInfo]:
@@ -197,11 +225,12 @@ class S3Store:
                 for item in page.get("Contents", []):
                     found.append(ObjectInfo(item["Key"][strip:], item["Size"], item["LastModified"].timestamp()))
             return found
+
         return self._call("list", pages)
 
     def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[start:start + 1000]]
+            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
             self._call("delete", lambda: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}))
 
 
@@ -288,6 +317,7 @@ class FsspecStore:
                 raise NotFound(f"{what} {self.url}: not found") from None
             except (TimeoutError, ConnectionError, OSError) as exc:
                 raise TransientError(f"{type(exc).__name__}: {exc}") from exc
+
         return _retry(attempt, what, self.url)
 
     def read(self, key: str) -> bytes:
@@ -299,6 +329,7 @@ class FsspecStore:
                 return False
             self.fs.pipe_file(self._path(key), data)
             return True
+
         return self._call("write", put)
 
     def upload(self, key: str, path: Path) -> None:
@@ -316,8 +347,9 @@ class FsspecStore:
             for path, info in self.fs.find(base, detail=True).items():
                 modified: Any = info.get("mtime") or info.get("LastModified") or 0
                 modified = modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
-                found.append(ObjectInfo(path[len(self.root.rstrip("/")) + 1:], int(info.get("size", 0)), modified))
+                found.append(ObjectInfo(path[len(self.root.rstrip("/")) + 1 :], int(info.get("size", 0)), modified))
             return found
+
         return self._call("list", find)
 
     def delete(self, keys: list[str]) -> None:

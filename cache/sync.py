@@ -112,12 +112,22 @@ def newest(store: Store, namespace: str, key: Optional[SigningKey], *, allow_uns
     return decode(store.read(_manifest_key(namespace, gens[-1])), key, allow_unsigned=allow_unsigned, where=where)
 
 
-def publish(store: Store, directory: Path, namespace: str, key: Optional[SigningKey], *, allow_unsigned: bool,
-            buckets: Iterable[int] = (), meta: Optional[dict[str, Any]] = None,
-            exclude: Iterable[str] = ()) -> Transfer:
+def publish(
+    store: Store,
+    directory: Path,
+    namespace: str,
+    key: Optional[SigningKey],
+    *,
+    allow_unsigned: bool,
+    buckets: Iterable[int] = (),
+    meta: Optional[dict[str, Any]] = None,
+    exclude: Iterable[str] = (),
+) -> Transfer:
     if key is None and not allow_unsigned:
-        raise IntegrityError("publishing needs a signing key so readers can trust the cache: set "
-                             "ORCHESTRATE_CACHE_SIGNING_KEY (or ..._FILE), or pass --allow-unsigned")
+        raise IntegrityError(
+            "publishing needs a signing key so readers can trust the cache: set "
+            "ORCHESTRATE_CACHE_SIGNING_KEY (or ..._FILE), or pass --allow-unsigned"
+        )
     started = time.perf_counter()
     excluded = set(exclude)
     local = {rel: item for rel, item in scan(directory).items() if rel not in excluded}
@@ -138,10 +148,16 @@ def publish(store: Store, directory: Path, namespace: str, key: Optional[Signing
         files.update(new_paths)
         shards = dict(head.shards) if head else {}
         shards.update({entry.shard: shard_sizes[entry.shard] for entry in new_paths.values()})
-        manifest = Manifest(namespace=namespace, generation=generation, files=files, shards=shards,
-                            buckets=sorted(set(head.buckets if head else []) | set(buckets)),
-                            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            publisher=f"{socket.gethostname()}/{os.getpid()}", meta=meta or {})
+        manifest = Manifest(
+            namespace=namespace,
+            generation=generation,
+            files=files,
+            shards=shards,
+            buckets=sorted(set(head.buckets if head else []) | set(buckets)),
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            publisher=f"{socket.gethostname()}/{os.getpid()}",
+            meta=meta or {},
+        )
         if store.create(_manifest_key(namespace, generation), encode(manifest, key)):
             transfer.generation = generation
             break
@@ -153,8 +169,9 @@ def publish(store: Store, directory: Path, namespace: str, key: Optional[Signing
     return transfer
 
 
-def _upload_shards(store: Store, files: dict[str, tuple[Path, int]],
-                   transfer: Transfer) -> tuple[dict[str, FileEntry], dict[str, int]]:
+def _upload_shards(
+    store: Store, files: dict[str, tuple[Path, int]], transfer: Transfer
+) -> tuple[dict[str, FileEntry], dict[str, int]]:
     """Pack files into deterministic tars of about SHARD_BYTES and upload them in parallel."""
     groups: list[list[str]] = [[]]
     size = 0
@@ -168,6 +185,7 @@ def _upload_shards(store: Store, files: dict[str, tuple[Path, int]],
     entries: dict[str, FileEntry] = {}
     sizes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="orchestrate-publish-") as tmp:
+
         def pack_and_upload(index_and_group: tuple[int, list[str]]) -> None:
             index, group = index_and_group
             shard_path = Path(tmp) / f"shard-{index}.tar"
@@ -202,8 +220,9 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pull(store: Store, namespace: str, directory: Path, key: Optional[SigningKey], *,
-         allow_unsigned: bool) -> Optional[Transfer]:
+def pull(
+    store: Store, namespace: str, directory: Path, key: Optional[SigningKey], *, allow_unsigned: bool
+) -> Optional[Transfer]:
     """Bring `directory` up to the newest published state. None when the namespace is absent."""
     started = time.perf_counter()
     manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
@@ -242,8 +261,10 @@ def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], stagi
         path = staging / ".shards" / shard
         store.download(_object_key(shard), path)
         if sha256_file(path) != shard:
-            raise IntegrityError(f"{store.url}: shard {shard[:16]}... does not match its sha256 (corrupt or "
-                                 "tampered); refusing it, the local cache is untouched")
+            raise IntegrityError(
+                f"{store.url}: shard {shard[:16]}... does not match its sha256 (corrupt or "
+                "tampered); refusing it, the local cache is untouched"
+            )
         wanted = set(by_shard[shard])
         with tarfile.open(path) as tar:
             for member in tar:
@@ -317,8 +338,9 @@ def verify(store: Store, namespace: str, key: Optional[SigningKey], *, allow_uns
     return manifest
 
 
-def gc(store: Store, keep: int, key: Optional[SigningKey], *, allow_unsigned: bool,
-       grace_seconds: float = 3600.0) -> dict[str, int]:
+def gc(
+    store: Store, keep: int, key: Optional[SigningKey], *, allow_unsigned: bool, grace_seconds: float = 3600.0
+) -> dict[str, int]:
     """Keep the `keep` newest namespaces of each model (and the two newest generations of each);
     delete the rest, then shards no kept manifest names that are older than `grace_seconds`
     (a publisher uploads shards before its manifest exists: the grace protects it)."""
@@ -336,8 +358,12 @@ def gc(store: Store, keep: int, key: Optional[SigningKey], *, allow_unsigned: bo
             if rank < keep and info.manifest is not None:
                 doomed_manifests += [_manifest_key(info.namespace, g) for g in gens[:-2]]
                 for generation in gens[-2:]:
-                    kept = decode(store.read(_manifest_key(info.namespace, generation)), key,
-                                  allow_unsigned=allow_unsigned, where=info.namespace)
+                    kept = decode(
+                        store.read(_manifest_key(info.namespace, generation)),
+                        key,
+                        allow_unsigned=allow_unsigned,
+                        where=info.namespace,
+                    )
                     referenced |= set(kept.shards)
             elif rank >= keep:
                 doomed_manifests += [_manifest_key(info.namespace, g) for g in gens]
@@ -345,8 +371,11 @@ def gc(store: Store, keep: int, key: Optional[SigningKey], *, allow_unsigned: bo
                 # an unverifiable newest manifest: keep everything it might need, delete nothing
                 referenced |= {o.key.rsplit("/", 1)[-1] for o in store.list(f"{PREFIX}/objects/")}
     now = time.time()
-    doomed_objects = [o.key for o in store.list(f"{PREFIX}/objects/")
-                      if o.key.rsplit("/", 1)[-1] not in referenced and now - o.modified > grace_seconds]
+    doomed_objects = [
+        o.key
+        for o in store.list(f"{PREFIX}/objects/")
+        if o.key.rsplit("/", 1)[-1] not in referenced and now - o.modified > grace_seconds
+    ]
     store.delete(doomed_manifests)
     store.delete(doomed_objects)
     return {"manifests_deleted": len(doomed_manifests), "objects_deleted": len(doomed_objects)}

@@ -5,8 +5,9 @@ from torch import nn
 
 def mlp(layers: int = 24, width: int = 256) -> nn.Module:
     """Many small kernels per call: launch-bound, the case CUDA graphs help most."""
-    return nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU())
-                           for _ in range(layers)))
+    return nn.Sequential(
+        *(nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()) for _ in range(layers))
+    )
 
 
 def transformer(layers: int = 6, d_model: int = 512, heads: int = 8, feedforward: int = 2048) -> nn.Module:

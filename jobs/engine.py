@@ -86,9 +86,17 @@ class WarmupRun:
     events: list[tuple[str, float]] = field(default_factory=list)
 
 
-def run_warmup(spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
-               remote: Optional[Remote] = None, benchmark: bool = True, publish: bool = True,
-               progress: Progress = NoProgress()) -> WarmupRun:
+def run_warmup(
+    spec: WarmupSpec,
+    cache_root: Path,
+    *,
+    fresh: bool = False,
+    rank: int = 0,
+    remote: Optional[Remote] = None,
+    benchmark: bool = True,
+    publish: bool = True,
+    progress: Progress = NoProgress(),
+) -> WarmupRun:
     """Pull, compile, warm and benchmark every bucket of `spec`, then publish what compiled.
 
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
@@ -106,9 +114,18 @@ class Session:
     pace. `run_warmup` goes straight through; a Ray rank takes each bucket as soon as the compile
     wave has published it and benchmarks them all once compiling has stopped."""
 
-    def __init__(self, spec: WarmupSpec, cache_root: Path, *, fresh: bool = False, rank: int = 0,
-                 remote: Optional[Remote] = None, progress: Progress = NoProgress(),
-                 trace_ahead: bool = False, earlier_events: tuple[tuple[str, float], ...] = ()) -> None:
+    def __init__(
+        self,
+        spec: WarmupSpec,
+        cache_root: Path,
+        *,
+        fresh: bool = False,
+        rank: int = 0,
+        remote: Optional[Remote] = None,
+        progress: Progress = NoProgress(),
+        trace_ahead: bool = False,
+        earlier_events: tuple[tuple[str, float], ...] = (),
+    ) -> None:
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
         self.spec, self.rank, self.remote, self.progress = spec, rank, remote, progress
         # earlier_events: milestones of this process before it imported torch (a Ray worker's start)
@@ -123,7 +140,9 @@ class Session:
             _point_caches_at(self.local.prepare())
         except OSError as exc:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
-        self.store, self.key = (open_store(remote.url), SigningKey.from_env(remote.key_file)) if remote else (None, None)
+        self.store, self.key = (
+            (open_store(remote.url), SigningKey.from_env(remote.key_file)) if remote else (None, None)
+        )
         self.pulls: list[sync.Transfer] = []
         self.published: Optional[sync.Transfer] = None
         self.publish_error: Optional[str] = None
@@ -134,8 +153,10 @@ class Session:
         ti.allow_recompiles(len(spec.buckets))
         options = spec.compile
         self.compiled, self._tracer = ti.compile_model(
-            self.model, ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend,
-                                          options.options), trace_ahead=trace_ahead)
+            self.model,
+            ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend, options.options),
+            trace_ahead=trace_ahead,
+        )
         self.setup_seconds = time.perf_counter() - self.started
         self._work: dict[int, _BucketWork] = {}
         self._quarantined: list[str] = []
@@ -143,8 +164,9 @@ class Session:
     def pull(self) -> Optional[sync.Transfer]:
         """Bring the local directory up to the store's newest generation (None: not published yet)."""
         self.progress.step(f"pull {self.local.namespace} from {self.remote.url}")
-        transfer = sync.pull(self.store, self.local.namespace, self.local.path, self.key,
-                             allow_unsigned=self.remote.allow_unsigned)
+        transfer = sync.pull(
+            self.store, self.local.namespace, self.local.path, self.key, allow_unsigned=self.remote.allow_unsigned
+        )
         if transfer:
             self.pulls.append(transfer)
             self.event(f"pulled generation {transfer.generation}")
@@ -199,30 +221,48 @@ class Session:
             return
         self.progress.step(f"publish {self.local.namespace} to {self.remote.url}")
         try:
-            self.published = sync.publish(self.store, self.local.path, self.local.namespace, self.key,
-                                          allow_unsigned=self.remote.allow_unsigned, buckets=ok,
-                                          meta={"model": self.spec.name, "platform": asdict(self.platform)},
-                                          exclude=self._quarantined)
+            self.published = sync.publish(
+                self.store,
+                self.local.path,
+                self.local.namespace,
+                self.key,
+                allow_unsigned=self.remote.allow_unsigned,
+                buckets=ok,
+                meta={"model": self.spec.name, "platform": asdict(self.platform)},
+                exclude=self._quarantined,
+            )
         except (StoreError, IntegrityError) as exc:
             self.publish_error = str(exc)
         self.event("published" if self.published else "publish failed")
 
     def run(self) -> WarmupRun:
         files, size = self.local.usage()
-        return WarmupRun(platform=self.platform, namespace=self.local.namespace, device=str(self.device),
-                         cache_dir=str(self.local.path), results=[w.result for w in self._work.values()],
-                         wall_seconds=time.perf_counter() - self.started, setup_seconds=self.setup_seconds,
-                         process_age_at_start=self.process_age, cache_bytes=size, cache_files=files,
-                         remote=self.remote.url if self.remote else None, pull=_combined(self.pulls),
-                         publish=self.published, publish_error=self.publish_error, events=list(self.events))
+        return WarmupRun(
+            platform=self.platform,
+            namespace=self.local.namespace,
+            device=str(self.device),
+            cache_dir=str(self.local.path),
+            results=[w.result for w in self._work.values()],
+            wall_seconds=time.perf_counter() - self.started,
+            setup_seconds=self.setup_seconds,
+            process_age_at_start=self.process_age,
+            cache_bytes=size,
+            cache_files=files,
+            remote=self.remote.url if self.remote else None,
+            pull=_combined(self.pulls),
+            publish=self.published,
+            publish_error=self.publish_error,
+            events=list(self.events),
+        )
 
     def event(self, what: str) -> None:
         self.events.append((what, time.time()))
 
     def _bucket(self, bucket: int) -> _BucketWork:
         if bucket not in self._work:
-            result = BucketResult(bucket=bucket, rank=self.rank,
-                                  gpu=self.platform.gpu_name if self.device.type == "cuda" else None)
+            result = BucketResult(
+                bucket=bucket, rank=self.rank, gpu=self.platform.gpu_name if self.device.type == "cuda" else None
+            )
             self._work[bucket] = _BucketWork(self.spec, self.model, self.compiled, self.device, result, self.progress)
         return self._work[bucket]
 
@@ -253,9 +293,13 @@ def _combined(pulls: list[sync.Transfer]) -> Optional[sync.Transfer]:
     """Several pulls of one process as one transfer: the last generation, the sums of the rest."""
     if not pulls:
         return None
-    return sync.Transfer(generation=pulls[-1].generation, files=sum(p.files for p in pulls),
-                         bytes=sum(p.bytes for p in pulls), shards=sum(p.shards for p in pulls),
-                         seconds=sum(p.seconds for p in pulls))
+    return sync.Transfer(
+        generation=pulls[-1].generation,
+        files=sum(p.files for p in pulls),
+        bytes=sum(p.bytes for p in pulls),
+        shards=sum(p.shards for p in pulls),
+        seconds=sum(p.seconds for p in pulls),
+    )
 
 
 def _quarantine(directory: Path, created: set[str]) -> list[str]:
@@ -281,8 +325,15 @@ class _BucketWork:
     """The stages of one bucket, each timed on its own (see the module doc). Stages may run far
     apart in time; the waits between them are not counted in any stage."""
 
-    def __init__(self, spec: WarmupSpec, model: torch.nn.Module, compiled: Any, device: torch.device,
-                 result: BucketResult, progress: Progress) -> None:
+    def __init__(
+        self,
+        spec: WarmupSpec,
+        model: torch.nn.Module,
+        compiled: Any,
+        device: torch.device,
+        result: BucketResult,
+        progress: Progress,
+    ) -> None:
         self.spec, self.model, self.compiled_model, self.device = spec, model, compiled, device
         self.result, self.progress = result, progress
         self.clock = Clock(device)
@@ -370,10 +421,12 @@ class _BucketWork:
         self.enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
         with torch.no_grad():
             window = ti.CounterWindow()
-            latency = self.clock.interleaved(variants, spec.bench.iterations, spec.bench.warmup,
-                                             on_step=lambda: self.progress.advance(bucket))
-            throughput = self.clock.back_to_back(variants, rounds, BACK_TO_BACK_CALLS,
-                                                 on_step=lambda: self.progress.advance(bucket))
+            latency = self.clock.interleaved(
+                variants, spec.bench.iterations, spec.bench.warmup, on_step=lambda: self.progress.advance(bucket)
+            )
+            throughput = self.clock.back_to_back(
+                variants, rounds, BACK_TO_BACK_CALLS, on_step=lambda: self.progress.advance(bucket)
+            )
             result.recompiles = (result.recompiles or 0) + window.stats().frames_compiled
         result.eager_ms, result.eager_p90_ms = median(latency["eager"]), p90(latency["eager"])
         result.compiled_ms, result.compiled_p90_ms = median(latency["compiled"]), p90(latency["compiled"])
@@ -389,19 +442,27 @@ class _BucketWork:
         self.result.stage = "done"
 
 
-def _record_compile(result: BucketResult, stats: ti.CompileStats, spec: WarmupSpec, device: torch.device,
-                    skip_reasons: list[str]) -> None:
+def _record_compile(
+    result: BucketResult, stats: ti.CompileStats, spec: WarmupSpec, device: torch.device, skip_reasons: list[str]
+) -> None:
     result.cache_hits, result.cache_misses = stats.cache_hits, stats.cache_misses
-    result.cache = {"fx_graph_hits": stats.fx_hits, "fx_graph_misses": stats.fx_misses,
-                    "fx_graph_bypasses": stats.fx_bypasses, "aot_autograd_hits": stats.aot_hits,
-                    "aot_autograd_misses": stats.aot_misses, "autotuned_kernels": stats.autotuned_kernels}
-    result.cache_state = ("hit" if stats.cache_misses == 0 and stats.cache_hits > 0 else
-                          "miss" if stats.cache_hits == 0 else "mixed")
+    result.cache = {
+        "fx_graph_hits": stats.fx_hits,
+        "fx_graph_misses": stats.fx_misses,
+        "fx_graph_bypasses": stats.fx_bypasses,
+        "aot_autograd_hits": stats.aot_hits,
+        "aot_autograd_misses": stats.aot_misses,
+        "autotuned_kernels": stats.autotuned_kernels,
+    }
+    result.cache_state = (
+        "hit" if stats.cache_misses == 0 and stats.cache_hits > 0 else "miss" if stats.cache_hits == 0 else "mixed"
+    )
     result.phase = "warm" if result.cache_state == "hit" else "compile"
     result.graph_breaks, result.graph_break_reasons = stats.graph_break_count, stats.graph_breaks
     result.frames_compiled = stats.frames_compiled
-    wants_graphs = spec.compile.mode in ("reduce-overhead", "max-autotune") or \
-        bool(spec.compile.options.get("triton.cudagraphs"))
+    wants_graphs = spec.compile.mode in ("reduce-overhead", "max-autotune") or bool(
+        spec.compile.options.get("triton.cudagraphs")
+    )
     if not wants_graphs:
         result.cudagraphs = False
     elif device.type != "cuda":

@@ -73,13 +73,16 @@ class Verdict:
 def snapshot(output: Any) -> Outputs:
     """`output` flattened into leaves by path, tensors copied: a CUDA-graph replay or the next
     call may overwrite the buffers the model returned."""
-    return [Leaf(path, value.detach().clone() if isinstance(value, torch.Tensor) else value)
-            for path, value in _walk(output, "output")]
+    return [
+        Leaf(path, value.detach().clone() if isinstance(value, torch.Tensor) else value)
+        for path, value in _walk(output, "output")
+    ]
 
 
 class Gate:
-    def __init__(self, atol: Optional[float] = None, rtol: Optional[float] = None,
-                 allow_nonfinite: bool = False) -> None:
+    def __init__(
+        self, atol: Optional[float] = None, rtol: Optional[float] = None, allow_nonfinite: bool = False
+    ) -> None:
         self.atol, self.rtol, self.allow_nonfinite = atol, rtol, allow_nonfinite
 
     @classmethod
@@ -106,7 +109,8 @@ class Gate:
                 raise NonFiniteOutput(
                     f"eager output is not finite: {leaf.path} holds {nan} NaN and {int((~finite).sum()) - nan} Inf "
                     f"of {values.numel()} values; fix the model or its inputs, or set check.allow_nonfinite: true "
-                    "if they are expected")
+                    "if they are expected"
+                )
 
     def compare(self, reference: Outputs, candidate: Outputs, *, call: str) -> Verdict:
         """Raise OutputMismatch naming the first leaf of `candidate` (the output of `call`) that
@@ -123,8 +127,13 @@ class Gate:
             if worst is None or error[0] > worst[0]:
                 worst = error
             used = fraction if used is None else max(used, fraction)
-        return Verdict(leaves=len(reference), max_abs_error=worst[0] if worst else None,
-                       atol=worst[1] if worst else None, rtol=worst[2] if worst else None, tolerance_used=used)
+        return Verdict(
+            leaves=len(reference),
+            max_abs_error=worst[0] if worst else None,
+            atol=worst[1] if worst else None,
+            rtol=worst[2] if worst else None,
+            tolerance_used=used,
+        )
 
     def _leaf(self, want: Leaf, got: Leaf, call: str) -> Optional[tuple[tuple[float, float, float], float]]:
         """((max abs error, atol, rtol), tolerance used) if the leaf is floating point, else None."""
@@ -141,34 +150,43 @@ class Gate:
         if not _is_floating(expected):
             differ = int((expected != actual).sum())
             if differ:
-                raise OutputMismatch(f"{where}: {differ} of {expected.numel()} {_dtype(expected)} values "
-                                     "differ from eager's (integer and bool outputs must be equal)")
+                raise OutputMismatch(
+                    f"{where}: {differ} of {expected.numel()} {_dtype(expected)} values "
+                    "differ from eager's (integer and bool outputs must be equal)"
+                )
             return None
         return self._close(expected, actual, where)
 
-    def _close(self, expected: torch.Tensor, actual: torch.Tensor,
-               where: str) -> tuple[tuple[float, float, float], float]:
+    def _close(
+        self, expected: torch.Tensor, actual: torch.Tensor, where: str
+    ) -> tuple[tuple[float, float, float], float]:
         atol, rtol = self.tolerance(expected.dtype)
         expected, actual = _as_real_double(expected), _as_real_double(actual)
         finite = torch.isfinite(expected)
         broken = finite & ~torch.isfinite(actual)
         if bool(broken.any()):
             nan = int((broken & torch.isnan(actual)).sum())
-            raise OutputMismatch(f"{where} holds {nan} NaN and {int(broken.sum()) - nan} Inf where eager's "
-                                 f"values are finite ({int(broken.sum())} of {expected.numel()})")
+            raise OutputMismatch(
+                f"{where} holds {nan} NaN and {int(broken.sum()) - nan} Inf where eager's "
+                f"values are finite ({int(broken.sum())} of {expected.numel()})"
+            )
         # eager's NaN and Inf (where allowed): the same ones at the same places
         same = (torch.isnan(expected) == torch.isnan(actual)) & (finite | torch.isnan(expected) | (expected == actual))
         if not bool(same.all()):
-            raise OutputMismatch(f"{where}: {int((~same).sum())} of eager's NaN/Inf are not at the same "
-                                 "places in the compiled output")
+            raise OutputMismatch(
+                f"{where}: {int((~same).sum())} of eager's NaN/Inf are not at the same places in the compiled output"
+            )
         error = torch.where(finite, (expected - actual).abs(), torch.zeros_like(expected))
         worst = float(error.max()) if error.numel() else 0.0
         allowed = atol + rtol * expected.abs()  # infinite or NaN only where error is 0
         beyond = error > allowed
         if bool(beyond.any()):
-            raise OutputMismatch(f"{where} differs from eager: max abs error {worst:.3g} exceeds atol={atol:g} "
-                                 f"+ rtol={rtol:g}*|eager| at {int(beyond.sum())} of {expected.numel()} values; "
-                                 "set check.atol/check.rtol if this is expected", max_abs_error=worst)
+            raise OutputMismatch(
+                f"{where} differs from eager: max abs error {worst:.3g} exceeds atol={atol:g} "
+                f"+ rtol={rtol:g}*|eager| at {int(beyond.sum())} of {expected.numel()} values; "
+                "set check.atol/check.rtol if this is expected",
+                max_abs_error=worst,
+            )
         fraction = torch.where(error > 0, error / allowed, torch.zeros_like(error))  # 0/0 (exact at atol=0) is 0
         return (worst, atol, rtol), float(fraction.max()) if fraction.numel() else 0.0
 
@@ -179,8 +197,9 @@ def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
         keys = sorted(node, key=repr)
         yield path, Container(_type_name(node), len(keys))
         for key in keys:
-            yield from _walk(node[key], f"{path}.{key}" if isinstance(key, str) and key.isidentifier()
-                             else f"{path}[{key!r}]")
+            yield from _walk(
+                node[key], f"{path}.{key}" if isinstance(key, str) and key.isidentifier() else f"{path}[{key!r}]"
+            )
     elif dataclasses.is_dataclass(node) and not isinstance(node, type):
         names = [f.name for f in dataclasses.fields(node)]
         yield path, Container(_type_name(node), len(names))

@@ -21,8 +21,10 @@ def resolve_device(requested: str) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", 0)  # workers see one GPU: artifacts are always for cuda:0
     if requested == "cuda":
-        raise SetupError("device 'cuda' was requested but torch sees no CUDA GPU "
-                         f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES may hide it); use --device cpu or auto")
+        raise SetupError(
+            "device 'cuda' was requested but torch sees no CUDA GPU "
+            f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES may hide it); use --device cpu or auto"
+        )
     return torch.device("cpu")
 
 
@@ -45,8 +47,10 @@ def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
         try:
             module = importlib.import_module(ref.target)
         except Exception as exc:
-            raise SetupError(f"model.factory: cannot import module {ref.target!r}: {brief(exc)}; "
-                             "install it or use 'path/to/file.py:callable'") from exc
+            raise SetupError(
+                f"model.factory: cannot import module {ref.target!r}: {brief(exc)}; "
+                "install it or use 'path/to/file.py:callable'"
+            ) from exc
     target: Any = module
     for part in ref.attribute.split("."):
         if not hasattr(target, part):
@@ -71,7 +75,9 @@ def build_model(spec: WarmupSpec, device: torch.device) -> torch.nn.Module:
     return model.to(device).eval()
 
 
-def make_inputs(spec: WarmupSpec, bucket: int, device: torch.device) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+def make_inputs(
+    spec: WarmupSpec, bucket: int, device: torch.device
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Deterministic inputs for one bucket: the same values on every worker and every run."""
     generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + bucket)
     args, kwargs = [], {}

@@ -33,7 +33,8 @@ class ModelRef(_Strict):
     factory: str = Field(description="`module:callable` or `path/to/file.py:callable` returning an nn.Module")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
     dtype: Optional[Literal["float32", "float16", "bfloat16", "float64"]] = Field(
-        default=None, description="cast the built model's parameters to this dtype")
+        default=None, description="cast the built model's parameters to this dtype"
+    )
 
     @field_validator("factory")
     @classmethod
@@ -60,7 +61,8 @@ class InputSpec(_Strict):
     shape: list[int | str] = Field(description="dimensions; the bucket symbol (e.g. `batch`) marks the bucketed one")
     dtype: DType = "float32"
     range: Optional[tuple[int, int]] = Field(
-        default=None, description="[low, high) of integer inputs such as token ids")
+        default=None, description="[low, high) of integer inputs such as token ids"
+    )
     name: Optional[str] = Field(default=None, description="pass as this keyword argument instead of positionally")
 
     @field_validator("shape")
@@ -77,7 +79,9 @@ class InputSpec(_Strict):
     def _range_fits_dtype(self) -> InputSpec:
         if self.dtype in INT_DTYPES:
             if self.range is None:
-                raise ValueError(f"integer input ({self.dtype}) needs `range: [low, high]`, e.g. [0, 32000] for token ids")
+                raise ValueError(
+                    f"integer input ({self.dtype}) needs `range: [low, high]`, e.g. [0, 32000] for token ids"
+                )
             low, high = self.range
             if low >= high:
                 raise ValueError(f"range [{low}, {high}] is empty: low must be below high")
@@ -108,8 +112,11 @@ class BenchOptions(_Strict):
 class CheckOptions(_Strict):
     atol: Optional[float] = Field(default=None, ge=0, description="absolute tolerance; default by output dtype")
     rtol: Optional[float] = Field(default=None, ge=0, description="relative tolerance; default by output dtype")
-    allow_nonfinite: bool = Field(default=False, description="eager may return NaN/Inf; compiled must match them "
-                                  "in place (else a non-finite eager output fails the bucket)")
+    allow_nonfinite: bool = Field(
+        default=False,
+        description="eager may return NaN/Inf; compiled must match them "
+        "in place (else a non-finite eager output fails the bucket)",
+    )
 
 
 class WarmupSpec(_Strict):
@@ -123,8 +130,12 @@ class WarmupSpec(_Strict):
     bench: BenchOptions = Field(default_factory=BenchOptions)
     check: CheckOptions = Field(default_factory=CheckOptions)
     seed: int = 0
-    cache_dir: Optional[str] = Field(default=None, description="local cache root; default $ORCHESTRATE_CACHE_DIR or ~/.cache/orchestrate")
-    remote: Optional[str] = Field(default=None, description="shared store URL (s3://bucket/prefix, file:///dir, any fsspec URL)")
+    cache_dir: Optional[str] = Field(
+        default=None, description="local cache root; default $ORCHESTRATE_CACHE_DIR or ~/.cache/orchestrate"
+    )
+    remote: Optional[str] = Field(
+        default=None, description="shared store URL (s3://bucket/prefix, file:///dir, any fsspec URL)"
+    )
 
     # Directory relative factory paths are resolved against (the config file's); not part of identity.
     _base_dir: Optional[str] = PrivateAttr(default=None)
@@ -148,10 +159,13 @@ class WarmupSpec(_Strict):
             for dim in spec.shape:
                 if isinstance(dim, str) and dim != self.bucket_symbol:
                     raise ValueError(
-                        f"inputs[{i}].shape: unknown symbol {dim!r}; the bucket symbol is {self.bucket_symbol!r}")
+                        f"inputs[{i}].shape: unknown symbol {dim!r}; the bucket symbol is {self.bucket_symbol!r}"
+                    )
                 used = used or dim == self.bucket_symbol
         if not used:
-            raise ValueError(f"no input shape contains the bucket symbol {self.bucket_symbol!r}, so buckets would change nothing")
+            raise ValueError(
+                f"no input shape contains the bucket symbol {self.bucket_symbol!r}, so buckets would change nothing"
+            )
         return self
 
     @property

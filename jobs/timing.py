@@ -29,8 +29,13 @@ class Clock:
         self.sync()
         return time.perf_counter() - start, result
 
-    def interleaved(self, variants: dict[str, Callable[[], Any]], iterations: int, warmup: int,
-                    on_step: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+    def interleaved(
+        self,
+        variants: dict[str, Callable[[], Any]],
+        iterations: int,
+        warmup: int,
+        on_step: Callable[[], None] = lambda: None,
+    ) -> dict[str, list[float]]:
         """Per-call latency in ms of each variant, alternating ABAB.. then BABA.. order each round.
 
         Each call starts on an idle device (synchronize first), so a sample is the latency one
@@ -44,20 +49,25 @@ class Clock:
         self.sync()
         samples: dict[str, list[float]] = {name: [] for name in names}
         for i in range(iterations):
-            for name in (names if i % 2 == 0 else names[::-1]):
+            for name in names if i % 2 == 0 else names[::-1]:
                 samples[name].append(self._time_one(variants[name]))
             on_step()
         return samples
 
-    def back_to_back(self, variants: dict[str, Callable[[], Any]], rounds: int, calls: int,
-                     on_step: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+    def back_to_back(
+        self,
+        variants: dict[str, Callable[[], Any]],
+        rounds: int,
+        calls: int,
+        on_step: Callable[[], None] = lambda: None,
+    ) -> dict[str, list[float]]:
         """Mean ms per call over `calls` calls issued without waiting, one sample per round and
         variant, order alternating. The host queues work ahead of the device here, so this is
         throughput under load: launch overhead hides behind device work wherever it can."""
         names = list(variants)
         samples: dict[str, list[float]] = {name: [] for name in names}
         for i in range(rounds):
-            for name in (names if i % 2 == 0 else names[::-1]):
+            for name in names if i % 2 == 0 else names[::-1]:
                 samples[name].append(self._time_one(variants[name], calls) / calls)
             on_step()
         return samples

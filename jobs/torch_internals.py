@@ -83,8 +83,9 @@ def allow_recompiles(n_graphs: int) -> None:
     setattr(config, name, max(getattr(config, name), n_graphs + 8))
 
 
-def compile_kwargs(mode: Optional[str], dynamic: Optional[bool], fullgraph: bool, backend: str,
-                   options: dict[str, Any]) -> dict[str, Any]:
+def compile_kwargs(
+    mode: Optional[str], dynamic: Optional[bool], fullgraph: bool, backend: str, options: dict[str, Any]
+) -> dict[str, Any]:
     """torch.compile refuses `mode` and `options` together; fold the mode into the options then."""
     kwargs: dict[str, Any] = {"dynamic": dynamic, "fullgraph": fullgraph, "backend": backend}
     if options and mode and backend == "inductor":
@@ -98,8 +99,9 @@ def compile_kwargs(mode: Optional[str], dynamic: Optional[bool], fullgraph: bool
     return kwargs
 
 
-def compile_model(model: torch.nn.Module, kwargs: dict[str, Any], *,
-                  trace_ahead: bool = False) -> tuple[Any, Optional[TraceAhead]]:
+def compile_model(
+    model: torch.nn.Module, kwargs: dict[str, Any], *, trace_ahead: bool = False
+) -> tuple[Any, Optional[TraceAhead]]:
     """torch.compile(model, **kwargs) and, when asked and the backend is Inductor, the TraceAhead
     backend that lets the process trace buckets before their artifacts exist (else None)."""
     options = kwargs.get("options") or {}
@@ -174,8 +176,9 @@ def find_tuned_configs_where_loaded() -> None:
     @functools.wraps(recheck)
     def recheck_here(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self.filename:
-            here = os.path.join(cache_dir(), os.path.basename(os.path.dirname(self.filename)),
-                                os.path.basename(self.filename))
+            here = os.path.join(
+                cache_dir(), os.path.basename(os.path.dirname(self.filename)), os.path.basename(self.filename)
+            )
             if os.path.exists(here):
                 self.filename = here
         return recheck(self, *args, **kwargs)
@@ -247,8 +250,9 @@ class CompileStats:
 
     def __add__(self, other: CompileStats) -> CompileStats:
         """Two windows of one bucket's first call (a trace ahead, then the load) as one."""
-        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
-                  for f in fields(self) if f.name != "graph_breaks"}
+        summed = {
+            f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "graph_breaks"
+        }
         return CompileStats(**summed, graph_breaks=dict(Counter(self.graph_breaks) + Counter(other.graph_breaks)))
 
     @property

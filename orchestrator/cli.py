@@ -40,13 +40,21 @@ from orchestrator.errors import (
 
 def _store_options(command):
     """--remote, --allow-unsigned and --signing-key-file, shared by every command that uses a store."""
-    command = click.option("--signing-key-file", metavar="FILE",
-                           help="HMAC key for manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]).")(command)
-    command = click.option("--allow-unsigned", is_flag=True,
-                           help="Accept and write unsigned manifests (local experiments only).")(command)
-    return click.option("--remote", metavar="URL", envvar="ORCHESTRATE_REMOTE",
-                        help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL "
-                             "(default $ORCHESTRATE_REMOTE, then the config's `remote`).")(command)
+    command = click.option(
+        "--signing-key-file",
+        metavar="FILE",
+        help="HMAC key for manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]).",
+    )(command)
+    command = click.option(
+        "--allow-unsigned", is_flag=True, help="Accept and write unsigned manifests (local experiments only)."
+    )(command)
+    return click.option(
+        "--remote",
+        metavar="URL",
+        envvar="ORCHESTRATE_REMOTE",
+        help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL "
+        "(default $ORCHESTRATE_REMOTE, then the config's `remote`).",
+    )(command)
 
 
 def _buckets_option(command):
@@ -66,19 +74,38 @@ def cli() -> None:
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
 @click.option("--cache-dir", metavar="DIR", help="Local cache root (node-local NVMe in production).")
 @click.option("--fresh", is_flag=True, help="Delete this model's local cache namespace first: a cold compile.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the JSON report to this file.")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the JSON report to this file.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
 @click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
-@click.option("--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU).")
+@click.option(
+    "--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU)."
+)
 @click.option("--no-ray", is_flag=True, help="Run everything in this process: no Ray, no store unless --remote.")
 @click.option("--pushgateway", metavar="URL", help="Push metrics here at the end (pushadd; job + model grouping).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve /metrics on this port while running.")
 @_store_options
-def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache_dir: Optional[str], fresh: bool,
-           report_path: Optional[Path], as_json: bool, ray_address: Optional[str], ranks: Optional[int],
-           no_ray: bool, pushgateway: Optional[str], metrics_port: Optional[int], remote: Optional[str],
-           allow_unsigned: bool, signing_key_file: Optional[str]) -> None:
+def warmup(
+    model_path: str,
+    buckets: Optional[str],
+    device: Optional[str],
+    cache_dir: Optional[str],
+    fresh: bool,
+    report_path: Optional[Path],
+    as_json: bool,
+    ray_address: Optional[str],
+    ranks: Optional[int],
+    no_ray: bool,
+    pushgateway: Optional[str],
+    metrics_port: Optional[int],
+    remote: Optional[str],
+    allow_unsigned: bool,
+    signing_key_file: Optional[str],
+) -> None:
     """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager.
 
     On Ray (the default; a local instance unless --ray-address): each bucket is compiled once
@@ -105,8 +132,9 @@ def warmup(model_path: str, buckets: Optional[str], device: Optional[str], cache
             if no_ray:
                 report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at)
             else:
-                report, publish_errors = _on_ray(spec, fresh, remote_store, allow_unsigned, ray_address, ranks, err,
-                                                 observe, started_at)
+                report, publish_errors = _on_ray(
+                    spec, fresh, remote_store, allow_unsigned, ray_address, ranks, err, observe, started_at
+                )
     except SetupError as exc:
         raise UserError(str(exc)) from None
     finally:
@@ -143,8 +171,17 @@ def _in_process(spec, fresh: bool, remote_store, err: Console, observe, started_
     return build_report(spec, run, started_at), [run.publish_error] if run.publish_error else []
 
 
-def _on_ray(spec, fresh: bool, remote_store, allow_unsigned: bool, ray_address: Optional[str],
-            ranks: Optional[int], err: Console, observe, started_at: datetime):
+def _on_ray(
+    spec,
+    fresh: bool,
+    remote_store,
+    allow_unsigned: bool,
+    ray_address: Optional[str],
+    ranks: Optional[int],
+    err: Console,
+    observe,
+    started_at: datetime,
+):
     """Compile wave and warm wave on Ray; the store defaults to a signed directory beside the cache."""
     from orchestrator.progress import FleetProgress
     from orchestrator.ray_driver import run_on_ray
@@ -152,8 +189,9 @@ def _on_ray(spec, fresh: bool, remote_store, allow_unsigned: bool, ray_address: 
 
     remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
     with FleetProgress(err, on_record=observe) as progress:
-        fleet = run_on_ray(spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh,
-                           observer=progress)
+        fleet = run_on_ray(
+            spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh, observer=progress
+        )
     report = build_fleet_report(spec, fleet, remote_store.url, started_at)
     return report, report["remote"]["publish_errors"]
 
@@ -180,8 +218,9 @@ def _embedded_store(root: Path, allow_unsigned: bool):
     try:
         store.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cache directory {root}: cannot create the local store ({exc.strerror}); "
-                        "pass a writable --cache-dir") from None
+        raise UserError(
+            f"cache directory {root}: cannot create the local store ({exc.strerror}); pass a writable --cache-dir"
+        ) from None
     if os.environ.get(KEY_ENV) or os.environ.get(KEY_FILE_ENV):
         return Remote(f"file://{store}", allow_unsigned)
     key_file = root / ".signing-key"
@@ -196,14 +235,27 @@ def _embedded_store(root: Path, allow_unsigned: bool):
 
 @cli.command()
 @click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
-@click.option("--to", "to_dir", required=True, metavar="DIR",
-              help="Directory to fill; the server sets TORCHINDUCTOR_CACHE_DIR=DIR/inductor, TRITON_CACHE_DIR=DIR/triton.")
+@click.option(
+    "--to",
+    "to_dir",
+    required=True,
+    metavar="DIR",
+    help="Directory to fill; the server sets TORCHINDUCTOR_CACHE_DIR=DIR/inductor, TRITON_CACHE_DIR=DIR/triton.",
+)
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
 @click.option("--allow-miss", is_flag=True, help="Exit 0 when the namespace was never published.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON on stdout.")
 @_store_options
-def pull(model_path: str, to_dir: str, device: Optional[str], allow_miss: bool, as_json: bool, remote: Optional[str],
-         allow_unsigned: bool, signing_key_file: Optional[str]) -> None:
+def pull(
+    model_path: str,
+    to_dir: str,
+    device: Optional[str],
+    allow_miss: bool,
+    as_json: bool,
+    remote: Optional[str],
+    allow_unsigned: bool,
+    signing_key_file: Optional[str],
+) -> None:
     """Fill a serving replica's cache directory from the store (for init containers)."""
     spec = load_spec_with_overrides(model_path, device=device)
     store_url = remote or spec.remote
@@ -220,21 +272,32 @@ def pull(model_path: str, to_dir: str, device: Optional[str], allow_miss: bool, 
     except SetupError as exc:
         raise UserError(str(exc)) from None
     target = Path(to_dir).expanduser().resolve()
-    transfer = sync.pull(open_store(store_url), namespace, target, SigningKey.from_env(signing_key_file),
-                         allow_unsigned=allow_unsigned)
-    summary = {"namespace": namespace, "to": str(target), "remote": store_url, "hit": transfer is not None,
-               **(asdict(transfer) if transfer else {})}
+    transfer = sync.pull(
+        open_store(store_url), namespace, target, SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned
+    )
+    summary = {
+        "namespace": namespace,
+        "to": str(target),
+        "remote": store_url,
+        "hit": transfer is not None,
+        **(asdict(transfer) if transfer else {}),
+    }
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     elif transfer is None:
         click.echo(f"{namespace}: not in {store_url}", err=True)
     else:
-        click.echo(f"{namespace}: generation {transfer.generation}, {transfer.files} files "
-                   f"({transfer.bytes / 1e6:.1f} MB in {transfer.shards} shards) in {transfer.seconds:.2f} s -> {target}",
-                   err=True)
+        click.echo(
+            f"{namespace}: generation {transfer.generation}, {transfer.files} files "
+            f"({transfer.bytes / 1e6:.1f} MB in {transfer.shards} shards) in {transfer.seconds:.2f} s -> {target}",
+            err=True,
+        )
     if transfer is None and not allow_miss:
-        _fail(f"namespace {namespace} was never published to {store_url}; run `orchestrate warmup --remote` "
-              "first, or pass --allow-miss to start cold", EXIT_MISS)
+        _fail(
+            f"namespace {namespace} was never published to {store_url}; run `orchestrate warmup --remote` "
+            "first, or pass --allow-miss to start cold",
+            EXIT_MISS,
+        )
 
 
 @cli.command()
@@ -247,11 +310,24 @@ def pull(model_path: str, to_dir: str, device: Optional[str], allow_miss: bool, 
 @click.option("--remote", metavar="URL", help="Shared store the job pulls from and publishes to.")
 @click.option("--pushgateway", metavar="URL", help="Pushgateway the job pushes its metrics to.")
 @click.option("--wait", is_flag=True, help="Follow the job's logs and exit with its outcome.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="With --wait: write the job's JSON report here.")
-def submit(model_path: str, buckets: Optional[str], ray_address: Optional[str], as_k8s: bool, image: Optional[str],
-           apply: bool, remote: Optional[str], pushgateway: Optional[str], wait: bool,
-           report_path: Optional[Path]) -> None:
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --wait: write the job's JSON report here.",
+)
+def submit(
+    model_path: str,
+    buckets: Optional[str],
+    ray_address: Optional[str],
+    as_k8s: bool,
+    image: Optional[str],
+    apply: bool,
+    remote: Optional[str],
+    pushgateway: Optional[str],
+    wait: bool,
+    report_path: Optional[Path],
+) -> None:
     """Run a warmup on a Ray cluster (Jobs API) or as a KubeRay RayJob."""
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     remote = remote or spec.remote
@@ -264,13 +340,27 @@ def submit(model_path: str, buckets: Optional[str], ray_address: Optional[str], 
     from orchestrator.submit import submit as submit_job
 
     extra = (["--remote", remote] if remote else []) + (["--pushgateway", pushgateway] if pushgateway else [])
-    outcome = submit_job(ray_address, spec, Path(model_path).resolve(), extra_args=extra, wait=wait,
-                         log=lambda line: click.echo(line, err=True))
+    outcome = submit_job(
+        ray_address,
+        spec,
+        Path(model_path).resolve(),
+        extra_args=extra,
+        wait=wait,
+        log=lambda line: click.echo(line, err=True),
+    )
     if report_path and outcome.report:
         write_report = __import__("orchestrator.report", fromlist=["write_json"]).write_json
         write_report(outcome.report, report_path)
-    click.echo(json.dumps({"submission_id": outcome.submission_id, "status": outcome.status, "new": outcome.new,
-                           "message": outcome.message}))
+    click.echo(
+        json.dumps(
+            {
+                "submission_id": outcome.submission_id,
+                "status": outcome.status,
+                "new": outcome.new,
+                "message": outcome.message,
+            }
+        )
+    )
     if exit_code_for(outcome):
         _fail(f"job {outcome.submission_id} {outcome.status}: {outcome.message}", exit_code_for(outcome))
 
@@ -289,8 +379,16 @@ def render() -> None:
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="GPU worker pods.")
 @click.option("--gpus-per-worker", type=click.IntRange(min=1), default=1, show_default=True)
-def render_k8s(model_path: str, buckets: Optional[str], image: str, remote: Optional[str], pushgateway: Optional[str],
-               namespace: str, workers: int, gpus_per_worker: int) -> None:
+def render_k8s(
+    model_path: str,
+    buckets: Optional[str],
+    image: str,
+    remote: Optional[str],
+    pushgateway: Optional[str],
+    namespace: str,
+    workers: int,
+    gpus_per_worker: int,
+) -> None:
     """A RayJob (ray.io/v1) and the ConfigMap carrying the model config, as YAML on stdout."""
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     from orchestrator.k8s import ClusterShape, to_yaml
@@ -298,23 +396,31 @@ def render_k8s(model_path: str, buckets: Optional[str], image: str, remote: Opti
 
     shape = ClusterShape(image=image, namespace=namespace, workers=workers, gpus_per_worker=gpus_per_worker)
     try:
-        documents = render_manifests(spec, Path(model_path).read_text(), Path(model_path).name, shape,
-                                     remote=remote or spec.remote, pushgateway=pushgateway)
+        documents = render_manifests(
+            spec,
+            Path(model_path).read_text(),
+            Path(model_path).name,
+            shape,
+            remote=remote or spec.remote,
+            pushgateway=pushgateway,
+        )
     except ValueError as exc:
         raise UserError(str(exc)) from None
     click.echo(to_yaml(documents), nl=False)
 
 
-def _emit_k8s(spec, config: Path, image: Optional[str], remote: Optional[str], pushgateway: Optional[str],
-              apply: bool) -> None:
+def _emit_k8s(
+    spec, config: Path, image: Optional[str], remote: Optional[str], pushgateway: Optional[str], apply: bool
+) -> None:
     from orchestrator.k8s import ClusterShape, to_yaml
     from orchestrator.k8s import render as render_manifests
 
     if not image:
         raise UserError("--k8s needs --image (a container image with orchestrate, torch and ray)")
     try:
-        documents = render_manifests(spec, config.read_text(), config.name, ClusterShape(image=image),
-                                     remote=remote, pushgateway=pushgateway)
+        documents = render_manifests(
+            spec, config.read_text(), config.name, ClusterShape(image=image), remote=remote, pushgateway=pushgateway
+        )
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if apply and _apply(documents):
@@ -327,17 +433,22 @@ def _apply(documents: list) -> bool:
     try:
         from kubernetes import client, utils
         from kubernetes import config as kube_config
+
         kube_config.load_config()
     except Exception as exc:  # no client installed, or no kubeconfig / in-cluster account
-        click.echo(f"orchestrate: warning: no Kubernetes cluster to apply to ({type(exc).__name__}); "
-                   "printing the manifests instead", err=True)
+        click.echo(
+            f"orchestrate: warning: no Kubernetes cluster to apply to ({type(exc).__name__}); "
+            "printing the manifests instead",
+            err=True,
+        )
         return False
     api = client.ApiClient()
     for document in documents:
         if document["kind"] == "RayJob":
             group, version = document["apiVersion"].split("/")
             client.CustomObjectsApi(api).create_namespaced_custom_object(
-                group, version, document["metadata"]["namespace"], "rayjobs", document)
+                group, version, document["metadata"]["namespace"], "rayjobs", document
+            )
         else:
             utils.create_from_dict(api, document)
         click.echo(f"created {document['kind']} {document['metadata']['name']}", err=True)
@@ -353,8 +464,13 @@ def cache() -> None:
 @click.option("--cache-dir", metavar="DIR", help="List a local cache root instead of a store.")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
 @_store_options
-def cache_ls(cache_dir: Optional[str], as_json: bool, remote: Optional[str], allow_unsigned: bool,
-             signing_key_file: Optional[str]) -> None:
+def cache_ls(
+    cache_dir: Optional[str],
+    as_json: bool,
+    remote: Optional[str],
+    allow_unsigned: bool,
+    signing_key_file: Optional[str],
+) -> None:
     """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
     from cache import sync
     from cache.manifest import SigningKey
@@ -362,24 +478,36 @@ def cache_ls(cache_dir: Optional[str], as_json: bool, remote: Optional[str], all
 
     rows = []
     if remote:
-        for info in sync.describe(open_store(remote), SigningKey.from_env(signing_key_file),
-                                  allow_unsigned=allow_unsigned):
+        for info in sync.describe(
+            open_store(remote), SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned
+        ):
             m = info.manifest
-            rows.append({"namespace": info.namespace, "generations": info.generations,
-                         "generation": m.generation if m else None, "files": len(m.files) if m else None,
-                         "bytes": m.total_bytes if m else None, "buckets": m.buckets if m else None,
-                         "created_at": m.created_at if m else None, "error": info.error})
+            rows.append(
+                {
+                    "namespace": info.namespace,
+                    "generations": info.generations,
+                    "generation": m.generation if m else None,
+                    "files": len(m.files) if m else None,
+                    "bytes": m.total_bytes if m else None,
+                    "buckets": m.buckets if m else None,
+                    "created_at": m.created_at if m else None,
+                    "error": info.error,
+                }
+            )
     else:
         root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
-        for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []:
+        for path in (
+            sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+        ):
             files = sync.scan(path)
             rows.append({"namespace": path.name, "files": len(files), "bytes": sum(s for _, s in files.values())})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        detail = row.get("error") or (f"gen {row['generation']}, buckets {row['buckets']}, {row['created_at']}"
-                                      if "generation" in row else "")
+        detail = row.get("error") or (
+            f"gen {row['generation']}, buckets {row['buckets']}, {row['created_at']}" if "generation" in row else ""
+        )
         size = f"{row['files']} files, {row['bytes'] / 1e6:.1f} MB" if row.get("files") is not None else ""
         click.echo(f"{row['namespace']}  {size}  {detail}".rstrip())
 
@@ -387,8 +515,9 @@ def cache_ls(cache_dir: Optional[str], as_json: bool, remote: Optional[str], all
 @cache.command("verify")
 @click.option("--namespace", "names", multiple=True, help="Only these namespaces (default: all).")
 @_store_options
-def cache_verify(names: tuple[str, ...], remote: Optional[str], allow_unsigned: bool,
-                 signing_key_file: Optional[str]) -> None:
+def cache_verify(
+    names: tuple[str, ...], remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
+) -> None:
     """Check every manifest signature and every shard and file hash in a store."""
     from cache import sync
     from cache.manifest import SigningKey
@@ -411,11 +540,17 @@ def cache_verify(names: tuple[str, ...], remote: Optional[str], allow_unsigned: 
 
 @cache.command("gc")
 @click.option("--keep", type=click.IntRange(min=1), required=True, help="Namespaces to keep per model.")
-@click.option("--grace-seconds", type=float, default=3600.0, show_default=True,
-              help="Never delete shards younger than this (a publish may be under way).")
+@click.option(
+    "--grace-seconds",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="Never delete shards younger than this (a publish may be under way).",
+)
 @_store_options
-def cache_gc(keep: int, grace_seconds: float, remote: Optional[str], allow_unsigned: bool,
-             signing_key_file: Optional[str]) -> None:
+def cache_gc(
+    keep: int, grace_seconds: float, remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
+) -> None:
     """Delete all but the newest namespaces of each model, and shards nothing references."""
     from cache import sync
     from cache.manifest import SigningKey
@@ -423,8 +558,13 @@ def cache_gc(keep: int, grace_seconds: float, remote: Optional[str], allow_unsig
 
     if not remote:
         raise UserError("cache gc needs --remote URL")
-    result = sync.gc(open_store(remote), keep, SigningKey.from_env(signing_key_file),
-                     allow_unsigned=allow_unsigned, grace_seconds=grace_seconds)
+    result = sync.gc(
+        open_store(remote),
+        keep,
+        SigningKey.from_env(signing_key_file),
+        allow_unsigned=allow_unsigned,
+        grace_seconds=grace_seconds,
+    )
     click.echo(json.dumps(result))
 
 

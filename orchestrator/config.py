@@ -25,15 +25,21 @@ def load_spec(path: str | Path) -> WarmupSpec:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"config {path}: no such file; pass --model with a YAML file such as examples/mlp.yaml") from None
+        raise ConfigError(
+            f"config {path}: no such file; pass --model with a YAML file such as examples/mlp.yaml"
+        ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config {path}: cannot read it ({exc.__class__.__name__}); pass a readable YAML file") from None
+        raise ConfigError(
+            f"config {path}: cannot read it ({exc.__class__.__name__}); pass a readable YAML file"
+        ) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path}: invalid YAML {_yaml_where(exc)}: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config {path}: expected a mapping of fields (model, inputs, ...), got {type(data).__name__}")
+        raise ConfigError(
+            f"config {path}: expected a mapping of fields (model, inputs, ...), got {type(data).__name__}"
+        )
     data.setdefault("name", _label(path.stem))
     try:
         spec = WarmupSpec.model_validate(data)
@@ -42,8 +48,13 @@ def load_spec(path: str | Path) -> WarmupSpec:
     return spec.with_base_dir(path.resolve().parent)
 
 
-def apply_overrides(spec: WarmupSpec, *, buckets: Optional[list[int]] = None, device: Optional[str] = None,
-                    cache_dir: Optional[str] = None) -> WarmupSpec:
+def apply_overrides(
+    spec: WarmupSpec,
+    *,
+    buckets: Optional[list[int]] = None,
+    device: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+) -> WarmupSpec:
     changes: dict[str, Any] = {}
     if buckets is not None:
         changes["buckets"] = buckets
@@ -60,14 +71,16 @@ def apply_overrides(spec: WarmupSpec, *, buckets: Optional[list[int]] = None, de
         raise ConfigError(describe(exc, WarmupSpec)) from None
 
 
-def load_spec_with_overrides(path: str | Path, *, buckets: Optional[str] = None, device: Optional[str] = None,
-                             cache_dir: Optional[str] = None) -> WarmupSpec:
+def load_spec_with_overrides(
+    path: str | Path, *, buckets: Optional[str] = None, device: Optional[str] = None, cache_dir: Optional[str] = None
+) -> WarmupSpec:
     """The spec a command runs: the config at `path`, then the command line's overrides over it.
     `buckets` is the --buckets text as typed (None: the config's buckets stand). The config is
     read and checked first, so a broken config is reported before a bad --buckets."""
     spec = load_spec(path)
-    return apply_overrides(spec, buckets=None if buckets is None else parse_buckets(buckets), device=device,
-                           cache_dir=cache_dir)
+    return apply_overrides(
+        spec, buckets=None if buckets is None else parse_buckets(buckets), device=device, cache_dir=cache_dir
+    )
 
 
 def parse_buckets(text: str) -> list[int]:
@@ -172,6 +185,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)

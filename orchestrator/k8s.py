@@ -38,8 +38,9 @@ class ClusterShape:
     signing_secret: str = "orchestrate-signing-key"  # key: signing-key
     ttl_seconds: int = 3600
     deadline_seconds: int = 4 * 3600
-    tolerations: list[dict[str, Any]] = field(default_factory=lambda: [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    tolerations: list[dict[str, Any]] = field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    )
 
 
 def name_for(spec: WarmupSpec) -> str:
@@ -47,10 +48,26 @@ def name_for(spec: WarmupSpec) -> str:
     return f"warmup-{slug(spec.name, 24, keep='-', fallback='model')}-{spec.identity_hash()[:8]}"
 
 
-def entrypoint(config_file: str, spec: WarmupSpec, *, remote: Optional[str], pushgateway: Optional[str],
-               extra: tuple[str, ...] = ()) -> str:
-    args = ["orchestrate", "warmup", "--model", config_file, "--buckets", format_buckets(spec.buckets),
-            "--ray-address", "auto", "--cache-dir", CACHE_DIR]
+def entrypoint(
+    config_file: str,
+    spec: WarmupSpec,
+    *,
+    remote: Optional[str],
+    pushgateway: Optional[str],
+    extra: tuple[str, ...] = (),
+) -> str:
+    args = [
+        "orchestrate",
+        "warmup",
+        "--model",
+        config_file,
+        "--buckets",
+        format_buckets(spec.buckets),
+        "--ray-address",
+        "auto",
+        "--cache-dir",
+        CACHE_DIR,
+    ]
     if remote:
         args += ["--remote", remote]
     if pushgateway:
@@ -58,8 +75,15 @@ def entrypoint(config_file: str, spec: WarmupSpec, *, remote: Optional[str], pus
     return shlex.join([*args, *extra])
 
 
-def render(spec: WarmupSpec, config_text: str, config_file: str, shape: ClusterShape, *,
-           remote: Optional[str], pushgateway: Optional[str]) -> list[dict[str, Any]]:
+def render(
+    spec: WarmupSpec,
+    config_text: str,
+    config_file: str,
+    shape: ClusterShape,
+    *,
+    remote: Optional[str],
+    pushgateway: Optional[str],
+) -> list[dict[str, Any]]:
     """`config_file` is the config's file name; a factory given as a file next to it travels in
     the same ConfigMap, so `path.py:callable` works in the pods as it does here."""
     name = name_for(spec)
@@ -67,40 +91,66 @@ def render(spec: WarmupSpec, config_text: str, config_file: str, shape: ClusterS
     if spec.model.is_file:
         factory = (spec.base_dir / spec.model.target).resolve()
         if factory.parent != (spec.base_dir).resolve():
-            raise ValueError(f"model.factory {spec.model.target!r}: for Kubernetes, keep the factory file next to "
-                             "the config (it travels in the ConfigMap) or use an importable module")
+            raise ValueError(
+                f"model.factory {spec.model.target!r}: for Kubernetes, keep the factory file next to "
+                "the config (it travels in the ConfigMap) or use an importable module"
+            )
         data[factory.name] = factory.read_text()
-    labels = {"app.kubernetes.io/name": "orchestrate", "app.kubernetes.io/instance": name,
-              "orchestrate/model": re.sub(r"[^A-Za-z0-9_.-]", "-", spec.name)[:63]}
-    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": f"{name}-config", "namespace": shape.namespace, "labels": labels},
-                  "data": data}
+    labels = {
+        "app.kubernetes.io/name": "orchestrate",
+        "app.kubernetes.io/instance": name,
+        "orchestrate/model": re.sub(r"[^A-Za-z0-9_.-]", "-", spec.name)[:63],
+    }
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-config", "namespace": shape.namespace, "labels": labels},
+        "data": data,
+    }
     env = [
-        {"name": "ORCHESTRATE_CACHE_SIGNING_KEY",
-         "valueFrom": {"secretKeyRef": {"name": shape.signing_secret, "key": "signing-key"}}},
-        *({"name": var, "valueFrom": {"secretKeyRef": {"name": shape.store_secret, "key": var, "optional": True}}}
-          for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")),
+        {
+            "name": "ORCHESTRATE_CACHE_SIGNING_KEY",
+            "valueFrom": {"secretKeyRef": {"name": shape.signing_secret, "key": "signing-key"}},
+        },
+        *(
+            {"name": var, "valueFrom": {"secretKeyRef": {"name": shape.store_secret, "key": var, "optional": True}}}
+            for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
+        ),
     ]
-    mounts = [{"name": "model-config", "mountPath": CONFIG_DIR, "readOnly": True},
-              {"name": "nvme-cache", "mountPath": CACHE_DIR}]
-    volumes = [{"name": "model-config", "configMap": {"name": f"{name}-config"}},
-               {"name": "nvme-cache", "hostPath": {"path": shape.nvme_path, "type": "DirectoryOrCreate"}}]
+    mounts = [
+        {"name": "model-config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "nvme-cache", "mountPath": CACHE_DIR},
+    ]
+    volumes = [
+        {"name": "model-config", "configMap": {"name": f"{name}-config"}},
+        {"name": "nvme-cache", "hostPath": {"path": shape.nvme_path, "type": "DirectoryOrCreate"}},
+    ]
 
     def pod(role: str, resources: dict[str, Any], tolerations: Optional[list] = None) -> dict[str, Any]:
-        container = {"name": f"ray-{role}", "image": shape.image, "env": env, "volumeMounts": mounts,
-                     "resources": resources}
+        container = {
+            "name": f"ray-{role}",
+            "image": shape.image,
+            "env": env,
+            "volumeMounts": mounts,
+            "resources": resources,
+        }
         spec_ = {"containers": [container], "volumes": volumes}
         if tolerations:
             spec_["tolerations"] = tolerations
         return {"metadata": {"labels": labels}, "spec": spec_}
 
     gpu = {"nvidia.com/gpu": shape.gpus_per_worker}
-    worker_resources = {"requests": {"cpu": shape.worker_cpu, "memory": shape.worker_memory, **gpu},
-                        "limits": {"cpu": shape.worker_cpu, "memory": shape.worker_memory, **gpu}}
-    head_resources = {"requests": {"cpu": shape.head_cpu, "memory": shape.head_memory},
-                      "limits": {"cpu": shape.head_cpu, "memory": shape.head_memory}}
+    worker_resources = {
+        "requests": {"cpu": shape.worker_cpu, "memory": shape.worker_memory, **gpu},
+        "limits": {"cpu": shape.worker_cpu, "memory": shape.worker_memory, **gpu},
+    }
+    head_resources = {
+        "requests": {"cpu": shape.head_cpu, "memory": shape.head_memory},
+        "limits": {"cpu": shape.head_cpu, "memory": shape.head_memory},
+    }
     ray_job = {
-        "apiVersion": "ray.io/v1", "kind": "RayJob",
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
         "metadata": {"name": name, "namespace": shape.namespace, "labels": labels},
         "spec": {
             "entrypoint": entrypoint(f"{CONFIG_DIR}/{config_file}", spec, remote=remote, pushgateway=pushgateway),
@@ -110,13 +160,20 @@ def render(spec: WarmupSpec, config_text: str, config_file: str, shape: ClusterS
             "submissionMode": "K8sJobMode",
             "rayClusterSpec": {
                 # the head schedules no work: ranks are the GPU workers
-                "headGroupSpec": {"rayStartParams": {"num-cpus": "0", "num-gpus": "0"},
-                                  "template": pod("head", head_resources)},
-                "workerGroupSpecs": [{
-                    "groupName": "gpu", "replicas": shape.workers, "minReplicas": shape.workers,
-                    "maxReplicas": shape.workers, "rayStartParams": {},
-                    "template": pod("worker", worker_resources, shape.tolerations),
-                }],
+                "headGroupSpec": {
+                    "rayStartParams": {"num-cpus": "0", "num-gpus": "0"},
+                    "template": pod("head", head_resources),
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": shape.workers,
+                        "minReplicas": shape.workers,
+                        "maxReplicas": shape.workers,
+                        "rayStartParams": {},
+                        "template": pod("worker", worker_resources, shape.tolerations),
+                    }
+                ],
             },
         },
     }

@@ -28,45 +28,78 @@ class WarmupMetrics:
         self.model, self.mode = model, mode or "none"
         self.registry = CollectorRegistry()
         r = self.registry
-        self.compile_seconds = Gauge("orchestrate_compile_seconds", "First compiled call of a bucket: trace and "
-                                     "compile (cold) or cache load (warm); median across ranks",
-                                     (*_BUCKET_LABELS, "cache"), registry=r)
-        self.compile_duration = Histogram("orchestrate_compile_duration_seconds", "First compiled calls of this run, "
-                                          "every rank and bucket", ("model", "mode", "gpu", "cache"),
-                                          buckets=COMPILE_BUCKETS, registry=r)
-        self.graph_record_seconds = Gauge("orchestrate_graph_record_seconds", "CUDA-graph warm-up and recording "
-                                          "calls of a bucket", _BUCKET_LABELS, registry=r)
-        self.latency_seconds = Gauge("orchestrate_latency_seconds", "Median per-call latency",
-                                     (*_BUCKET_LABELS, "variant"), registry=r)
-        self.speedup_ratio = Gauge("orchestrate_speedup_ratio", "Median eager latency / median compiled latency",
-                                   _BUCKET_LABELS, registry=r)
-        self.cache_hits = Counter("orchestrate_cache_hits", "FX-graph and AOTAutograd cache hits of first calls",
-                                  _BUCKET_LABELS, registry=r)
-        self.cache_misses = Counter("orchestrate_cache_misses", "FX-graph and AOTAutograd cache misses of first "
-                                    "calls", _BUCKET_LABELS, registry=r)
-        self.graph_breaks = Gauge("orchestrate_graph_breaks", "Dynamo graph breaks of a bucket's first call",
-                                  _BUCKET_LABELS, registry=r)
-        self.recompiles = Gauge("orchestrate_recompiles", "Dynamo recompiles after a bucket's first call",
-                                _BUCKET_LABELS, registry=r)
-        self.bucket_failures = Gauge("orchestrate_bucket_failures", "Bucket records of the last run that failed",
-                                     ("model",), registry=r)
-        self.cache_bytes = Gauge("orchestrate_cache_bytes", "Size of the local cache namespace", ("model",),
-                                 registry=r)
-        self.transfer_seconds = Gauge("orchestrate_cache_transfer_seconds", "Time to pull from or publish to the "
-                                      "store", ("model", "direction"), registry=r)
-        self.transfer_bytes = Gauge("orchestrate_cache_transfer_bytes", "Bytes pulled from or published to the "
-                                    "store", ("model", "direction"), registry=r)
-        self.job_duration = Gauge("orchestrate_job_duration_seconds", "Wall time of the last run", ("model",),
-                                  registry=r)
-        self.last_run = Gauge("orchestrate_last_run_timestamp_seconds", "When the last run ended", ("model",),
-                              registry=r)
-        self.last_run_success = Gauge("orchestrate_last_run_success", "1 if every bucket of the last run was ok",
-                                      ("model",), registry=r)
-        self.buckets_done = Gauge("orchestrate_buckets_done", "Bucket records finished so far in the running job",
-                                  ("model",), registry=r)
+        self.compile_seconds = Gauge(
+            "orchestrate_compile_seconds",
+            "First compiled call of a bucket: trace and compile (cold) or cache load (warm); median across ranks",
+            (*_BUCKET_LABELS, "cache"),
+            registry=r,
+        )
+        self.compile_duration = Histogram(
+            "orchestrate_compile_duration_seconds",
+            "First compiled calls of this run, every rank and bucket",
+            ("model", "mode", "gpu", "cache"),
+            buckets=COMPILE_BUCKETS,
+            registry=r,
+        )
+        self.graph_record_seconds = Gauge(
+            "orchestrate_graph_record_seconds",
+            "CUDA-graph warm-up and recording calls of a bucket",
+            _BUCKET_LABELS,
+            registry=r,
+        )
+        self.latency_seconds = Gauge(
+            "orchestrate_latency_seconds", "Median per-call latency", (*_BUCKET_LABELS, "variant"), registry=r
+        )
+        self.speedup_ratio = Gauge(
+            "orchestrate_speedup_ratio", "Median eager latency / median compiled latency", _BUCKET_LABELS, registry=r
+        )
+        self.cache_hits = Counter(
+            "orchestrate_cache_hits", "FX-graph and AOTAutograd cache hits of first calls", _BUCKET_LABELS, registry=r
+        )
+        self.cache_misses = Counter(
+            "orchestrate_cache_misses",
+            "FX-graph and AOTAutograd cache misses of first calls",
+            _BUCKET_LABELS,
+            registry=r,
+        )
+        self.graph_breaks = Gauge(
+            "orchestrate_graph_breaks", "Dynamo graph breaks of a bucket's first call", _BUCKET_LABELS, registry=r
+        )
+        self.recompiles = Gauge(
+            "orchestrate_recompiles", "Dynamo recompiles after a bucket's first call", _BUCKET_LABELS, registry=r
+        )
+        self.bucket_failures = Gauge(
+            "orchestrate_bucket_failures", "Bucket records of the last run that failed", ("model",), registry=r
+        )
+        self.cache_bytes = Gauge("orchestrate_cache_bytes", "Size of the local cache namespace", ("model",), registry=r)
+        self.transfer_seconds = Gauge(
+            "orchestrate_cache_transfer_seconds",
+            "Time to pull from or publish to the store",
+            ("model", "direction"),
+            registry=r,
+        )
+        self.transfer_bytes = Gauge(
+            "orchestrate_cache_transfer_bytes",
+            "Bytes pulled from or published to the store",
+            ("model", "direction"),
+            registry=r,
+        )
+        self.job_duration = Gauge(
+            "orchestrate_job_duration_seconds", "Wall time of the last run", ("model",), registry=r
+        )
+        self.last_run = Gauge(
+            "orchestrate_last_run_timestamp_seconds", "When the last run ended", ("model",), registry=r
+        )
+        self.last_run_success = Gauge(
+            "orchestrate_last_run_success", "1 if every bucket of the last run was ok", ("model",), registry=r
+        )
+        self.buckets_done = Gauge(
+            "orchestrate_buckets_done", "Bucket records finished so far in the running job", ("model",), registry=r
+        )
         # Registered only on success (see finish): pushadd then leaves a failed run's older value alone.
-        self.last_success = Gauge("orchestrate_last_success_timestamp_seconds", "When a run last succeeded",
-                                  ("model",), registry=None)
+        self.last_success = Gauge(
+            "orchestrate_last_success_timestamp_seconds", "When a run last succeeded", ("model",), registry=None
+        )
 
     def serve(self, port: int) -> None:
         start_http_server(port, addr="0.0.0.0", registry=self.registry)
@@ -82,7 +115,8 @@ class WarmupMetrics:
         self.buckets_done.labels(self.model).inc()
         if record["compile_seconds"] is not None:
             self.compile_duration.labels(self.model, self.mode, _gpu(record), _cache(record)).observe(
-                record["compile_seconds"])
+                record["compile_seconds"]
+            )
 
     def finish(self, report: dict[str, Any]) -> None:
         """Per-bucket values of the whole run (medians across ranks) and the job-level ones."""
@@ -125,8 +159,7 @@ class WarmupMetrics:
     def push(self, gateway: str) -> Optional[str]:
         """pushadd to the gateway; a failure is returned as a warning, never raised."""
         try:
-            pushadd_to_gateway(gateway, job=JOB, grouping_key={"model": self.model}, registry=self.registry,
-                               timeout=10)
+            pushadd_to_gateway(gateway, job=JOB, grouping_key={"model": self.model}, registry=self.registry, timeout=10)
             return None
         except Exception as exc:  # the job's result stands whatever the gateway does
             return f"could not push metrics to the Pushgateway at {gateway}: {type(exc).__name__}: {exc}"

@@ -63,10 +63,11 @@ def nodes_from_ray(ray_nodes: list[dict[str, Any]]) -> list[Node]:
             continue
         resources = info.get("Resources", {})
         gpus = int(resources.get("GPU", 0))
-        classes = [k[len(ACCELERATOR_PREFIX):] for k in resources if k.startswith(ACCELERATOR_PREFIX)]
+        classes = [k[len(ACCELERATOR_PREFIX) :] for k in resources if k.startswith(ACCELERATOR_PREFIX)]
         gpu_class = classes[0] if classes else ("gpu" if gpus else "cpu")
-        found.append(Node(info["NodeID"], info.get("NodeManagerAddress", ""), gpus, int(resources.get("CPU", 0)),
-                          gpu_class))
+        found.append(
+            Node(info["NodeID"], info.get("NodeManagerAddress", ""), gpus, int(resources.get("CPU", 0)), gpu_class)
+        )
     return sorted(found, key=lambda n: (n.ip, n.node_id))
 
 
@@ -107,8 +108,16 @@ def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUni
         on_node = Counter(home.node for home in homes)
         for bucket, home in zip(buckets, homes, strict=True):
             here = on_node[home.node]
-            units.append(CompileUnit(gpu_class, bucket, share, compile_threads=max(1, home.node.cpus // here),
-                                     num_cpus=min(1.0, _floor(home.node.cpus / here)), home=home.rank))
+            units.append(
+                CompileUnit(
+                    gpu_class,
+                    bucket,
+                    share,
+                    compile_threads=max(1, home.node.cpus // here),
+                    num_cpus=min(1.0, _floor(home.node.cpus / here)),
+                    home=home.rank,
+                )
+            )
     return units
 
 
@@ -157,8 +166,9 @@ def fleet_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             if r["status"] != "ok":
                 deviating.append({"rank": r["rank"], "bucket": bucket, "why": r["error"]})
             elif middle and r["speedup"] and abs(r["speedup"] - middle) > 0.2 * middle:
-                deviating.append({"rank": r["rank"], "bucket": bucket,
-                                  "why": f"speedup {r['speedup']:.2f}x vs median {middle:.2f}x"})
+                deviating.append(
+                    {"rank": r["rank"], "bucket": bucket, "why": f"speedup {r['speedup']:.2f}x vs median {middle:.2f}x"}
+                )
     return {"buckets": per_bucket, "deviating_ranks": deviating}
 
 

@@ -17,8 +17,9 @@ class _Bars:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.live = console.is_terminal
-        self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                              TimeElapsedColumn(), console=console)
+        self._bars = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        )
 
     def __enter__(self):
         if self.live:
@@ -61,9 +62,11 @@ class BucketProgress(_Bars):
     def finish(self, result: BucketResult) -> None:
         self.on_result(result.to_dict())
         if result.status == "ok":
-            line = (f"bucket {result.bucket}: {result.phase} ok, first call {result.compile_seconds:.2f} s, "
-                    f"{result.cache_hits} hits/{result.cache_misses} misses"
-                    + (f", speedup {result.speedup:.2f}x" if result.speedup is not None else ""))
+            line = (
+                f"bucket {result.bucket}: {result.phase} ok, first call {result.compile_seconds:.2f} s, "
+                f"{result.cache_hits} hits/{result.cache_misses} misses"
+                + (f", speedup {result.speedup:.2f}x" if result.speedup is not None else "")
+            )
         else:
             line = f"bucket {result.bucket}: FAILED at {result.error}"
         if self.live and result.bucket in self._tasks:
@@ -114,9 +117,11 @@ class FleetProgress(_Bars):
 
     def _describe(self, bucket: int) -> str:
         failed = len(self._failed[bucket])
-        return (f"bucket {bucket:>4} · compiled {self._compiled[bucket]}/{self._units} · loaded "
-                f"{len(self._loaded[bucket])}/{self._ranks} · ranks done {len(self._reported[bucket])}/{self._ranks}"
-                + (f" ({failed} failed)" if failed else ""))
+        return (
+            f"bucket {bucket:>4} · compiled {self._compiled[bucket]}/{self._units} · loaded "
+            f"{len(self._loaded[bucket])}/{self._ranks} · ranks done {len(self._reported[bucket])}/{self._ranks}"
+            + (f" ({failed} failed)" if failed else "")
+        )
 
     def _refresh(self, bucket: int) -> None:
         if self.live and bucket in self._tasks:  # a failed rank counts as loaded: it never will be

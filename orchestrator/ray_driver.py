@@ -77,8 +77,10 @@ def preflight(spec: WarmupSpec) -> None:
         if not path.is_file():
             raise SetupError(f"model.factory: file {path} does not exist; paths are relative to the config file")
     elif importlib.util.find_spec(ref.target.partition(".")[0]) is None:
-        raise SetupError(f"model.factory: cannot import module {ref.target!r}: no module named "
-                         f"{ref.target.partition('.')[0]!r} here; install it or use 'path/to/file.py:callable'")
+        raise SetupError(
+            f"model.factory: cannot import module {ref.target!r}: no module named "
+            f"{ref.target.partition('.')[0]!r} here; install it or use 'path/to/file.py:callable'"
+        )
 
 
 class FleetObserver(Protocol):
@@ -107,8 +109,16 @@ class Quiet:
         pass
 
 
-def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: Optional[str] = None,
-               ranks: Optional[int] = None, fresh: bool = False, observer: FleetObserver = Quiet()) -> FleetRun:
+def run_on_ray(
+    spec: WarmupSpec,
+    cache_root: Path,
+    remote: Remote,
+    *,
+    address: Optional[str] = None,
+    ranks: Optional[int] = None,
+    fresh: bool = False,
+    observer: FleetObserver = Quiet(),
+) -> FleetRun:
     import ray
 
     started = time.perf_counter()
@@ -129,8 +139,10 @@ def run_on_ray(spec: WarmupSpec, cache_root: Path, remote: Remote, *, address: O
         except ValueError as exc:
             raise SetupError(str(exc)) from None
         units = compile_units(planned, spec.buckets)
-        observer.line(f"ray: {len(nodes)} nodes, {len(planned)} ranks "
-                      f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} (class, bucket) units")
+        observer.line(
+            f"ray: {len(nodes)} nodes, {len(planned)} ranks "
+            f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} (class, bucket) units"
+        )
         observer.planned(list(spec.buckets), len(units) // len(spec.buckets), len(planned))
         fleet = FleetRun(nodes, planned, units, _ObservedList(observer.record), address=address)
         fleet.wave_seconds["start"] = time.perf_counter() - started
@@ -153,16 +165,22 @@ def _join(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
         # Submitted as a Ray job, the job's own runtime_env already carries our variables, and
         # Ray refuses a second one that repeats them.
         as_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
-        ray.init(address=address or "local", runtime_env=None if as_job else {"env_vars": env},
-                 log_to_driver=False, include_dashboard=False if address is None else None,
-                 configure_logging=False,
-                 # A new instance would start a worker per CPU for its first driver, all importing
-                 # Ray beside our processes; none would be used (each of ours is an actor of its own).
-                 _system_config={"prestart_worker_first_driver": False} if address is None else None)
+        ray.init(
+            address=address or "local",
+            runtime_env=None if as_job else {"env_vars": env},
+            log_to_driver=False,
+            include_dashboard=False if address is None else None,
+            configure_logging=False,
+            # A new instance would start a worker per CPU for its first driver, all importing
+            # Ray beside our processes; none would be used (each of ours is an actor of its own).
+            _system_config={"prestart_worker_first_driver": False} if address is None else None,
+        )
     except (ConnectionError, RuntimeError) as exc:
-        raise ClusterUnreachable(f"cannot join the Ray cluster at {address or 'a new local instance'}: "
-                                 f"{str(exc).splitlines()[0]}; check --ray-address, and RAY_AUTH_TOKEN where "
-                                 "the cluster uses token authentication") from None
+        raise ClusterUnreachable(
+            f"cannot join the Ray cluster at {address or 'a new local instance'}: "
+            f"{str(exc).splitlines()[0]}; check --ray-address, and RAY_AUTH_TOKEN where "
+            "the cluster uses token authentication"
+        ) from None
 
 
 class _ObservedList(list):
@@ -184,12 +202,23 @@ def _probe(address: str) -> None:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
             pass
     except (OSError, ValueError) as exc:
-        raise ClusterUnreachable(f"cannot join the Ray cluster at {address}: {exc}; check --ray-address "
-                                 "(host:port of the head's GCS, or ray://host:10001)") from None
+        raise ClusterUnreachable(
+            f"cannot join the Ray cluster at {address}: {exc}; check --ray-address "
+            "(host:port of the head's GCS, or ray://host:10001)"
+        ) from None
 
 
-def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool, units: list[CompileUnit],
-           planned: list[Target], fleet: FleetRun, observer: FleetObserver) -> None:
+def _waves(
+    ray: Any,
+    spec: WarmupSpec,
+    cache_root: Path,
+    remote: Remote,
+    fresh: bool,
+    units: list[CompileUnit],
+    planned: list[Target],
+    fleet: FleetRun,
+    observer: FleetObserver,
+) -> None:
     """Both waves at once. Rank processes start with the compile units, so their interpreter,
     torch, CUDA and model set-up and the eager references overlap compiling; each rank loads a
     bucket the moment its unit has published it, and benchmarks once its GPU class has no unit
@@ -203,16 +232,23 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
         compiler = ray.remote(**_PROCESS)(CompileWorker)
         for unit in units:
             # on its home rank's GPU, in that rank's bundle; without GPUs, spread over the CPUs
-            placement = ({"num_gpus": unit.num_gpus, "scheduling_strategy": _in_bundle(group, bundle[unit.home])}
-                         if unit.home is not None else {"scheduling_strategy": "SPREAD"})
+            placement = (
+                {"num_gpus": unit.num_gpus, "scheduling_strategy": _in_bundle(group, bundle[unit.home])}
+                if unit.home is not None
+                else {"scheduling_strategy": "SPREAD"}
+            )
             compilers[unit] = compiler.options(num_cpus=unit.num_cpus, **placement).remote()
         rank = ray.remote(**_PROCESS)(RankWorker)
         for target in planned:
-            placement = ({"num_gpus": RANK_GPU_SHARE, "scheduling_strategy": _in_bundle(group, bundle[target.rank])}
-                         if target.rank in bundle else {"scheduling_strategy": _on_node(target.node)})
+            placement = (
+                {"num_gpus": RANK_GPU_SHARE, "scheduling_strategy": _in_bundle(group, bundle[target.rank])}
+                if target.rank in bundle
+                else {"scheduling_strategy": _on_node(target.node)}
+            )
             # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
             ranks[target] = rank.options(num_cpus=0, **placement).remote(
-                spec, str(cache_root), remote, target.rank, spare_cpu=has_spare_cpu(target, planned, units))
+                spec, str(cache_root), remote, target.rank, spare_cpu=has_spare_cpu(target, planned, units)
+            )
         _drive(ray, spec, cache_root, remote, fresh, compilers, ranks, fleet, observer, started)
     finally:
         for actor in [*compilers.values(), *ranks.values()]:  # each holds a GPU share and memory until killed
@@ -223,13 +259,25 @@ def _waves(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
             remove_placement_group(group)
 
 
-def _drive(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: bool, compilers: dict[CompileUnit, Any],
-           ranks: dict[Target, Any], fleet: FleetRun, observer: FleetObserver, started: float) -> None:
+def _drive(
+    ray: Any,
+    spec: WarmupSpec,
+    cache_root: Path,
+    remote: Remote,
+    fresh: bool,
+    compilers: dict[CompileUnit, Any],
+    ranks: dict[Target, Any],
+    fleet: FleetRun,
+    observer: FleetObserver,
+    started: float,
+) -> None:
     """Take every answer as it comes. A published bucket is loaded by every rank of its class; a
     bucket whose unit failed is failed on those ranks, for the same reason. Once a class has no
     unit left compiling, its ranks benchmark (its units only ever run on its own nodes)."""
-    waiting = {actor.compile.remote(spec, str(cache_root), remote, fresh, unit.bucket, unit.compile_threads):
-               ("compile", unit) for unit, actor in compilers.items()}
+    waiting = {
+        actor.compile.remote(spec, str(cache_root), remote, fresh, unit.bucket, unit.compile_threads): ("compile", unit)
+        for unit, actor in compilers.items()
+    }
     waiting.update({actor.prepare.remote(): ("load", (target, None)) for target, actor in ranks.items()})
     compiling = Counter(unit.gpu_class for unit in compilers)
     failed: set[tuple[str, int]] = set()  # (class, bucket)
@@ -252,8 +300,9 @@ def _drive(ray: Any, spec: WarmupSpec, cache_root: Path, remote: Remote, fresh: 
                 waiting[ranks[target].load.remote(what.bucket)] = ("load", (target, what.bucket))
             else:
                 failed.add((what.gpu_class, what.bucket))
-                fleet.results.append(_failed_record(spec, what.bucket, target.rank, target.gpu_class, "warm",
-                                                    f"not loaded: {error}"))
+                fleet.results.append(
+                    _failed_record(spec, what.bucket, target.rank, target.gpu_class, "warm", f"not loaded: {error}")
+                )
         compiling[what.gpu_class] -= 1
         if not compiling[what.gpu_class]:  # the class has stopped compiling: its ranks benchmark
             waiting.update({ranks[t].finish.remote(good(what.gpu_class)): ("finish", t) for t in of_class})
@@ -280,9 +329,11 @@ def _reserve_gpus(gpu_ranks: list[Target], units: list[CompileUnit]) -> Any:
     patience = float(os.environ.get("ORCHESTRATE_GPU_WAIT_SECONDS", "300"))  # other jobs may hold the GPUs
     if not group.wait(timeout_seconds=patience):
         remove_placement_group(group)
-        raise ClusterUnreachable(f"could not reserve {len(gpu_ranks)} GPUs on the Ray cluster within {patience:g} s: "
-                                 "other jobs hold them; wait for them, pass fewer --ranks, or raise "
-                                 "ORCHESTRATE_GPU_WAIT_SECONDS")
+        raise ClusterUnreachable(
+            f"could not reserve {len(gpu_ranks)} GPUs on the Ray cluster within {patience:g} s: "
+            "other jobs hold them; wait for them, pass fewer --ranks, or raise "
+            "ORCHESTRATE_GPU_WAIT_SECONDS"
+        )
     return group
 
 
@@ -298,8 +349,9 @@ def _on_node(node: Node) -> Any:
     return NodeAffinitySchedulingStrategy(node.node_id, soft=False)
 
 
-def _compiled(spec: WarmupSpec, unit: CompileUnit, outcome: Any, fleet: FleetRun,
-              report: Callable[[str], None]) -> Optional[str]:
+def _compiled(
+    spec: WarmupSpec, unit: CompileUnit, outcome: Any, fleet: FleetRun, report: Callable[[str], None]
+) -> Optional[str]:
     """Record one finished compile task; the error that failed its bucket, if any."""
     if isinstance(outcome, Exception):
         record = _failed_record(spec, unit.bucket, None, unit.gpu_class, "compile", _task_error("compile", outcome))
@@ -307,8 +359,9 @@ def _compiled(spec: WarmupSpec, unit: CompileUnit, outcome: Any, fleet: FleetRun
         fleet.compile_errors.append(outcome)
         report(f"compile bucket {unit.bucket} [{unit.gpu_class}]: FAILED {record['error']}")
         return record["error"]
-    fleet.runs.append({**outcome["run"], "wave": "compile", "rank": None, "bucket": unit.bucket,
-                       "answered_at": time.time()})
+    fleet.runs.append(
+        {**outcome["run"], "wave": "compile", "rank": None, "bucket": unit.bucket, "answered_at": time.time()}
+    )
     error = None
     for record in outcome["results"]:
         record.update(phase="compile", rank=None)
@@ -318,10 +371,12 @@ def _compiled(spec: WarmupSpec, unit: CompileUnit, outcome: Any, fleet: FleetRun
             error = f"compile task failed at {record['error']}"
         elif not published:
             error = f"compile task could not publish: {outcome['run']['publish_error']}"
-        report(f"compile bucket {unit.bucket} [{unit.gpu_class}] on {record['node']}: {record['status']}, "
-               f"{_seconds(record['compile_seconds'])}, {record['cache_hits']} hits/{record['cache_misses']} misses"
-               + (f", published generation {published['generation']}" if published else "")
-               + (f" ({record['error']})" if record["error"] else ""))
+        report(
+            f"compile bucket {unit.bucket} [{unit.gpu_class}] on {record['node']}: {record['status']}, "
+            f"{_seconds(record['compile_seconds'])}, {record['cache_hits']} hits/{record['cache_misses']} misses"
+            + (f", published generation {published['generation']}" if published else "")
+            + (f" ({record['error']})" if record["error"] else "")
+        )
     return error
 
 
@@ -339,30 +394,38 @@ def _loaded(what: tuple[Target, Optional[int]], outcome: Any, observer: FleetObs
     if bucket is None or not isinstance(outcome, dict):
         return  # set-up, or a failure that `finish` reports
     observer.loaded(target.rank, bucket)
-    observer.line(f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome['status']}, "
-                  f"{_seconds(outcome['compile_seconds'])}, {outcome['cache_hits']} hits/{outcome['cache_misses']} misses")
+    observer.line(
+        f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome['status']}, "
+        f"{_seconds(outcome['compile_seconds'])}, {outcome['cache_hits']} hits/{outcome['cache_misses']} misses"
+    )
 
 
-def _finished(spec: WarmupSpec, target: Target, outcome: Any, buckets: list[int], fleet: FleetRun,
-              report: Callable[[str], None]) -> None:
+def _finished(
+    spec: WarmupSpec, target: Target, outcome: Any, buckets: list[int], fleet: FleetRun, report: Callable[[str], None]
+) -> None:
     if isinstance(outcome, Exception):
         for bucket in buckets:
-            fleet.results.append(_failed_record(spec, bucket, target.rank, target.gpu_class, "warm",
-                                                _task_error("warm", outcome)))
+            fleet.results.append(
+                _failed_record(spec, bucket, target.rank, target.gpu_class, "warm", _task_error("warm", outcome))
+            )
         report(f"warm rank {target.rank} ({target.node.ip}): FAILED {outcome}")
         return
-    fleet.runs.append({**outcome["run"], "wave": "warm", "rank": target.rank, "bucket": None, "answered_at": time.time()})
+    fleet.runs.append(
+        {**outcome["run"], "wave": "warm", "rank": target.rank, "bucket": None, "answered_at": time.time()}
+    )
     ok = [r for r in outcome["results"] if r["status"] == "ok"]
     for record in outcome["results"]:
         record.update(phase="warm", rank=target.rank)
         fleet.results.append(record)
     pulled = outcome["run"]["pull"]
     speedups = [r["speedup"] for r in ok if r["speedup"]]
-    report(f"warm rank {target.rank} ({target.node.ip}, {target.gpu_class}): {len(ok)}/{len(buckets)} ok, "
-           f"pull {_seconds(pulled['seconds'] if pulled else None)}, "
-           f"load {_seconds(sum(r['compile_seconds'] or 0 for r in ok))}, "
-           f"misses {sum(r['cache_misses'] or 0 for r in ok)}"
-           + (f", speedup {min(speedups):.2f}-{max(speedups):.2f}x" if speedups else ""))
+    report(
+        f"warm rank {target.rank} ({target.node.ip}, {target.gpu_class}): {len(ok)}/{len(buckets)} ok, "
+        f"pull {_seconds(pulled['seconds'] if pulled else None)}, "
+        f"load {_seconds(sum(r['compile_seconds'] or 0 for r in ok))}, "
+        f"misses {sum(r['cache_misses'] or 0 for r in ok)}"
+        + (f", speedup {min(speedups):.2f}-{max(speedups):.2f}x" if speedups else "")
+    )
 
 
 def _gather(ray: Any, refs: dict[Any, Any]):
@@ -388,10 +451,12 @@ def _gather(ray: Any, refs: dict[Any, Any]):
         raise
 
 
-def _failed_record(spec: WarmupSpec, bucket: int, rank: Optional[int], gpu_class: str, phase: str,
-                   error: str) -> dict[str, Any]:
-    return BucketResult(bucket=bucket, rank=rank, gpu=gpu_class, phase=phase, status="failed", node="unknown",
-                        error=error).to_dict()
+def _failed_record(
+    spec: WarmupSpec, bucket: int, rank: Optional[int], gpu_class: str, phase: str, error: str
+) -> dict[str, Any]:
+    return BucketResult(
+        bucket=bucket, rank=rank, gpu=gpu_class, phase=phase, status="failed", node="unknown", error=error
+    ).to_dict()
 
 
 def _task_error(phase: str, exc: Exception) -> str:
@@ -437,8 +502,9 @@ class CompileWorker:
         self._up = time.time()  # Ray's part of this process's start is over; torch is not imported yet
         _threads_as_a_plain_process()
 
-    def compile(self, spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int,
-                compile_threads: int) -> dict[str, Any]:
+    def compile(
+        self, spec: WarmupSpec, cache_root: str, remote: Remote, fresh: bool, bucket: int, compile_threads: int
+    ) -> dict[str, Any]:
         """Compile one bucket in a private directory and publish it. Private, because a publish
         snapshots the directory: in a shared one it could catch another compiler's half-written
         file (gcc writes its .so in place) and make it the namespace's permanent copy."""
@@ -451,8 +517,13 @@ class CompileWorker:
         root = node_cache_root(cache_root) / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
         try:
             # kept on the actor, so that freeing the compiled code and graphs is left to the kill
-            self._session = Session(spec.replaced(buckets=[bucket]), root, fresh=fresh, remote=remote,
-                                    earlier_events=(("worker up", self._up),))
+            self._session = Session(
+                spec.replaced(buckets=[bucket]),
+                root,
+                fresh=fresh,
+                remote=remote,
+                earlier_events=(("worker up", self._up),),
+            )
             self._session.warm(bucket, benchmark=False)
             self._session.publish()
             return _as_dict(self._session.run())
@@ -483,6 +554,7 @@ class RankWorker:
         load after a publish is only a cache hit. Without one (a 2-core CI machine), this work
         would slow down the compile units it shares the CPUs with, so the loads pay for it instead
         (docs/performance.md, "the 2-core CPU machine")."""
+
         def set_up(session: Any) -> None:
             from jobs import torch_internals as ti
 
@@ -521,8 +593,14 @@ class RankWorker:
         if self._session is None:
             # Ranks of one node share its cache directory and only read the store: what they
             # load was compiled and published by the compile wave.
-            self._session = Session(self.spec, node_cache_root(self.cache_root), rank=self.rank, remote=self.remote,
-                                    trace_ahead=self.spare_cpu, earlier_events=(("worker up", self._up),))
+            self._session = Session(
+                self.spec,
+                node_cache_root(self.cache_root),
+                rank=self.rank,
+                remote=self.remote,
+                trace_ahead=self.spare_cpu,
+                earlier_events=(("worker up", self._up),),
+            )
         return self._session
 
     def _step(self, work: Callable[[Any], Any]) -> Any:
@@ -546,13 +624,23 @@ def _as_dict(run: WarmupRun, buckets: Optional[list[int]] = None) -> dict[str, A
 
     ip, now = ray.util.get_node_ip_address(), time.time()
     results = [{**r.to_dict(), "node": ip} for r in run.results if buckets is None or r.bucket in buckets]
-    meta = {"namespace": run.namespace, "platform": asdict(run.platform), "device": run.device, "node": ip,
-            "pull": asdict(run.pull) if run.pull else None, "publish": asdict(run.publish) if run.publish else None,
-            "publish_error": run.publish_error, "cache_bytes": run.cache_bytes, "cache_files": run.cache_files,
-            "setup_seconds": run.setup_seconds, "process_age_at_start": run.process_age_at_start,
-            # wall clock, for the job's timeline: from the process's start to its report
-            "process_started_at": now - run.wall_seconds - (run.process_age_at_start or 0.0), "ended_at": now,
-            "events": run.events,
-            # the GPUs Ray gave this process (it sees them as cuda:0...): ranks must never share one
-            "gpu_ids": _gpu_ids(ray)}
+    meta = {
+        "namespace": run.namespace,
+        "platform": asdict(run.platform),
+        "device": run.device,
+        "node": ip,
+        "pull": asdict(run.pull) if run.pull else None,
+        "publish": asdict(run.publish) if run.publish else None,
+        "publish_error": run.publish_error,
+        "cache_bytes": run.cache_bytes,
+        "cache_files": run.cache_files,
+        "setup_seconds": run.setup_seconds,
+        "process_age_at_start": run.process_age_at_start,
+        # wall clock, for the job's timeline: from the process's start to its report
+        "process_started_at": now - run.wall_seconds - (run.process_age_at_start or 0.0),
+        "ended_at": now,
+        "events": run.events,
+        # the GPUs Ray gave this process (it sees them as cuda:0...): ranks must never share one
+        "gpu_ids": _gpu_ids(ray),
+    }
     return {"run": meta, "results": results}

@@ -29,21 +29,36 @@ def build_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> dict
     """The report of one process that compiled, warmed and benchmarked every bucket itself."""
     results = [r.to_dict() for r in run.results]
     ready = run.setup_seconds + _ready(results)
-    report = _header(spec, started_at, run.namespace, run.platform.torch_version, run.device,
-                     run.results[0].gpu if run.results else None, asdict(run.platform), results)
+    report = _header(
+        spec,
+        started_at,
+        run.namespace,
+        run.platform.torch_version,
+        run.device,
+        run.results[0].gpu if run.results else None,
+        asdict(run.platform),
+        results,
+    )
     report.update(
         executor={"kind": "process"},
         cache_dir=run.cache_dir,
-        summary=_summary(results, ready_seconds=ready,
-                         process_seconds_to_ready=None if run.process_age_at_start is None
-                         else run.process_age_at_start + ready,
-                         cache_bytes=run.cache_bytes, cache_files=run.cache_files, wall_seconds=run.wall_seconds),
-        remote=None if run.remote is None else {
+        summary=_summary(
+            results,
+            ready_seconds=ready,
+            process_seconds_to_ready=None if run.process_age_at_start is None else run.process_age_at_start + ready,
+            cache_bytes=run.cache_bytes,
+            cache_files=run.cache_files,
+            wall_seconds=run.wall_seconds,
+        ),
+        remote=None
+        if run.remote is None
+        else {
             "url": run.remote,
             "pull": asdict(run.pull) if run.pull else None,  # None: nothing published yet (or --fresh)
             "publish": asdict(run.publish) if run.publish else None,
             "publish_error": run.publish_error,
-        })
+        },
+    )
     return report
 
 
@@ -51,47 +66,91 @@ def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, start
     """The report of a Ray warmup: compile-wave and warm-wave records of every rank, one summary."""
     results = fleet.results
     first = fleet.runs[0] if fleet.runs else {"namespace": None, "platform": {}, "device": None}
-    ranks_ready = [run["setup_seconds"] + _ready([r for r in results if r["phase"] == "warm" and r["rank"] == run["rank"]])
-                   for run in fleet.runs if run["wave"] == "warm"]
-    report = _header(spec, started_at, first["namespace"], first["platform"].get("torch_version"), first["device"],
-                     ", ".join(sorted({t.gpu_class for t in fleet.targets})), first["platform"], results)
+    ranks_ready = [
+        run["setup_seconds"] + _ready([r for r in results if r["phase"] == "warm" and r["rank"] == run["rank"]])
+        for run in fleet.runs
+        if run["wave"] == "warm"
+    ]
+    report = _header(
+        spec,
+        started_at,
+        first["namespace"],
+        first["platform"].get("torch_version"),
+        first["device"],
+        ", ".join(sorted({t.gpu_class for t in fleet.targets})),
+        first["platform"],
+        results,
+    )
     report.update(
         namespaces=sorted({run["namespace"] for run in fleet.runs}),
-        executor={"kind": "ray", "address": fleet.address or "local", "nodes": len(fleet.nodes),
-                  "ranks": len(fleet.targets), "compile_units": len(fleet.units), "wave_seconds": fleet.wave_seconds,
-                  "timeline": _timeline(fleet)},
-        summary={**_summary([r for r in results if r["phase"] == "warm"] or results,
-                            ready_seconds=max(ranks_ready, default=None), process_seconds_to_ready=None,
-                            cache_bytes=max((r["cache_bytes"] for r in fleet.runs), default=0),
-                            cache_files=max((r["cache_files"] for r in fleet.runs), default=0),
-                            wall_seconds=fleet.wall_seconds),
-                 "buckets_failed": sum(1 for r in results if r["status"] != "ok"),
-                 "fleet": {**fleet_summary(results), "pull_seconds": _spread(
-                     [run["pull"]["seconds"] for run in fleet.runs if run["wave"] == "warm" and run["pull"]])}},
-        remote={"url": remote_url,
-                "published_generations": sorted({r["publish"]["generation"] for r in fleet.runs if r["publish"]}),
-                "publish_errors": [r["publish_error"] for r in fleet.runs if r["publish_error"]]})
+        executor={
+            "kind": "ray",
+            "address": fleet.address or "local",
+            "nodes": len(fleet.nodes),
+            "ranks": len(fleet.targets),
+            "compile_units": len(fleet.units),
+            "wave_seconds": fleet.wave_seconds,
+            "timeline": _timeline(fleet),
+        },
+        summary={
+            **_summary(
+                [r for r in results if r["phase"] == "warm"] or results,
+                ready_seconds=max(ranks_ready, default=None),
+                process_seconds_to_ready=None,
+                cache_bytes=max((r["cache_bytes"] for r in fleet.runs), default=0),
+                cache_files=max((r["cache_files"] for r in fleet.runs), default=0),
+                wall_seconds=fleet.wall_seconds,
+            ),
+            "buckets_failed": sum(1 for r in results if r["status"] != "ok"),
+            "fleet": {
+                **fleet_summary(results),
+                "pull_seconds": _spread(
+                    [run["pull"]["seconds"] for run in fleet.runs if run["wave"] == "warm" and run["pull"]]
+                ),
+            },
+        },
+        remote={
+            "url": remote_url,
+            "published_generations": sorted({r["publish"]["generation"] for r in fleet.runs if r["publish"]}),
+            "publish_errors": [r["publish_error"] for r in fleet.runs if r["publish_error"]],
+        },
+    )
     return report
 
 
 def _timeline(fleet: FleetRun) -> list[dict[str, Any]]:
     """When each task's process started, when it had its answer and when the driver had it, in
     seconds from the start of the waves (clocks of other nodes are trusted to be NTP-close)."""
-    rows = [{"wave": run["wave"], "bucket": run["bucket"], "rank": run["rank"], "node": run["node"],
-             "gpu_ids": run["gpu_ids"],
-             "started_s": round(run["process_started_at"] - fleet.started_at, 3),
-             "ended_s": round(run["ended_at"] - fleet.started_at, 3),
-             "answered_s": round(run["answered_at"] - fleet.started_at, 3),
-             # where the process's time went: "worker up" (interpreter and Ray), "imported" (torch),
-             # "device ready", "model built", each bucket "compiled"/"loaded"/"benchmarked", pulls,
-             # "published"
-             "events": [[what, round(at - fleet.started_at, 3)] for what, at in run.get("events", [])]}
-            for run in fleet.runs]
+    rows = [
+        {
+            "wave": run["wave"],
+            "bucket": run["bucket"],
+            "rank": run["rank"],
+            "node": run["node"],
+            "gpu_ids": run["gpu_ids"],
+            "started_s": round(run["process_started_at"] - fleet.started_at, 3),
+            "ended_s": round(run["ended_at"] - fleet.started_at, 3),
+            "answered_s": round(run["answered_at"] - fleet.started_at, 3),
+            # where the process's time went: "worker up" (interpreter and Ray), "imported" (torch),
+            # "device ready", "model built", each bucket "compiled"/"loaded"/"benchmarked", pulls,
+            # "published"
+            "events": [[what, round(at - fleet.started_at, 3)] for what, at in run.get("events", [])],
+        }
+        for run in fleet.runs
+    ]
     return sorted(rows, key=lambda row: row["started_s"])
 
 
-def _header(spec: WarmupSpec, started_at: datetime, namespace: Any, torch_version: Any, device: Any, gpu: Any,
-            platform: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+def _header(
+    spec: WarmupSpec,
+    started_at: datetime,
+    namespace: Any,
+    torch_version: Any,
+    device: Any,
+    gpu: Any,
+    platform: dict[str, Any],
+    results: list[dict[str, Any]],
+) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "model": spec.name,
@@ -114,9 +173,15 @@ def _ready(results: list[dict[str, Any]]) -> float:
     return sum((r["compile_seconds"] or 0.0) + (r["graph_record_seconds"] or 0.0) for r in results)
 
 
-def _summary(results: list[dict[str, Any]], *, ready_seconds: Optional[float],
-             process_seconds_to_ready: Optional[float], cache_bytes: int, cache_files: int,
-             wall_seconds: float) -> dict[str, Any]:
+def _summary(
+    results: list[dict[str, Any]],
+    *,
+    ready_seconds: Optional[float],
+    process_seconds_to_ready: Optional[float],
+    cache_bytes: int,
+    cache_files: int,
+    wall_seconds: float,
+) -> dict[str, Any]:
     ok = [r for r in results if r["status"] == "ok"]
     states = {r["cache_state"] for r in ok}
     speedups = [r["speedup"] for r in ok if r["speedup"] is not None]
@@ -158,22 +223,43 @@ def write_json(report: dict[str, Any], path: Path) -> None:
 
 def render_table(report: dict[str, Any], console: Console) -> None:
     fleet = report["executor"]["kind"] == "ray"
-    table = Table(title=f"{report['model']} on {report['gpu'] or report['device']} "
-                        f"(torch {report['torch_version']}, mode={report['compile']['mode']})")
+    table = Table(
+        title=f"{report['model']} on {report['gpu'] or report['device']} "
+        f"(torch {report['torch_version']}, mode={report['compile']['mode']})"
+    )
     columns = (["wave", "rank", "node"] if fleet else ["phase"]) + [
-        "bucket", "status", "compile s", "record s", "cache hit/miss", "eager ms", "compiled ms", "speedup",
-        "b2b speedup", "breaks", "recompiles", "max |err|"]
+        "bucket",
+        "status",
+        "compile s",
+        "record s",
+        "cache hit/miss",
+        "eager ms",
+        "compiled ms",
+        "speedup",
+        "b2b speedup",
+        "breaks",
+        "recompiles",
+        "max |err|",
+    ]
     for column in columns:
         table.add_column(column, justify="left" if column in ("wave", "phase", "status", "node") else "right")
     for r in report["results"]:
         where = [r["phase"], _num(r["rank"], "d"), r["node"]] if fleet else [r["phase"]]
         table.add_row(
-            *where, str(r["bucket"]), "ok" if r["status"] == "ok" else "[red]failed[/red]",
-            _num(r["compile_seconds"], ".2f"), _num(r["graph_record_seconds"], ".3f"),
+            *where,
+            str(r["bucket"]),
+            "ok" if r["status"] == "ok" else "[red]failed[/red]",
+            _num(r["compile_seconds"], ".2f"),
+            _num(r["graph_record_seconds"], ".3f"),
             f"{_num(r['cache_hits'], 'd')}/{_num(r['cache_misses'], 'd')}",
-            _num(r["eager_ms"], ".3f"), _num(r["compiled_ms"], ".3f"), _num(r["speedup"], ".2f", "x"),
-            _num(r["throughput_speedup"], ".2f", "x"), _num(r["graph_breaks"], "d"), _num(r["recompiles"], "d"),
-            _num(r["max_abs_error"], ".1e"))
+            _num(r["eager_ms"], ".3f"),
+            _num(r["compiled_ms"], ".3f"),
+            _num(r["speedup"], ".2f", "x"),
+            _num(r["throughput_speedup"], ".2f", "x"),
+            _num(r["graph_breaks"], "d"),
+            _num(r["recompiles"], "d"),
+            _num(r["max_abs_error"], ".1e"),
+        )
     console.print(table)
     for r in report["results"]:
         if r["error"]:
@@ -183,36 +269,61 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         for reason in r["cudagraph_skip_reasons"]:
             skipped.setdefault(reason, []).append(str(r["bucket"]))
     for reason, buckets in skipped.items():
-        console.print(f"no CUDA graphs for bucket {', '.join(sorted(set(buckets), key=int))}: {reason}",
-                      highlight=False, style="yellow")
+        console.print(
+            f"no CUDA graphs for bucket {', '.join(sorted(set(buckets), key=int))}: {reason}",
+            highlight=False,
+            style="yellow",
+        )
     s = report["summary"]
     remote = report["remote"]
     if remote and fleet:
-        console.print(f"store {remote['url']}: published generations {remote['published_generations']}"
-                      + "".join(f"; publish error: {e}" for e in remote["publish_errors"]), highlight=False)
+        console.print(
+            f"store {remote['url']}: published generations {remote['published_generations']}"
+            + "".join(f"; publish error: {e}" for e in remote["publish_errors"]),
+            highlight=False,
+        )
     elif remote:
         pulled, published = remote["pull"], remote["publish"]
-        console.print(f"store {remote['url']}: pulled " + (
-            f"generation {pulled['generation']} ({pulled['files']} files, {pulled['bytes'] / 1e6:.1f} MB, "
-            f"{pulled['seconds']:.2f} s)" if pulled else "nothing") + "; published " + (
-            f"generation {published['generation']} ({published['files']} new files, {published['seconds']:.2f} s)"
-            if published else remote["publish_error"] or "nothing"), highlight=False)
+        console.print(
+            f"store {remote['url']}: pulled "
+            + (
+                f"generation {pulled['generation']} ({pulled['files']} files, {pulled['bytes'] / 1e6:.1f} MB, "
+                f"{pulled['seconds']:.2f} s)"
+                if pulled
+                else "nothing"
+            )
+            + "; published "
+            + (
+                f"generation {published['generation']} ({published['files']} new files, {published['seconds']:.2f} s)"
+                if published
+                else remote["publish_error"] or "nothing"
+            ),
+            highlight=False,
+        )
     if fleet:
         for bucket, row in s["fleet"]["buckets"].items():
             load, speedup = row["warm_load_seconds"], row["speedup"]
             console.print(
                 f"bucket {bucket}: cold compile {_num(row['cold_compile_seconds'], '.2f')} s; warm load across "
-                f"{row['ranks_ok']} ranks " + (f"{load['min']:.2f}/{load['median']:.2f}/{load['max']:.2f} s" if load
-                                               else "-")
-                + "; speedup " + (f"{speedup['min']:.2f}/{speedup['median']:.2f}/{speedup['max']:.2f}x" if speedup
-                                  else "-") + " (min/median/max)", highlight=False)
+                f"{row['ranks_ok']} ranks "
+                + (f"{load['min']:.2f}/{load['median']:.2f}/{load['max']:.2f} s" if load else "-")
+                + "; speedup "
+                + (f"{speedup['min']:.2f}/{speedup['median']:.2f}/{speedup['max']:.2f}x" if speedup else "-")
+                + " (min/median/max)",
+                highlight=False,
+            )
         for deviant in s["fleet"]["deviating_ranks"]:
-            console.print(f"rank {deviant['rank']} bucket {deviant['bucket']} deviates: {deviant['why']}",
-                          highlight=False, style="yellow")
+            console.print(
+                f"rank {deviant['rank']} bucket {deviant['bucket']} deviates: {deviant['why']}",
+                highlight=False,
+                style="yellow",
+            )
     console.print(
         f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses) in {report['namespace']}; "
         + (f"ready in {s['ready_seconds']:.1f} s; " if s["ready_seconds"] is not None else "")
-        + f"{s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all", highlight=False)
+        + f"{s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all",
+        highlight=False,
+    )
 
 
 def _num(value: Any, fmt: str, suffix: str = "") -> str:

@@ -35,8 +35,10 @@ class Submission:
 
 
 def submission_id(spec: WarmupSpec) -> str:
-    key = json.dumps({"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device,
-                      "remote": spec.remote}, sort_keys=True)
+    key = json.dumps(
+        {"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device, "remote": spec.remote},
+        sort_keys=True,
+    )
     return f"orchestrate-{slug(spec.name, 32, keep='-')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -46,22 +48,39 @@ def runtime_env(config_path: Path) -> dict[str, Any]:
     return {"working_dir": str(config_path.parent), "env_vars": job_env_vars()}
 
 
-def submit(address: str, spec: WarmupSpec, config_path: Path, *, extra_args: list[str],
-           wait: bool, log: Callable[[str], None]) -> Submission:
+def submit(
+    address: str, spec: WarmupSpec, config_path: Path, *, extra_args: list[str], wait: bool, log: Callable[[str], None]
+) -> Submission:
     from ray.job_submission import JobSubmissionClient
 
     try:
         client = JobSubmissionClient(address)
     except Exception as exc:  # ConnectionError, or a RuntimeError naming the address
-        raise ClusterUnreachable(f"cannot reach the Ray Jobs API at {address}: {str(exc).splitlines()[0]}; "
-                                 "pass the dashboard address (e.g. http://head:8265) and, where the cluster uses token "
-                                 "authentication, its RAY_AUTH_TOKEN") from None
+        raise ClusterUnreachable(
+            f"cannot reach the Ray Jobs API at {address}: {str(exc).splitlines()[0]}; "
+            "pass the dashboard address (e.g. http://head:8265) and, where the cluster uses token "
+            "authentication, its RAY_AUTH_TOKEN"
+        ) from None
     job_id, existing = _reusable(client, submission_id(spec))
     if existing is None:
-        args = ["orchestrate", "warmup", "--model", config_path.name, "--ray-address", "auto", "--json",
-                "--buckets", format_buckets(spec.buckets), *extra_args]
-        client.submit_job(entrypoint=shlex.join(args), submission_id=job_id, runtime_env=runtime_env(config_path),
-                          metadata={"orchestrate.model": spec.name})
+        args = [
+            "orchestrate",
+            "warmup",
+            "--model",
+            config_path.name,
+            "--ray-address",
+            "auto",
+            "--json",
+            "--buckets",
+            format_buckets(spec.buckets),
+            *extra_args,
+        ]
+        client.submit_job(
+            entrypoint=shlex.join(args),
+            submission_id=job_id,
+            runtime_env=runtime_env(config_path),
+            metadata={"orchestrate.model": spec.name},
+        )
         log(f"submitted {job_id} to {address}")
     else:
         log(f"{job_id} was already submitted ({_status(existing)}); following it instead of running it again")
@@ -118,7 +137,7 @@ def _report(logs: str) -> Optional[dict[str, Any]]:
         ends = [i for i in range(start, len(lines)) if lines[i] == "}"]
         if ends:
             try:
-                return json.loads("\n".join(lines[start:ends[-1] + 1]))
+                return json.loads("\n".join(lines[start : ends[-1] + 1]))
             except ValueError:
                 continue
     return None

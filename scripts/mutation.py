@@ -35,22 +35,50 @@ KILLED = {"killed", "timeout", "caught by type check"}  # mutmut's own score cou
 
 
 def parse_args(config: dict) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("modules", nargs="*", default=config.get("only_mutate", []),
-                        help="files to mutate, relative to the checkout (default: [tool.mutmut] only_mutate: "
-                             "%(default)s); a missing one is skipped with a note")
-    parser.add_argument("--tests", nargs="+", default=config.get("pytest_add_cli_args_test_selection", []),
-                        metavar="PATH", help="pytest selection: files or node ids (default: [tool.mutmut] "
-                                             "pytest_add_cli_args_test_selection: %(default)s)")
-    parser.add_argument("--deselect", nargs="+", default=[], metavar="NODE",
-                        help="node ids of the selection to leave out (slow ones: each runs once per mutant it reaches)")
-    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2,
-                        help="parallel test processes (default: the CPU count, %(default)s)")
-    parser.add_argument("--workdir", type=Path, default=ROOT / ".mutation",
-                        help="scratch copy of the checkout, emptied first (default: %(default)s)")
-    parser.add_argument("--fail-under", type=float, default=None, metavar="PERCENT",
-                        help="exit 1 when a module's kill rate is below this")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "modules",
+        nargs="*",
+        default=config.get("only_mutate", []),
+        help="files to mutate, relative to the checkout (default: [tool.mutmut] only_mutate: "
+        "%(default)s); a missing one is skipped with a note",
+    )
+    parser.add_argument(
+        "--tests",
+        nargs="+",
+        default=config.get("pytest_add_cli_args_test_selection", []),
+        metavar="PATH",
+        help="pytest selection: files or node ids (default: [tool.mutmut] "
+        "pytest_add_cli_args_test_selection: %(default)s)",
+    )
+    parser.add_argument(
+        "--deselect",
+        nargs="+",
+        default=[],
+        metavar="NODE",
+        help="node ids of the selection to leave out (slow ones: each runs once per mutant it reaches)",
+    )
+    parser.add_argument(
+        "--max-children",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="parallel test processes (default: the CPU count, %(default)s)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=ROOT / ".mutation",
+        help="scratch copy of the checkout, emptied first (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--fail-under",
+        type=float,
+        default=None,
+        metavar="PERCENT",
+        help="exit 1 when a module's kill rate is below this",
+    )
     return parser.parse_args()
 
 
@@ -116,13 +144,13 @@ json.dump(diffs, sys.stdout)
 def mutant_diffs(workdir: Path, names: list[str]) -> dict[str, str]:
     if not names:
         return {}
-    done = subprocess.run([sys.executable, "-c", _DIFFS], cwd=workdir, input=json.dumps(names),
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _DIFFS], cwd=workdir, input=json.dumps(names), capture_output=True, text=True
+    )
     if done.returncode == 0:
         return json.loads(done.stdout)
     # mutmut moved its internals: fall back to its command line
-    return {name: (shown.stdout or shown.stderr).strip()
-            for name in names for shown in [mutmut(workdir, "show", name)]}
+    return {name: (shown.stdout or shown.stderr).strip() for name in names for shown in [mutmut(workdir, "show", name)]}
 
 
 def main() -> int:
@@ -132,8 +160,10 @@ def main() -> int:
     try:
         import mutmut as _  # noqa: F401
     except ImportError:
-        print(f"mutmut is not installed in {sys.executable}: run "
-              f"`{sys.executable} -m pip install -e '.[mutation]'`", file=sys.stderr)
+        print(
+            f"mutmut is not installed in {sys.executable}: run `{sys.executable} -m pip install -e '.[mutation]'`",
+            file=sys.stderr,
+        )
         return 2
 
     source_paths = config.get("source_paths", ["cache", "jobs", "orchestrator"])
@@ -157,14 +187,22 @@ def main() -> int:
     for node in args.deselect:
         tests += ["--deselect", node]
     extra = list(config.get("pytest_add_cli_args", []))
-    settings = {**config, "source_paths": source_paths, "only_mutate": modules, "use_git_change_detection": False,
-                "pytest_add_cli_args_test_selection": tests, "pytest_add_cli_args": extra}
+    settings = {
+        **config,
+        "source_paths": source_paths,
+        "only_mutate": modules,
+        "use_git_change_detection": False,
+        "pytest_add_cli_args_test_selection": tests,
+        "pytest_add_cli_args": extra,
+    }
     workdir = args.workdir.resolve()
     copy_checkout(workdir, source_paths, run_pyproject(pyproject_text, settings))
 
-    print(f"mutating {' '.join(modules)}\ntests    {' '.join(tests + extra)}\n"
-          f"in       {workdir} with {args.max_children} processes; mutmut's log: {workdir / 'mutmut.log'}",
-          flush=True)
+    print(
+        f"mutating {' '.join(modules)}\ntests    {' '.join(tests + extra)}\n"
+        f"in       {workdir} with {args.max_children} processes; mutmut's log: {workdir / 'mutmut.log'}",
+        flush=True,
+    )
     started = time.monotonic()
     run = mutmut(workdir, "run", "--max-children", str(args.max_children), log=workdir / "mutmut.log")
     wall = time.monotonic() - started

@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 
-def orchestrate(*args: str, cache_dir: Path | None = None, timeout: int = 900,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def orchestrate(
+    *args: str, cache_dir: Path | None = None, timeout: int = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a fresh process, as a user (or a new replica) would."""
     env = {**os.environ, **(env or {})}
     env.pop("ORCHESTRATE_CACHE_DIR", None)

@@ -323,9 +323,16 @@ _ERROR_CODES = {
     504: ("GatewayTimeout", "Gateway Timeout"),
 }
 _REASONS = {
-    400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict",
-    412: "Precondition Failed", 429: "Too Many Requests", 500: "Internal Server Error",
-    502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    409: "Conflict",
+    412: "Precondition Failed",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
 }
 
 
@@ -465,7 +472,7 @@ class FaultProxy:
     def __init__(self, upstream: str, idle_timeout: float = 30.0, upstream_timeout: float = 120.0):
         if not upstream.startswith("http://"):
             raise ValueError("upstream must be an http:// URL")
-        hostport = upstream[len("http://"):].rstrip("/")
+        hostport = upstream[len("http://") :].rstrip("/")
         host, _, port = hostport.rpartition(":")
         self.upstream = (host, int(port))
         self._idle_timeout = idle_timeout
@@ -655,9 +662,7 @@ class FaultProxy:
             conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             body_chunks = list(_iter_body(rfile, headers, is_request=True))
 
-        fwd_headers = [
-            (k, v) for k, v in headers if k.lower() not in _HOP_BY_HOP and k.lower() != "expect"
-        ]
+        fwd_headers = [(k, v) for k, v in headers if k.lower() not in _HOP_BY_HOP and k.lower() != "expect"]
         fwd_headers.append(("Connection", "close"))
         try:
             up = socket.create_connection(self.upstream, timeout=self._upstream_timeout)

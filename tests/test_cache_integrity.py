@@ -78,8 +78,9 @@ def test_a_file_whose_shard_is_valid_but_holds_other_bytes_is_refused(store, tmp
     body["shards"][their_shard] = envelope(store, "other-ns", 1)["body"]["shards"][their_shard]
     write_signed(store, NS, body)
 
-    with pytest.raises(IntegrityError, match=f"shard {their_shard[:16]}...: {SHARED} does not match its sha256; "
-                                             "refusing it"):
+    with pytest.raises(
+        IntegrityError, match=f"shard {their_shard[:16]}...: {SHARED} does not match its sha256; refusing it"
+    ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
     with pytest.raises(IntegrityError, match=f"{SHARED} does not match its sha256"):
@@ -92,9 +93,13 @@ def test_a_shard_with_bytes_appended_is_refused_by_the_shard_hash(store, tmp_pat
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     [shard] = [p for p in (Path(store.root) / "v1" / "objects").rglob("*") if p.is_file()]
     shard.write_bytes(shard.read_bytes() + b"\0" * 10240)
-    with pytest.raises(IntegrityError, match=re.escape(
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
             f"{store.url}: shard {shard.name[:16]}... does not match its sha256 (corrupt or tampered); refusing it, "
-            "the local cache is untouched")):
+            "the local cache is untouched"
+        ),
+    ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
 
@@ -132,8 +137,11 @@ def test_a_shard_missing_a_promised_file_is_refused(store, tmp_path):
     shard = envelope(store, NS, 1)["body"]["files"]["inductor/pr/cprf.py"]["shard"]
     short = _repack(store, shard, lambda members: [(m, d) for m, d in members if m.name != "inductor/pr/cprf.py"])
     _point_manifest_at(store, shard, short)
-    with pytest.raises(IntegrityError, match=rf"shard {short[:16]}\.\.\. lacks 1 files its manifest promises; "
-                                             "refusing it"):
+    with pytest.raises(
+        IntegrityError,
+        match=rf"shard {short[:16]}\.\.\. lacks 1 files its manifest promises; "
+        "refusing it",
+    ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
 
@@ -152,10 +160,14 @@ def test_a_promised_file_that_is_a_link_in_its_shard_is_refused(store, tmp_path)
                 yield link, None
             else:
                 yield info, data
+
     linked = _repack(store, shard, to_link)
     _point_manifest_at(store, shard, linked)
-    with pytest.raises(IntegrityError, match=rf"shard {linked[:16]}\.\.\.: inductor/pr/cprf.py is not a regular "
-                                             "file; refusing it"):
+    with pytest.raises(
+        IntegrityError,
+        match=rf"shard {linked[:16]}\.\.\.: inductor/pr/cprf.py is not a regular "
+        "file; refusing it",
+    ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
 
@@ -200,8 +212,10 @@ def test_complete_local_files_are_not_fetched_again(store, tmp_path):
 
 def test_a_signed_manifest_is_refused_when_no_key_is_configured(store, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
-    message = (rf"manifest is signed \(key id {KEY.key_id}\) but no key is configured to verify it; "
-               f"set {KEY_ENV} or {KEY_FILE_ENV}")
+    message = (
+        rf"manifest is signed \(key id {KEY.key_id}\) but no key is configured to verify it; "
+        f"set {KEY_ENV} or {KEY_FILE_ENV}"
+    )
     with pytest.raises(IntegrityError, match=message):
         sync.pull(store, NS, tmp_path / "node", None, allow_unsigned=False)
     assert not (tmp_path / "node").exists()
@@ -214,10 +228,16 @@ def test_a_signed_manifest_is_refused_when_no_key_is_configured(store, tmp_path)
 
 # --- the manifest format: what another version of orchestrate must read and verify -------------------
 
-GOLDEN = Manifest(namespace="mlp-torch2.13.0-cpu-x86-64-0123456789abcdef", generation=3,
-                  files={"inductor/pr/cprf.py": FileEntry(sha256="ab" * 32, size=1700, shard="cd" * 32)},
-                  shards={"cd" * 32: 10240}, buckets=[1, 8], created_at="2026-11-30T12:00:00+00:00",
-                  publisher="node-1/4242", meta={"model": "mlp-\u00fc"})  # non-ASCII: the canonical form escapes it
+GOLDEN = Manifest(
+    namespace="mlp-torch2.13.0-cpu-x86-64-0123456789abcdef",
+    generation=3,
+    files={"inductor/pr/cprf.py": FileEntry(sha256="ab" * 32, size=1700, shard="cd" * 32)},
+    shards={"cd" * 32: 10240},
+    buckets=[1, 8],
+    created_at="2026-11-30T12:00:00+00:00",
+    publisher="node-1/4242",
+    meta={"model": "mlp-\u00fc"},
+)  # non-ASCII: the canonical form escapes it
 # Written by this version; a change here breaks every published manifest (bump manifest.FORMAT instead)
 GOLDEN_KEY_ID = "50a8789c92a9"  # SigningKey(b"k" * 32)
 GOLDEN_SIGNATURE = "152d20ddbefcf16f3b3d842b9ac6f2efc0b8157e63bb44818efe445c46304008"
@@ -227,8 +247,10 @@ def test_signatures_and_key_ids_are_stable_across_versions():
     key = SigningKey(b"k" * 32)  # made here, not at import: the key derivation runs under the test
     assert key.key_id == GOLDEN_KEY_ID and repr(key) == f"SigningKey(id={GOLDEN_KEY_ID})"
     assert key.sign(GOLDEN.body()) == GOLDEN_SIGNATURE
-    envelope = {"body": GOLDEN.body(), "signature": {"alg": "hmac-sha256", "key_id": GOLDEN_KEY_ID,
-                                                     "value": GOLDEN_SIGNATURE}}
+    envelope = {
+        "body": GOLDEN.body(),
+        "signature": {"alg": "hmac-sha256", "key_id": GOLDEN_KEY_ID, "value": GOLDEN_SIGNATURE},
+    }
     assert json.loads(encode(GOLDEN, key)) == envelope
     assert decode(json.dumps(envelope).encode(), key, allow_unsigned=False, where="w") == GOLDEN
     assert json.loads(encode(GOLDEN, None)) == {"body": GOLDEN.body(), "signature": None}
@@ -241,7 +263,11 @@ def test_optional_manifest_fields_have_defaults():
     manifest = decode(json.dumps({"body": body, "signature": None}).encode(), None, allow_unsigned=True, where="w")
     assert (manifest.buckets, manifest.created_at, manifest.publisher, manifest.meta) == ([], "", "", {})
     assert (manifest.namespace, manifest.generation, manifest.files, manifest.shards) == (
-        GOLDEN.namespace, GOLDEN.generation, GOLDEN.files, GOLDEN.shards)
+        GOLDEN.namespace,
+        GOLDEN.generation,
+        GOLDEN.files,
+        GOLDEN.shards,
+    )
     assert manifest.total_bytes == 1700
 
 
@@ -266,19 +292,29 @@ def test_a_signed_but_malformed_or_newer_manifest_is_refused():
 
 
 def test_refusals_say_why_and_what_to_do():
-    with pytest.raises(IntegrityError, match=re.escape(
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
             f"w: manifest is unsigned; refusing it (set {KEY_ENV} on the publisher, or pass --allow-unsigned for "
-            "local experiments)")):
+            "local experiments)"
+        ),
+    ):
         decode(encode(GOLDEN, None), KEY, allow_unsigned=False, where="w")
-    with pytest.raises(IntegrityError, match=re.escape(
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
             f"w: manifest signature does not match (signed with key id {KEY.key_id}, verifying with "
-            f"{OTHER_KEY.key_id}): tampered or signed with another key; refusing it")):
+            f"{OTHER_KEY.key_id}): tampered or signed with another key; refusing it"
+        ),
+    ):
         decode(encode(GOLDEN, KEY), OTHER_KEY, allow_unsigned=False, where="w")
 
 
 def test_a_signing_key_needs_16_bytes():
-    with pytest.raises(IntegrityError, match="^" + re.escape(
-            "the cache signing key is shorter than 16 bytes; use e.g. `openssl rand -hex 32`") + "$"):
+    with pytest.raises(
+        IntegrityError,
+        match="^" + re.escape("the cache signing key is shorter than 16 bytes; use e.g. `openssl rand -hex 32`") + "$",
+    ):
         SigningKey(b"x" * 15)
     assert SigningKey(b"x" * 16).sign({}) != SigningKey(b"y" * 16).sign({})
 
@@ -297,8 +333,10 @@ def test_the_signing_key_comes_from_a_file_or_the_environment(monkeypatch, tmp_p
     assert SigningKey.from_env(str(arg_file)).key_id == SigningKey(b"from-the-argument-5678").key_id
     monkeypatch.delenv(KEY_FILE_ENV)
     assert SigningKey.from_env(str(arg_file)).key_id == SigningKey(b"from-the-argument-5678").key_id
-    with pytest.raises(IntegrityError, match=re.escape(
-            f"signing key file {tmp_path / 'missing'}: cannot read it (No such file or directory)")):
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(f"signing key file {tmp_path / 'missing'}: cannot read it (No such file or directory)"),
+    ):
         SigningKey.from_env(str(tmp_path / "missing"))
 
 
@@ -335,7 +373,14 @@ def test_shards_are_reproducible_tars_with_zeroed_metadata(store, tmp_path):
     assert [m.name for m in members] == sorted(ARTIFACTS)
     for member in members:
         assert (member.type, member.mode, member.mtime, member.uid, member.gid, member.uname, member.gname) == (
-            tarfile.REGTYPE, 0o644, 0, 0, 0, "", ""), member.name
+            tarfile.REGTYPE,
+            0o644,
+            0,
+            0,
+            0,
+            "",
+            "",
+        ), member.name
 
 
 def test_files_are_packed_into_shards_of_at_most_shard_bytes(store, tmp_path, monkeypatch):
@@ -361,9 +406,16 @@ def test_files_are_packed_into_shards_of_at_most_shard_bytes(store, tmp_path, mo
 def test_a_manifest_records_who_published_what_and_when(store, tmp_path):
     before = datetime.now().astimezone()
     started = time.perf_counter()
-    transfer = sync.publish(store, make_cache(tmp_path / "a", {**ARTIFACTS, "inductor/skip/me.py": b"x"}), NS, KEY,
-                            allow_unsigned=False, buckets=[8, 1, 8], meta={"model": "mlp"},
-                            exclude=["inductor/skip/me.py", "inductor/never/there.py"])
+    transfer = sync.publish(
+        store,
+        make_cache(tmp_path / "a", {**ARTIFACTS, "inductor/skip/me.py": b"x"}),
+        NS,
+        KEY,
+        allow_unsigned=False,
+        buckets=[8, 1, 8],
+        meta={"model": "mlp"},
+        exclude=["inductor/skip/me.py", "inductor/never/there.py"],
+    )
     assert 0 <= transfer.seconds <= time.perf_counter() - started
     assert transfer.skipped == ["inductor/never/there.py", "inductor/skip/me.py"]
     manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
@@ -400,9 +452,13 @@ def test_an_unsigned_namespace_grows_with_allow_unsigned(store, tmp_path):
 
 
 def test_publishing_without_a_key_says_how_to_get_one(store, tmp_path):
-    with pytest.raises(IntegrityError, match=re.escape(
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
             "publishing needs a signing key so readers can trust the cache: set ORCHESTRATE_CACHE_SIGNING_KEY "
-            "(or ..._FILE), or pass --allow-unsigned")):
+            "(or ..._FILE), or pass --allow-unsigned"
+        ),
+    ):
         sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, None, allow_unsigned=False)
     assert store.list("v1/") == []
 
@@ -424,17 +480,26 @@ class RacingStore:
 
 @pytest.mark.parametrize("key, allow_unsigned", [(KEY, False), (None, True)], ids=["signed", "unsigned"])
 def test_a_publisher_that_loses_races_merges_onto_the_winners(store, tmp_path, key, allow_unsigned):
-    sync.publish(store, make_cache(tmp_path / "base", {"inductor/base.py": b"base"}), NS, key,
-                 allow_unsigned=allow_unsigned)
-    rivals = [make_cache(tmp_path / f"rival{i}", {f"inductor/rival{i}.py": b"r", SHARED: f"rival {i}".encode()})
-              for i in range(2)]
+    sync.publish(
+        store, make_cache(tmp_path / "base", {"inductor/base.py": b"base"}), NS, key, allow_unsigned=allow_unsigned
+    )
+    rivals = [
+        make_cache(tmp_path / f"rival{i}", {f"inductor/rival{i}.py": b"r", SHARED: f"rival {i}".encode()})
+        for i in range(2)
+    ]
     ours = make_cache(tmp_path / "ours", {"inductor/ours.py": b"o", SHARED: b"ours"})
-    transfer = sync.publish(RacingStore(store, rivals, key, allow_unsigned), ours, NS, key,
-                            allow_unsigned=allow_unsigned, buckets=[4])
+    transfer = sync.publish(
+        RacingStore(store, rivals, key, allow_unsigned), ours, NS, key, allow_unsigned=allow_unsigned, buckets=[4]
+    )
     assert (transfer.generation, transfer.races) == (4, 2)
     manifest = sync.newest(store, NS, key, allow_unsigned=allow_unsigned)
-    assert sorted(manifest.files) == ["inductor/base.py", "inductor/ours.py", "inductor/rival0.py",
-                                      "inductor/rival1.py", SHARED]
+    assert sorted(manifest.files) == [
+        "inductor/base.py",
+        "inductor/ours.py",
+        "inductor/rival0.py",
+        "inductor/rival1.py",
+        SHARED,
+    ]
     assert manifest.buckets == [4]
     sync.pull(store, NS, tmp_path / "node", key, allow_unsigned=allow_unsigned)
     assert (tmp_path / "node" / SHARED).read_bytes() == b"rival 0"  # the first to publish a path keeps it
@@ -442,8 +507,9 @@ def test_a_publisher_that_loses_races_merges_onto_the_winners(store, tmp_path, k
 
 def test_a_publisher_gives_up_after_losing_max_publish_races(store, tmp_path, monkeypatch):
     monkeypatch.setattr(sync, "MAX_PUBLISH_RACES", 3)
-    losing = SimpleNamespace(url=store.url, list=store.list, read=store.read, upload=store.upload,
-                             create=lambda key, data: False)
+    losing = SimpleNamespace(
+        url=store.url, list=store.list, read=store.read, upload=store.upload, create=lambda key, data: False
+    )
     with pytest.raises(StoreError, match=f"^publish {NS}: lost 3 races for the next manifest generation$"):
         sync.publish(losing, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
 
@@ -473,14 +539,14 @@ def test_index_entries_are_placed_after_the_code_they_point_to(store, tmp_path, 
         if Path(dst).is_relative_to(node):
             placed.append(Path(dst).relative_to(node).as_posix())
         return replace(src, dst)
+
     monkeypatch.setattr(sync.os, "replace", recording_replace)
     sync.pull(store, NS, node, KEY, allow_unsigned=False)
     index = ["inductor/aotautograd/aq/entry", "inductor/fxgraph/ab/fabc/entry", "triton/HASH/__grp__kernel.json"]
     assert placed == ["inductor/pr/cprf.py", "triton/HASH/kernel.cubin", *index]
 
 
-@pytest.mark.parametrize("path", ["/etc/cron.d/evil", "inductor/../../evil.py", "inductor/x.lock",
-                                  sync.APPLIED_MARKER])
+@pytest.mark.parametrize("path", ["/etc/cron.d/evil", "inductor/../../evil.py", "inductor/x.lock", sync.APPLIED_MARKER])
 def test_a_signed_manifest_naming_an_unsafe_path_is_refused(store, tmp_path, path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     body = envelope(store, NS, 1)["body"]
@@ -501,8 +567,10 @@ def test_a_signed_manifest_naming_an_unsafe_path_is_refused(store, tmp_path, pat
 def test_scan_skips_what_disappears_while_it_scans(tmp_path, monkeypatch):
     """Compilers write and delete temporaries meanwhile: a file or folder gone between listing and
     reading is skipped, and everything else is still found."""
-    root = make_cache(tmp_path / "ns", {"a/keep1": b"1", "a/vanishing": b"v", "a/z-keep2": b"22", "b/keep3": b"333",
-                                        "z-gone-folder/x": b"x"})  # scanned first, the others still to come
+    root = make_cache(
+        tmp_path / "ns",
+        {"a/keep1": b"1", "a/vanishing": b"v", "a/z-keep2": b"22", "b/keep3": b"333", "z-gone-folder/x": b"x"},
+    )  # scanned first, the others still to come
     real_scandir = os.scandir
 
     def racing_scandir(folder):
@@ -512,6 +580,7 @@ def test_scan_skips_what_disappears_while_it_scans(tmp_path, monkeypatch):
         if Path(folder).name == "a":
             (Path(folder) / "vanishing").unlink()  # listed, then removed before its stat
         return iter(sorted(entries, key=lambda e: e.name))
+
     monkeypatch.setattr(sync.os, "scandir", racing_scandir)
     found = sync.scan(root)
     assert {rel: size for rel, (_, size) in found.items()} == {"a/keep1": 1, "a/z-keep2": 2, "b/keep3": 3}
@@ -533,8 +602,12 @@ def test_errors_name_the_manifest_by_its_full_url(tmp_path):
     (tmp_path / "storeX").mkdir()  # rstrip takes a set of characters: a name ending in X keeps it honest
     store = open_store(f"file://{tmp_path / 'storeX'}/")
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
-    with pytest.raises(IntegrityError, match=re.escape(
-            f"file://{tmp_path / 'storeX'}/v1/namespaces/{NS}/gen-00000001.json: manifest signature does not match")):
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
+            f"file://{tmp_path / 'storeX'}/v1/namespaces/{NS}/gen-00000001.json: manifest signature does not match"
+        ),
+    ):
         sync.pull(store, NS, tmp_path / "node", OTHER_KEY, allow_unsigned=False)
 
 
@@ -549,8 +622,10 @@ def test_describe_lists_every_namespace_and_why_one_cannot_be_read(store, tmp_pa
     good, foreign, unsigned = infos["good"], infos["foreign"], infos["unsigned"]
     assert (good.generations, good.manifest.buckets, good.error) == (2, [1, 2], None)
     assert (foreign.generations, foreign.manifest) == (1, None)
-    assert foreign.error.startswith(f"{store.url}/v1/namespaces/foreign/gen-00000001.json: manifest signature does "
-                                    f"not match (signed with key id {OTHER_KEY.key_id}")
+    assert foreign.error.startswith(
+        f"{store.url}/v1/namespaces/foreign/gen-00000001.json: manifest signature does "
+        f"not match (signed with key id {OTHER_KEY.key_id}"
+    )
     assert (unsigned.generations, unsigned.manifest) == (1, None) and "manifest is unsigned" in unsigned.error
     relaxed = {info.namespace: info for info in sync.describe(store, KEY, allow_unsigned=True)}
     assert relaxed["unsigned"].manifest is not None and relaxed["unsigned"].error is None
@@ -581,13 +656,13 @@ def manifest_names(store) -> list[str]:
     return sorted(i.key.split("/", 2)[2] for i in store.list("v1/namespaces/"))
 
 
-def test_gc_keeps_the_newest_namespaces_of_each_model_and_their_two_newest_generations(store, tmp_path, clock,
-                                                                                        gc_time):
+def test_gc_keeps_the_newest_namespaces_of_each_model_and_their_two_newest_generations(store, tmp_path, clock, gc_time):
     def publish(namespace: str, generations: int, meta=None) -> None:
         for g in range(generations):
             node = make_cache(tmp_path / namespace / str(g), {f"{namespace}/{g}.py": namespace.encode()})
             sync.publish(store, node, namespace, KEY, allow_unsigned=False, buckets=[g], meta=meta)
             clock.advance(60)
+
     publish("mlp-torch2.11.0-x-1111", 1, meta={"model": "mlp"})
     publish("bert-torch2.11.0-x-3333", 1)  # no model named: the namespace's prefix is the model
     publish("renamed-torch2.12.0-x-5555", 3, meta={"model": "mlp"})
@@ -597,8 +672,11 @@ def test_gc_keeps_the_newest_namespaces_of_each_model_and_their_two_newest_gener
 
     assert sync.gc(store, 1, KEY, allow_unsigned=False) == {"manifests_deleted": 7, "objects_deleted": 5}
     assert manifest_names(store) == [
-        "bert-torch2.13.0-x-4444/gen-00000002.json", "bert-torch2.13.0-x-4444/gen-00000003.json",
-        "mlp-torch2.13.0-x-2222/gen-00000002.json", "mlp-torch2.13.0-x-2222/gen-00000003.json"]
+        "bert-torch2.13.0-x-4444/gen-00000002.json",
+        "bert-torch2.13.0-x-4444/gen-00000003.json",
+        "mlp-torch2.13.0-x-2222/gen-00000002.json",
+        "mlp-torch2.13.0-x-2222/gen-00000003.json",
+    ]
     for namespace in ("bert-torch2.13.0-x-4444", "mlp-torch2.13.0-x-2222"):
         sync.verify(store, namespace, KEY, allow_unsigned=False)  # every shard the kept ones name is still there
     assert len(objects(store)) == 6
@@ -627,21 +705,31 @@ def test_gc_never_deletes_shards_while_a_kept_namespace_cannot_be_verified(store
     node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
     sync.publish(store, node, "resnet-torch2.13.0-x-8888", OTHER_KEY, allow_unsigned=False)  # alone in its model
     clock.advance(60)
-    sync.publish(store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "vit-torch2.11.0-x-6666", KEY,
-                 allow_unsigned=False)
+    sync.publish(
+        store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "vit-torch2.11.0-x-6666", KEY, allow_unsigned=False
+    )
     clock.advance(60)
-    sync.publish(store, make_cache(tmp_path / "c", {"inductor/c.py": b"c"}), "vit-torch2.13.0-x-7777", OTHER_KEY,
-                 allow_unsigned=False)  # newer, but unverifiable: ranks last
+    sync.publish(
+        store,
+        make_cache(tmp_path / "c", {"inductor/c.py": b"c"}),
+        "vit-torch2.13.0-x-7777",
+        OTHER_KEY,
+        allow_unsigned=False,
+    )  # newer, but unverifiable: ranks last
     clock.advance(60)
-    sync.publish(store, make_cache(tmp_path / "d", {"inductor/d.py": b"d"}), "mlp-torch2.11.0-x-1111", KEY,
-                 allow_unsigned=False)
+    sync.publish(
+        store, make_cache(tmp_path / "d", {"inductor/d.py": b"d"}), "mlp-torch2.11.0-x-1111", KEY, allow_unsigned=False
+    )
     clock.advance(60)
-    sync.publish(store, make_cache(tmp_path / "e", {"inductor/e.py": b"e"}), "mlp-torch2.13.0-x-2222", KEY,
-                 allow_unsigned=False)
+    sync.publish(
+        store, make_cache(tmp_path / "e", {"inductor/e.py": b"e"}), "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False
+    )
     age_objects(store, 7200)
     shards = set(objects(store))
     assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0) == {
-        "manifests_deleted": 2, "objects_deleted": 0}
+        "manifests_deleted": 2,
+        "objects_deleted": 0,
+    }
     assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222", "resnet-torch2.13.0-x-8888", "vit-torch2.11.0-x-6666"]
     assert set(objects(store)) == shards
 
@@ -660,11 +748,13 @@ def test_gc_stops_at_a_kept_generation_that_does_not_verify(store, tmp_path, gc_
 
 
 def test_gc_of_an_unsigned_store_with_allow_unsigned(store, tmp_path, clock, gc_time):
-    sync.publish(store, make_cache(tmp_path / "a", {"inductor/a.py": b"a"}), "mlp-torch2.11.0-x-1111", None,
-                 allow_unsigned=True)
+    sync.publish(
+        store, make_cache(tmp_path / "a", {"inductor/a.py": b"a"}), "mlp-torch2.11.0-x-1111", None, allow_unsigned=True
+    )
     clock.advance(60)
-    sync.publish(store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "mlp-torch2.13.0-x-2222", None,
-                 allow_unsigned=True)
+    sync.publish(
+        store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "mlp-torch2.13.0-x-2222", None, allow_unsigned=True
+    )
     age_objects(store, 7200)
     assert sync.gc(store, 1, None, allow_unsigned=True) == {"manifests_deleted": 1, "objects_deleted": 1}
     assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222"]

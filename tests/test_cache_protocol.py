@@ -36,8 +36,11 @@ def make_cache(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
-            if p.is_file() and p.name != sync.APPLIED_MARKER}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and p.name != sync.APPLIED_MARKER
+    }
 
 
 ARTIFACTS = {
@@ -59,6 +62,7 @@ def store(tmp_path):
 @pytest.fixture
 def clock(monkeypatch):
     """The clock publish() stamps `created_at` with, moved by hand: ordering without sleeping."""
+
     class Clock(datetime):
         current = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -131,21 +135,31 @@ print(transfer.generation, transfer.races)
 """
 
 
-def start_publishers(store_url: str, tmp_path: Path, publishers: int = 8,
-                     release: Optional[Path] = None) -> list[subprocess.Popen]:
+def start_publishers(
+    store_url: str, tmp_path: Path, publishers: int = 8, release: Optional[Path] = None
+) -> list[subprocess.Popen]:
     """One process per publisher on namespace NS, each with its own files and one path all share.
     With `release`, the last publisher waits for that file to exist before it publishes."""
     procs = []
     for i in range(publishers):
-        node = make_cache(tmp_path / f"node{i}", {
-            f"inductor/fxgraph/{i:02d}/entry": f"bucket {i}".encode(),
-            f"triton/k{i}/kernel.cubin": os.urandom(200_000),
-            "inductor/shared/code.py": f"compiled by node {i}".encode(),  # same path, different bytes
-        })
+        node = make_cache(
+            tmp_path / f"node{i}",
+            {
+                f"inductor/fxgraph/{i:02d}/entry": f"bucket {i}".encode(),
+                f"triton/k{i}/kernel.cubin": os.urandom(200_000),
+                "inductor/shared/code.py": f"compiled by node {i}".encode(),  # same path, different bytes
+            },
+        )
         held = [str(release)] if release is not None and i == publishers - 1 else []
-        procs.append(subprocess.Popen([sys.executable, "-c", PUBLISHER, store_url, str(node), NS, str(i + 1), *held],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      cwd=Path(__file__).resolve().parent.parent))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", PUBLISHER, store_url, str(node), NS, str(i + 1), *held],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+        )
     return procs
 
 
@@ -313,8 +327,12 @@ def test_gc_keeps_newest_namespaces_and_referenced_shards(store, tmp_path, clock
     clock.advance(1)  # created_at has one-second resolution
     sync.publish(store, new, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False, meta={"model": "mlp"})
     assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=3600) == {
-        "manifests_deleted": 1, "objects_deleted": 0}  # the old shard is within its grace period
+        "manifests_deleted": 1,
+        "objects_deleted": 0,
+    }  # the old shard is within its grace period
     assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222"]
     assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0) == {
-        "manifests_deleted": 0, "objects_deleted": 1}
+        "manifests_deleted": 0,
+        "objects_deleted": 1,
+    }
     sync.verify(store, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False)

@@ -148,22 +148,27 @@ def test_unknown_option(tmp_path):
 
 def test_unknown_device_choice(tmp_path):
     path = config(tmp_path, "factories.py:good")
-    line = assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "gpu", tmp_path=tmp_path),
-                             "--device", "'gpu'")
+    line = assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "gpu", tmp_path=tmp_path), "--device", "'gpu'"
+    )
     assert "cpu" in line and "cuda" in line
 
 
-@pytest.mark.parametrize("buckets, problem", [
-    ("0", "'0' is not a positive integer"),
-    ("-1", "is not a positive integer"),
-    ("a", "'a' is not a positive integer"),
-    ("1,x", "'x' is not a positive integer"),
-    ("8,8", "bucket 8 is listed twice"),
-])
+@pytest.mark.parametrize(
+    "buckets, problem",
+    [
+        ("0", "'0' is not a positive integer"),
+        ("-1", "is not a positive integer"),
+        ("a", "'a' is not a positive integer"),
+        ("1,x", "'x' is not a positive integer"),
+        ("8,8", "bucket 8 is listed twice"),
+    ],
+)
 def test_bad_buckets(tmp_path, buckets, problem):
     path = config(tmp_path, "factories.py:good")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--buckets", buckets, tmp_path=tmp_path),
-                      "--buckets", problem)
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--buckets", buckets, tmp_path=tmp_path), "--buckets", problem
+    )
 
 
 def test_empty_buckets(tmp_path, factories):
@@ -177,14 +182,17 @@ def test_superscript_buckets(tmp_path):
     assert_user_error(orchestrate("warmup", "--model", str(path), "--buckets", "²", tmp_path=tmp_path), "--buckets")
 
 
-@pytest.mark.parametrize("command", [("warmup",), ("submit", "--k8s", "--image", "img"),
-                                     ("render", "k8s", "--image", "img")])
+@pytest.mark.parametrize(
+    "command", [("warmup",), ("submit", "--k8s", "--image", "img"), ("render", "k8s", "--image", "img")]
+)
 def test_every_command_with_buckets_reads_them_by_one_rule(tmp_path, command):
     help_text = " ".join(orchestrate(*command, "--help", tmp_path=tmp_path).stdout.split())  # unwrapped
     assert "--buckets 1,8,32 Bucket sizes; overrides the config's `buckets`." in help_text
     path = config(tmp_path, "factories.py:good")
-    assert_user_error(orchestrate(*command, "--model", str(path), "--buckets", "8,8", tmp_path=tmp_path),
-                      "--buckets: bucket 8 is listed twice")
+    assert_user_error(
+        orchestrate(*command, "--model", str(path), "--buckets", "8,8", tmp_path=tmp_path),
+        "--buckets: bucket 8 is listed twice",
+    )
 
 
 # --- config errors (before torch is imported) ---------------------------------------------------
@@ -192,8 +200,7 @@ def test_every_command_with_buckets_reads_them_by_one_rule(tmp_path, command):
 
 def test_missing_config_file(tmp_path):
     missing = tmp_path / "missing.yaml"
-    assert_user_error(orchestrate("warmup", "--model", str(missing), tmp_path=tmp_path),
-                      str(missing), "no such file")
+    assert_user_error(orchestrate("warmup", "--model", str(missing), tmp_path=tmp_path), str(missing), "no such file")
 
 
 def test_config_is_a_directory(tmp_path):
@@ -203,8 +210,9 @@ def test_config_is_a_directory(tmp_path):
 def test_bad_yaml(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("model:\n  factory: factories.py:good\ninputs: [\n")
-    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path),
-                      str(path), "invalid YAML", "line ", "column ")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), tmp_path=tmp_path), str(path), "invalid YAML", "line ", "column "
+    )
 
 
 def test_yaml_not_a_mapping(tmp_path):
@@ -215,8 +223,10 @@ def test_yaml_not_a_mapping(tmp_path):
 
 def test_unknown_key(tmp_path):
     path = config(tmp_path, "factories.py:good", text=GOOD_CONFIG + "compile:\n  moed: default\n")
-    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path),
-                      "compile.moed: unknown field (did you mean 'mode'?)")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), tmp_path=tmp_path),
+        "compile.moed: unknown field (did you mean 'mode'?)",
+    )
 
 
 def test_invalid_input_dtype(tmp_path):
@@ -228,8 +238,9 @@ def test_invalid_input_dtype(tmp_path):
 def test_missing_required_field(tmp_path):
     path = tmp_path / "noinputs.yaml"
     path.write_text("model: {factory: 'factories.py:good'}\n")
-    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path),
-                      "inputs: required field is missing")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), tmp_path=tmp_path), "inputs: required field is missing"
+    )
 
 
 def test_invalid_factory_form(tmp_path):
@@ -249,60 +260,88 @@ def test_config_file_stem_not_a_valid_name(tmp_path, factories):
 
 def test_unimportable_module_factory(tmp_path):
     path = config(tmp_path, "no_such_module:make")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                      "model.factory", "no_such_module")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "no_such_module",
+    )
 
 
 def test_missing_factory_file(tmp_path):
     path = config(tmp_path, "nope.py:make")
-    line = assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                             "model.factory", "nope.py", "does not exist")
+    line = assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "nope.py",
+        "does not exist",
+    )
     assert str(tmp_path.resolve() / "nope.py") in line  # resolved against the config's directory
 
 
 def test_missing_attribute_in_file(tmp_path, factories):
     path = config(tmp_path, "factories.py:missing_factory")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                      "model.factory", "missing_factory")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "missing_factory",
+    )
 
 
 def test_missing_attribute_in_module(tmp_path):
     path = config(tmp_path, "json:no_such_function")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                      "model.factory", "no_such_function")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "no_such_function",
+    )
 
 
 def test_factory_not_callable(tmp_path, factories):
     path = config(tmp_path, "factories.py:NOT_CALLABLE")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                      "model.factory", "not callable")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "not callable",
+    )
 
 
 def test_factory_file_fails_to_import(tmp_path):
     (tmp_path / "broken.py").write_text("def make(:\n")
     path = config(tmp_path, "broken.py:make")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                      "model.factory", "SyntaxError")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "SyntaxError",
+    )
 
 
 def test_factory_raises(tmp_path, factories):
     path = config(tmp_path, "factories.py:boom")
-    line = assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                             "model.factory", "RuntimeError", "factory exploded")
+    line = assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "RuntimeError",
+        "factory exploded",
+    )
     assert "second line of detail" not in line
 
 
 def test_factory_returns_non_module(tmp_path, factories):
     path = config(tmp_path, "factories.py:not_a_module")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                      "model.factory", "int", "torch.nn.Module")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "model.factory",
+        "int",
+        "torch.nn.Module",
+    )
 
 
 def test_factory_kwargs_rejected(tmp_path, factories):
     text = GOOD_CONFIG.replace("  factory: {factory}\n", "  factory: {factory}\n  kwargs: {{bogus: 1}}\n")
     path = config(tmp_path, "factories.py:good", text=text)
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
-                      "model.factory", "TypeError")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path), "model.factory", "TypeError"
+    )
 
 
 def test_cuda_requested_without_gpu(tmp_path, factories):
@@ -310,16 +349,21 @@ def test_cuda_requested_without_gpu(tmp_path, factories):
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present")
     path = config(tmp_path, "factories.py:good")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cuda", tmp_path=tmp_path),
-                      "cuda", "--device cpu")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cuda", tmp_path=tmp_path), "cuda", "--device cpu"
+    )
 
 
 def test_unusable_cache_dir(tmp_path, factories):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     path = config(tmp_path, "factories.py:good")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu",
-                                  "--cache-dir", str(blocker / "cache"), tmp_path=tmp_path), str(blocker))
+    assert_user_error(
+        orchestrate(
+            "warmup", "--model", str(path), "--device", "cpu", "--cache-dir", str(blocker / "cache"), tmp_path=tmp_path
+        ),
+        str(blocker),
+    )
 
 
 def test_unwritable_report_path(tmp_path, factories):
@@ -327,14 +371,27 @@ def test_unwritable_report_path(tmp_path, factories):
     blocker.write_text("")
     # every bucket fails at its eager call, so this reaches the report without compiling anything
     path = config(tmp_path, "factories.py:always_fails")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu",
-                                  "--report", str(blocker / "report.json"), tmp_path=tmp_path), "report")
+    assert_user_error(
+        orchestrate(
+            "warmup",
+            "--model",
+            str(path),
+            "--device",
+            "cpu",
+            "--report",
+            str(blocker / "report.json"),
+            tmp_path=tmp_path,
+        ),
+        "report",
+    )
 
 
 def test_report_path_is_directory(tmp_path, factories):
     path = config(tmp_path, "factories.py:good")
-    assert_user_error(orchestrate("warmup", "--model", str(path), "--device", "cpu",
-                                  "--report", str(tmp_path), tmp_path=tmp_path), "--report")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", "--report", str(tmp_path), tmp_path=tmp_path),
+        "--report",
+    )
 
 
 # --- a run where one bucket fails ---------------------------------------------------------------
@@ -344,8 +401,9 @@ def test_every_bucket_failing_exits_1(tmp_path, factories):
     """Forward raises for every bucket: exit 1 (not 2), each bucket reported, nothing compiled."""
     path = config(tmp_path, "factories.py:always_fails")
     report_path = tmp_path / "out" / "report.json"
-    result = orchestrate("warmup", "--model", str(path), "--device", "cpu", "--json",
-                         "--report", str(report_path), tmp_path=tmp_path)
+    result = orchestrate(
+        "warmup", "--model", str(path), "--device", "cpu", "--json", "--report", str(report_path), tmp_path=tmp_path
+    )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     report = json.loads(result.stdout)
@@ -381,7 +439,8 @@ def make():
 def test_one_failing_bucket_does_not_stop_the_others(tmp_path):
     (tmp_path / "tiny.py").write_text(TINY_MODEL)
     path = tmp_path / "tiny.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         model:
           factory: tiny.py:make
         inputs:
@@ -390,10 +449,22 @@ def test_one_failing_bucket_does_not_stop_the_others(tmp_path):
         bench:
           iterations: 3
           warmup: 1
-    """))
+    """)
+    )
     report_path = tmp_path / "report.json"
-    result = orchestrate("warmup", "--model", str(path), "--buckets", "1,2,3", "--device", "cpu", "--json",
-                         "--report", str(report_path), tmp_path=tmp_path)
+    result = orchestrate(
+        "warmup",
+        "--model",
+        str(path),
+        "--buckets",
+        "1,2,3",
+        "--device",
+        "cpu",
+        "--json",
+        "--report",
+        str(report_path),
+        tmp_path=tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     report = json.loads(result.stdout)  # --json: stdout is the report alone

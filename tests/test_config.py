@@ -242,8 +242,9 @@ def test_bad_yaml_exact_position(tmp_path):
     assert "mapping values are not allowed here" in message
 
 
-@pytest.mark.parametrize("text, kind", [("- 1\n- 2\n", "list"), ("just a string\n", "str"), ("", "NoneType"),
-                                        ("42\n", "int")])
+@pytest.mark.parametrize(
+    "text, kind", [("- 1\n- 2\n", "list"), ("just a string\n", "str"), ("", "NoneType"), ("42\n", "int")]
+)
 def test_non_mapping_yaml(tmp_path, text, kind):
     message = load_error(tmp_path, text)
     assert "expected a mapping" in message and kind in message
@@ -311,7 +312,9 @@ def test_integer_input_with_empty_range(tmp_path, rng):
 
 
 def test_integer_input_with_range_ok(tmp_path):
-    text = "model: {factory: 'models.py:mlp'}\ninputs:\n  - shape: [batch, 16]\n    dtype: int64\n    range: [0, 32000]\n"
+    text = (
+        "model: {factory: 'models.py:mlp'}\ninputs:\n  - shape: [batch, 16]\n    dtype: int64\n    range: [0, 32000]\n"
+    )
     spec = load_spec(write(tmp_path, text))
     assert spec.inputs[0].range == (0, 32000)
 
@@ -384,12 +387,15 @@ def test_invalid_factory_form(tmp_path, factory):
     assert "module:callable" in message
 
 
-@pytest.mark.parametrize("factory, is_file, target, attribute", [
-    ("models.py:mlp", True, "models.py", "mlp"),
-    ("sub/dir/models.py:Net.build", True, "sub/dir/models.py", "Net.build"),
-    ("pkg/mod:make", True, "pkg/mod", "make"),
-    ("torchvision.models:resnet18", False, "torchvision.models", "resnet18"),
-])
+@pytest.mark.parametrize(
+    "factory, is_file, target, attribute",
+    [
+        ("models.py:mlp", True, "models.py", "mlp"),
+        ("sub/dir/models.py:Net.build", True, "sub/dir/models.py", "Net.build"),
+        ("pkg/mod:make", True, "pkg/mod", "make"),
+        ("torchvision.models:resnet18", False, "torchvision.models", "resnet18"),
+    ],
+)
 def test_factory_parts(factory, is_file, target, attribute):
     ref = spec_of(model={"factory": factory}).model
     assert (ref.is_file, ref.target, ref.attribute) == (is_file, target, attribute)
@@ -398,16 +404,19 @@ def test_factory_parts(factory, is_file, target, attribute):
 # --- other fields -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra, where", [
-    ("device: gpu\n", "device:"),
-    ("compile:\n  mode: fast\n", "compile.mode:"),
-    ("bench:\n  iterations: 0\n", "bench.iterations:"),
-    ("bench:\n  warmup: -1\n", "bench.warmup:"),
-    ("check:\n  atol: -1\n", "check.atol:"),
-    ("buckets: [0, 8]\n", "buckets[0]:"),
-    ("buckets: []\n", "buckets:"),
-    ("buckets: [8, 8]\n", "buckets:"),
-])
+@pytest.mark.parametrize(
+    "extra, where",
+    [
+        ("device: gpu\n", "device:"),
+        ("compile:\n  mode: fast\n", "compile.mode:"),
+        ("bench:\n  iterations: 0\n", "bench.iterations:"),
+        ("bench:\n  warmup: -1\n", "bench.warmup:"),
+        ("check:\n  atol: -1\n", "check.atol:"),
+        ("buckets: [0, 8]\n", "buckets[0]:"),
+        ("buckets: []\n", "buckets:"),
+        ("buckets: [8, 8]\n", "buckets:"),
+    ],
+)
 def test_invalid_field_values(tmp_path, extra, where):
     message = load_error(tmp_path, MINIMAL + extra)
     assert where in message
@@ -424,26 +433,32 @@ def test_duplicate_config_buckets_message(tmp_path):
 # --- --buckets --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("1,8,32", [1, 8, 32]),
-    ("32,1,8", [1, 8, 32]),
-    ("4", [4]),
-    (" 1, 2 ,3 ", [1, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("1,8,32", [1, 8, 32]),
+        ("32,1,8", [1, 8, 32]),
+        ("4", [4]),
+        (" 1, 2 ,3 ", [1, 2, 3]),
+    ],
+)
 def test_parse_buckets_ok(text, expected):
     assert parse_buckets(text) == expected
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("0", "'0' is not a positive integer"),
-    ("-1", "'-1' is not a positive integer"),
-    ("a", "'a' is not a positive integer"),
-    ("1.5", "'1.5' is not a positive integer"),
-    ("8,8", "bucket 8 is listed twice"),
-    ("", "is not a positive integer"),
-    ("1,,2", "is not a positive integer"),
-    ("1,8,", "is not a positive integer"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("0", "'0' is not a positive integer"),
+        ("-1", "'-1' is not a positive integer"),
+        ("a", "'a' is not a positive integer"),
+        ("1.5", "'1.5' is not a positive integer"),
+        ("8,8", "bucket 8 is listed twice"),
+        ("", "is not a positive integer"),
+        ("1,,2", "is not a positive integer"),
+        ("1,8,", "is not a positive integer"),
+    ],
+)
 def test_parse_buckets_rejects(text, problem):
     with pytest.raises(ConfigError) as info:
         parse_buckets(text)
@@ -483,11 +498,14 @@ def test_apply_overrides_sorts_buckets(tmp_path):
     assert apply_overrides(spec, buckets=[32, 2]).buckets == [2, 32]
 
 
-@pytest.mark.parametrize("changes, where", [
-    ({"device": "tpu"}, "device:"),
-    ({"buckets": [0]}, "buckets[0]:"),
-    ({"buckets": [4, 4]}, "buckets:"),
-])
+@pytest.mark.parametrize(
+    "changes, where",
+    [
+        ({"device": "tpu"}, "device:"),
+        ({"buckets": [0]}, "buckets[0]:"),
+        ({"buckets": [4, 4]}, "buckets:"),
+    ],
+)
 def test_apply_overrides_invalid(tmp_path, changes, where):
     spec = load_spec(write(tmp_path, MINIMAL))
     with pytest.raises(ConfigError) as info:
@@ -515,8 +533,10 @@ def test_the_other_overrides_ride_along(tmp_path):
     assert spec.base_dir == tmp_path.resolve()
 
 
-@pytest.mark.parametrize("text, problem", [("", "is not a positive integer"), ("8,8", "bucket 8 is listed twice"),
-                                           ("0", "'0' is not a positive integer")])
+@pytest.mark.parametrize(
+    "text, problem",
+    [("", "is not a positive integer"), ("8,8", "bucket 8 is listed twice"), ("0", "'0' is not a positive integer")],
+)
 def test_a_bad_buckets_text_is_a_one_line_config_error(tmp_path, text, problem):
     with pytest.raises(ConfigError) as info:
         load_spec_with_overrides(write(tmp_path, MINIMAL), buckets=text)
@@ -552,16 +572,19 @@ def test_identity_hash_ignores_key_order():
     assert a.identity_hash() == b.identity_hash()
 
 
-@pytest.mark.parametrize("changes", [
-    {"buckets": [3, 5]},
-    {"bench": {"iterations": 7, "warmup": 0}},
-    {"cache_dir": "/somewhere/else"},
-    {"name": "renamed"},
-    {"device": "cpu"},
-    {"seed": 42},
-    {"check": {"atol": 0.5}},
-    {"check": {"allow_nonfinite": True}},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"buckets": [3, 5]},
+        {"bench": {"iterations": 7, "warmup": 0}},
+        {"cache_dir": "/somewhere/else"},
+        {"name": "renamed"},
+        {"device": "cpu"},
+        {"seed": 42},
+        {"check": {"atol": 0.5}},
+        {"check": {"allow_nonfinite": True}},
+    ],
+)
 def test_identity_hash_unaffected_by(changes):
     assert spec_of(**changes).identity_hash() == spec_of().identity_hash()
 
@@ -578,18 +601,21 @@ def test_identity_hash_unaffected_by_overrides(tmp_path):
     assert overridden.identity_hash() == spec.identity_hash()
 
 
-@pytest.mark.parametrize("changes", [
-    {"compile": {"mode": "default"}},
-    {"compile": {"dynamic": True}},
-    {"compile": {"fullgraph": True}},
-    {"compile": {"backend": "aot_eager"}},
-    {"compile": {"options": {"max_autotune": True}}},
-    {"model": {"factory": "models.py:mlp", "kwargs": {"width": 16}}},
-    {"model": {"factory": "models.py:mlp", "dtype": "float16"}},
-    {"model": {"factory": "models.py:transformer"}},
-    {"inputs": [{"shape": ["batch", 16]}]},
-    {"inputs": [{"shape": ["batch", 8], "dtype": "float16"}]},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"compile": {"mode": "default"}},
+        {"compile": {"dynamic": True}},
+        {"compile": {"fullgraph": True}},
+        {"compile": {"backend": "aot_eager"}},
+        {"compile": {"options": {"max_autotune": True}}},
+        {"model": {"factory": "models.py:mlp", "kwargs": {"width": 16}}},
+        {"model": {"factory": "models.py:mlp", "dtype": "float16"}},
+        {"model": {"factory": "models.py:transformer"}},
+        {"inputs": [{"shape": ["batch", 16]}]},
+        {"inputs": [{"shape": ["batch", 8], "dtype": "float16"}]},
+    ],
+)
 def test_identity_hash_changed_by(changes):
     assert spec_of(**changes).identity_hash() != spec_of().identity_hash()
 
@@ -675,10 +701,13 @@ def test_cache_root_relative_cli_dir_is_relative_to_cwd(clean_env, monkeypatch, 
 
 
 def test_duplicate_key_is_refused_with_its_line(tmp_path):
-    message = load_error(tmp_path, """\
+    message = load_error(
+        tmp_path,
+        """\
         model: {factory: models.py:mlp}
         inputs: [{shape: [batch, 4]}]
         compile: {mode: default}
         compile: {mode: reduce-overhead}
-    """)
+    """,
+    )
     assert "'compile' appears twice" in message and "line 4" in message

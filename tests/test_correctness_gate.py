@@ -81,15 +81,29 @@ MODEL = textwrap.dedent("""
 def warmup(tmp_path, factory, backend, *extra, buckets="1,4", check="{}", env=None):
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "m.py").write_text(MODEL)
-    (tmp_path / "cfg.yaml").write_text(textwrap.dedent(f"""
+    (tmp_path / "cfg.yaml").write_text(
+        textwrap.dedent(f"""
         model: {{factory: m.py:{factory}}}
         inputs: [{{shape: [batch, 8]}}]
         compile: {{mode: null, backend: {backend}}}
         check: {check}
         bench: {{iterations: 3, warmup: 1}}
-    """))
-    proc = orchestrate("warmup", "--no-ray", "--model", str(tmp_path / "cfg.yaml"), "--device", "cpu", "--json",
-                       "--buckets", buckets, *extra, cache_dir=tmp_path / "cache", env=env)
+    """)
+    )
+    proc = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        str(tmp_path / "cfg.yaml"),
+        "--device",
+        "cpu",
+        "--json",
+        "--buckets",
+        buckets,
+        *extra,
+        cache_dir=tmp_path / "cache",
+        env=env,
+    )
     return proc, json.loads(proc.stdout) if proc.stdout else None
 
 
@@ -99,8 +113,10 @@ def test_output_mismatch_fails_the_bucket(tmp_path):
     assert report["summary"]["buckets_failed"] == 2
     for result in report["results"]:
         assert result["status"] == "failed"
-        assert result["error"].startswith("check: OutputMismatch: output of the compiled first call differs from "
-                                          "eager: max abs error 1 exceeds atol=0.001 + rtol=0.001*|eager|")
+        assert result["error"].startswith(
+            "check: OutputMismatch: output of the compiled first call differs from "
+            "eager: max abs error 1 exceeds atol=0.001 + rtol=0.001*|eager|"
+        )
         assert result["max_abs_error"] == pytest.approx(1.0, abs=1e-5)
 
 

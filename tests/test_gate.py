@@ -35,8 +35,10 @@ X = torch.linspace(-2.0, 2.0, 64).reshape(8, 8)
 
 # -- floating-point tolerance --------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-6), (torch.float32, 1e-3),
-                                         (torch.float16, 1e-2), (torch.bfloat16, 5e-2)])
+
+@pytest.mark.parametrize(
+    "dtype, atol", [(torch.float64, 1e-6), (torch.float32, 1e-3), (torch.float16, 1e-2), (torch.bfloat16, 5e-2)]
+)
 def test_default_tolerance_by_dtype_is_exact_at_both_sides(dtype, atol):
     """On a zero output, rtol plays no part: 0.9*atol passes and 1.1*atol fails, per dtype."""
     zeros = torch.zeros(16, dtype=torch.float64)
@@ -95,10 +97,13 @@ def test_tolerance_of_the_worst_leaf_is_reported():
 
 # -- NaN and Inf ---------------------------------------------------------------------------------
 
+
 def test_nan_in_compiled_output_where_eager_is_finite_fails_and_says_nan():
     compiled = X.clone()
     compiled[0, :3] = float("nan")
-    message = refused(X, compiled, "output of the compiled first call holds 3 NaN and 0 Inf where eager's values are finite")
+    message = refused(
+        X, compiled, "output of the compiled first call holds 3 NaN and 0 Inf where eager's values are finite"
+    )
     assert "max abs error 0" not in message
 
 
@@ -110,8 +115,10 @@ def test_inf_in_compiled_output_where_eager_is_finite_fails():
 
 def test_eager_nan_fails_the_bucket_before_any_comparison():
     nan = torch.full((4, 4), float("nan"))
-    with pytest.raises(NonFiniteOutput, match="eager output is not finite: output holds 16 NaN and 0 Inf of 16 values"
-                       ".*check.allow_nonfinite: true"):
+    with pytest.raises(
+        NonFiniteOutput,
+        match="eager output is not finite: output holds 16 NaN and 0 Inf of 16 values.*check.allow_nonfinite: true",
+    ):
         Gate().check_reference(snapshot(nan))
     # all-NaN eager beside an off-by-one compiler: refused, not passed with error 0
     with pytest.raises(NonFiniteOutput):
@@ -137,14 +144,20 @@ def test_allowed_nonfinite_values_must_match_in_place_and_kind():
     eager = torch.tensor([1.0, float("nan"), float("inf"), float("-inf")])
     verdict = compare(eager, torch.tensor([1.0005, float("nan"), float("inf"), float("-inf")]), allow)
     assert verdict.max_abs_error == pytest.approx(5e-4, rel=1e-3)  # the finite values only
-    for wrong in ([1.0, 0.0, float("inf"), float("-inf")],  # eager's NaN became a number
-                  [1.0, float("nan"), float("-inf"), float("-inf")],  # +Inf became -Inf
-                  [1.0, float("inf"), float("nan"), float("-inf")]):  # NaN and Inf swapped
+    for wrong in (
+        [1.0, 0.0, float("inf"), float("-inf")],  # eager's NaN became a number
+        [1.0, float("nan"), float("-inf"), float("-inf")],  # +Inf became -Inf
+        [1.0, float("inf"), float("nan"), float("-inf")],
+    ):  # NaN and Inf swapped
         refused(eager, torch.tensor(wrong), "of eager's NaN/Inf are not at the same places", allow)
     # finite positions still follow the tolerance and the compiled-NaN rule
     refused(eager, torch.tensor([1.5, float("nan"), float("inf"), float("-inf")]), "differs from eager", allow)
-    refused(eager, torch.tensor([float("nan")] * 2 + [float("inf"), float("-inf")]), "where eager's values are finite",
-            allow)
+    refused(
+        eager,
+        torch.tensor([float("nan")] * 2 + [float("inf"), float("-inf")]),
+        "where eager's values are finite",
+        allow,
+    )
 
 
 def test_allow_nonfinite_is_off_by_default_in_the_config():
@@ -162,6 +175,7 @@ def test_complex_outputs_are_compared_by_real_and_imaginary_parts():
 
 # -- exact leaves -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
 def test_integer_and_bool_outputs_must_be_equal(dtype):
     eager = torch.arange(16).remainder(2).to(dtype)
@@ -176,18 +190,22 @@ def test_integer_outputs_get_no_tolerance_even_when_configured():
     refused(tokens, tokens + 1, "8 of 8 int64 values differ", Gate(atol=10.0, rtol=10.0))
 
 
-@pytest.mark.parametrize("eager, compiled, match", [
-    (3, 4, r"output\[1\] of the compiled first call is int 4, eager's is int 3"),
-    ("argmax", "argmin", "is str 'argmin', eager's is str 'argmax'"),
-    (None, 0, "is int 0, eager's is NoneType None"),
-    (True, 1, "is int 1, eager's is bool True"),
-])
+@pytest.mark.parametrize(
+    "eager, compiled, match",
+    [
+        (3, 4, r"output\[1\] of the compiled first call is int 4, eager's is int 3"),
+        ("argmax", "argmin", "is str 'argmin', eager's is str 'argmax'"),
+        (None, 0, "is int 0, eager's is NoneType None"),
+        (True, 1, "is int 1, eager's is bool True"),
+    ],
+)
 def test_non_tensor_leaves_must_be_equal(eager, compiled, match):
     compare((X, eager), (X, eager))
     refused((X, eager), (X, compiled), match)
 
 
 # -- shape, dtype, device, count and structure ---------------------------------------------------
+
 
 def test_shape_must_match_even_when_values_broadcast():
     refused(X[:1], X[:1].expand(2, 8), r"is \(2, 8\) float32 on cpu, eager's is \(1, 8\) float32 on cpu")
@@ -241,12 +259,15 @@ class ModelOutputLike(OrderedDict):
 Pair = namedtuple("Pair", "mean std")
 
 
-@pytest.mark.parametrize("wrap", [
-    pytest.param(lambda t, i: Prediction(t, i), id="dataclass"),
-    pytest.param(lambda t, i: ModelOutputLike(logits=t, labels=i), id="ModelOutput-like"),
-    pytest.param(lambda t, i: Pair(t, i), id="namedtuple"),
-    pytest.param(lambda t, i: [{"deep": (t,)}, i], id="nested"),
-])
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        pytest.param(lambda t, i: Prediction(t, i), id="dataclass"),
+        pytest.param(lambda t, i: ModelOutputLike(logits=t, labels=i), id="ModelOutput-like"),
+        pytest.param(lambda t, i: Pair(t, i), id="namedtuple"),
+        pytest.param(lambda t, i: [{"deep": (t,)}, i], id="nested"),
+    ],
+)
 def test_tensors_inside_any_structure_are_compared(wrap):
     labels = torch.arange(8)
     verdict = compare(wrap(X, labels), wrap(X + 5e-4, labels))
@@ -298,7 +319,9 @@ def test_outputs_without_floating_point_report_no_error_or_tolerance():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gate_on_cuda_tensors():
     on_gpu = X.cuda()
-    assert compare((on_gpu, on_gpu.half()), (on_gpu + 5e-4, on_gpu.half())).max_abs_error == pytest.approx(5e-4, rel=1e-2)
+    assert compare((on_gpu, on_gpu.half()), (on_gpu + 5e-4, on_gpu.half())).max_abs_error == pytest.approx(
+        5e-4, rel=1e-2
+    )
     broken = on_gpu.clone()
     broken[2, 2] = float("nan")
     refused(on_gpu, broken, "holds 1 NaN and 0 Inf where eager's values are finite")
@@ -309,17 +332,22 @@ def test_gate_on_cuda_tensors():
 
 # -- what each rule reports ------------------------------------------------------------------------
 
+
 def test_messages_name_the_fix():
     with pytest.raises(OutputMismatch) as caught:
         compare(X, X + 1.0)
-    assert str(caught.value) == ("output of the compiled first call differs from eager: max abs error 1 exceeds "
-                                 "atol=0.001 + rtol=0.001*|eager| at 64 of 64 values; set check.atol/check.rtol "
-                                 "if this is expected")
+    assert str(caught.value) == (
+        "output of the compiled first call differs from eager: max abs error 1 exceeds "
+        "atol=0.001 + rtol=0.001*|eager| at 64 of 64 values; set check.atol/check.rtol "
+        "if this is expected"
+    )
     assert caught.value.max_abs_error == pytest.approx(1.0)
     with pytest.raises(NonFiniteOutput) as caught:
         Gate().check_reference(snapshot(torch.tensor([float("nan"), 1.0])))
-    assert str(caught.value) == ("eager output is not finite: output holds 1 NaN and 0 Inf of 2 values; fix the "
-                                 "model or its inputs, or set check.allow_nonfinite: true if they are expected")
+    assert str(caught.value) == (
+        "eager output is not finite: output holds 1 NaN and 0 Inf of 2 values; fix the "
+        "model or its inputs, or set check.allow_nonfinite: true if they are expected"
+    )
 
 
 def test_a_mismatch_that_is_not_about_values_carries_no_error():

@@ -28,15 +28,24 @@ stats = window.stats()
 print(json.dumps({"hits": stats.fx_hits, "misses": stats.fx_misses, "autotuned": stats.autotuned_kernels}))
 """
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def test_cuda_graphs_recorded_and_second_process_warm(tmp_path):
     runs = []
     for _ in range(2):
-        proc = orchestrate("warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,4", "--device", "cuda",
-                           "--json", cache_dir=tmp_path)
+        proc = orchestrate(
+            "warmup",
+            "--no-ray",
+            "--model",
+            "examples/mlp.yaml",
+            "--buckets",
+            "1,4",
+            "--device",
+            "cuda",
+            "--json",
+            cache_dir=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout))
     cold, warm = runs
@@ -57,8 +66,17 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
     """The default path: a local Ray instance, the rank beside the compile tasks on one GPU.
     resnet18, because its kernels have launch configs to tune (the MLP's have one each)."""
     pytest.importorskip("torchvision")
-    proc = orchestrate("warmup", "--model", "examples/resnet18.yaml", "--buckets", "1,4,16", "--device", "cuda",
-                       "--json", cache_dir=tmp_path)
+    proc = orchestrate(
+        "warmup",
+        "--model",
+        "examples/resnet18.yaml",
+        "--buckets",
+        "1,4,16",
+        "--device",
+        "cuda",
+        "--json",
+        cache_dir=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     compiled = [r for r in report["results"] if r["phase"] == "compile"]
@@ -82,13 +100,34 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for kind in ("prepared", "bare"):
         replica = tmp_path / f"replica-{kind}"
-        pulled = orchestrate("pull", "--model", "examples/resnet18.yaml", "--device", "cuda", "--to", str(replica),
-                             "--remote", report["remote"]["url"], "--signing-key-file", str(tmp_path / ".signing-key"))
+        pulled = orchestrate(
+            "pull",
+            "--model",
+            "examples/resnet18.yaml",
+            "--device",
+            "cuda",
+            "--to",
+            str(replica),
+            "--remote",
+            report["remote"]["url"],
+            "--signing-key-file",
+            str(tmp_path / ".signing-key"),
+        )
         assert pulled.returncode == 0, pulled.stderr
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
-               "TRITON_CACHE_DIR": str(replica / "triton"), "PYTHONPATH": path}
-        served = subprocess.run([sys.executable, "-c", SERVER, kind, "1", "4", "16"], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=600)
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
+            "TRITON_CACHE_DIR": str(replica / "triton"),
+            "PYTHONPATH": path,
+        }
+        served = subprocess.run(
+            [sys.executable, "-c", SERVER, kind, "1", "4", "16"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert served.returncode == 0, served.stderr
         stats = json.loads(served.stdout.splitlines()[-1])
         assert (kind, stats["hits"], stats["misses"]) == (kind, 3, 0)

@@ -57,8 +57,12 @@ def test_secrets_under_the_store_prefixes_are_passed_as_both_places_passed_them(
     """Both ray_driver and submit passed ORCHESTRATE_* and AWS_* before the rule was shared, secrets
     included: workers on other nodes sign and reach the store with them. Pinned so that changing
     it (a Secret mounted on the nodes instead, as the RayJob of k8s.py does) is a deliberate step."""
-    secrets = {"ORCHESTRATE_CACHE_SIGNING_KEY": "k" * 32, "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t",
-               "AWS_ACCESS_KEY_ID": "i"}
+    secrets = {
+        "ORCHESTRATE_CACHE_SIGNING_KEY": "k" * 32,
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_SESSION_TOKEN": "t",
+        "AWS_ACCESS_KEY_ID": "i",
+    }
     assert job_env_vars(secrets) == secrets
 
 
@@ -85,7 +89,10 @@ def test_submit_passes_torchinductor_and_triton_variables(monkeypatch, tmp_path)
     env = submit.runtime_env(tmp_path / "configs" / "mlp.yaml")
     assert env["working_dir"] == str(tmp_path / "configs")
     assert {k: v for k, v in env["env_vars"].items() if k.startswith(("TORCHINDUCTOR_", "TRITON_"))} == {
-        "TORCHINDUCTOR_COMPILE_THREADS": "4", "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TRITON_CACHE_DIR": "/nvme/triton"}
+        "TORCHINDUCTOR_COMPILE_THREADS": "4",
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TRITON_CACHE_DIR": "/nvme/triton",
+    }
     assert not set(NEVER) & set(env["env_vars"])
 
 
@@ -98,7 +105,9 @@ def drivers_runtime_env(monkeypatch) -> dict:
         raise ConnectionError("fake ray: not started")
 
     monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: False, init=init))
-    spec = WarmupSpec.model_validate({"name": "m", "model": {"factory": "json:loads"}, "inputs": [{"shape": ["batch"]}]})
+    spec = WarmupSpec.model_validate(
+        {"name": "m", "model": {"factory": "json:loads"}, "inputs": [{"shape": ["batch"]}]}
+    )
     with pytest.raises(ClusterUnreachable):
         ray_driver.run_on_ray(spec, Path("/nonexistent"), Remote("file:///nonexistent", True))
     [call] = calls

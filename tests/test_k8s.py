@@ -58,15 +58,24 @@ def validate(document, rayjob_validator):
 
 
 def rendered(*extra):
-    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1",
-                       *extra)
+    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1", *extra)
     assert proc.returncode == 0, proc.stderr
     return list(yaml.safe_load_all(proc.stdout))
 
 
 def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
-    documents = rendered("--remote", "s3://bucket/cache", "--pushgateway", "http://pg:9091", "--workers", "2",
-                         "--gpus-per-worker", "4", "--namespace", "ml")
+    documents = rendered(
+        "--remote",
+        "s3://bucket/cache",
+        "--pushgateway",
+        "http://pg:9091",
+        "--workers",
+        "2",
+        "--gpus-per-worker",
+        "4",
+        "--namespace",
+        "ml",
+    )
     assert [d["kind"] for d in documents] == ["ConfigMap", "RayJob"]
     for document in documents:
         validate(document, rayjob_validator)
@@ -90,8 +99,9 @@ def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
 
 @pytest.mark.parametrize("command", [("render", "k8s"), ("submit", "--k8s")])
 def test_the_job_runs_the_buckets_of_the_command_line(command):
-    proc = orchestrate(*command, "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1",
-                       "--buckets", "8,2")
+    proc = orchestrate(
+        *command, "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1", "--buckets", "8,2"
+    )
     assert proc.returncode == 0, proc.stderr
     job = list(yaml.safe_load_all(proc.stdout))[1]
     assert " --buckets 2,8 " in job["spec"]["entrypoint"]
@@ -105,9 +115,20 @@ def test_a_typo_in_a_rayjob_is_caught(rayjob_validator):
 
 def test_shipped_warmup_manifest_is_what_render_writes():
     shipped = list(yaml.safe_load_all((ROOT / "k8s" / "warmup" / "warmup-mlp.yaml").read_text()))
-    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", "--image", "ghcr.io/your-org/orchestrate:0.1.0",
-                       "--remote", "s3://your-bucket/compile-cache", "--pushgateway",
-                       "http://prometheus-pushgateway.monitoring.svc:9091", "--namespace", "ml-serving")
+    proc = orchestrate(
+        "render",
+        "k8s",
+        "--model",
+        "examples/mlp.yaml",
+        "--image",
+        "ghcr.io/your-org/orchestrate:0.1.0",
+        "--remote",
+        "s3://your-bucket/compile-cache",
+        "--pushgateway",
+        "http://prometheus-pushgateway.monitoring.svc:9091",
+        "--namespace",
+        "ml-serving",
+    )
     assert list(yaml.safe_load_all(proc.stdout)) == shipped  # re-render k8s/warmup/ after changing examples/mlp.yaml
 
 

@@ -54,19 +54,30 @@ def monitoring(tmp_path_factory):
             pytest.fail(f"{binary} is not installed; scripts/install.sh installs Debian's package")
     work = tmp_path_factory.mktemp("monitoring")
     gateway_port, prometheus_port = free_port(), free_port()
-    (work / "prometheus.yml").write_text(textwrap.dedent(f"""
+    (work / "prometheus.yml").write_text(
+        textwrap.dedent(f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
         scrape_configs:
           - job_name: pushgateway
             honor_labels: true
             static_configs: [{{targets: ["127.0.0.1:{gateway_port}"]}}]
-    """))
-    gateway = subprocess.Popen(["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{gateway_port}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    prometheus = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={work / 'data'}",
-                                   f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """)
+    )
+    gateway = subprocess.Popen(
+        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{gateway_port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    prometheus = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prometheus_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     urls = {"gateway": f"http://127.0.0.1:{gateway_port}", "prometheus": f"http://127.0.0.1:{prometheus_port}"}
     try:
         wait_until(lambda: get(urls["gateway"] + "/-/ready"), "the Pushgateway")
@@ -86,7 +97,8 @@ def query(prometheus: str, expr: str) -> list:
 
 
 def write_config(tmp_path: Path, factory: str) -> Path:
-    (tmp_path / "models.py").write_text(textwrap.dedent("""
+    (tmp_path / "models.py").write_text(
+        textwrap.dedent("""
         from torch import nn
 
         def tiny():
@@ -98,16 +110,19 @@ def write_config(tmp_path: Path, factory: str) -> Path:
 
         def fails():
             return Fails()
-    """))
+    """)
+    )
     path = tmp_path / f"{factory}.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         name: {MODEL}
         model: {{factory: models.py:{factory}}}
         inputs: [{{shape: [batch, 16]}}]
         buckets: [1, 2]
         device: cpu
         bench: {{iterations: 5, warmup: 1}}
-    """))
+    """)
+    )
     return path
 
 
@@ -121,11 +136,21 @@ def gateway_value(gateway: str, metric: str) -> float | None:
 @pytest.fixture(scope="module")
 def pushed(monitoring, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
-    proc = orchestrate("warmup", "--no-ray", "--model", str(write_config(tmp, "tiny")), "--json",
-                       "--pushgateway", monitoring["gateway"], cache_dir=tmp / "cache")
+    proc = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        str(write_config(tmp, "tiny")),
+        "--json",
+        "--pushgateway",
+        monitoring["gateway"],
+        cache_dir=tmp / "cache",
+    )
     assert proc.returncode == 0, proc.stderr
-    wait_until(lambda: query(monitoring["prometheus"], f'orchestrate_last_success_timestamp_seconds{{model="{MODEL}"}}'),
-               "Prometheus to scrape the pushed metrics")
+    wait_until(
+        lambda: query(monitoring["prometheus"], f'orchestrate_last_success_timestamp_seconds{{model="{MODEL}"}}'),
+        "Prometheus to scrape the pushed metrics",
+    )
     return {"report": json.loads(proc.stdout), "tmp": tmp}
 
 
@@ -157,14 +182,23 @@ def test_a_failed_run_never_moves_last_success(monitoring, pushed):
     before = gateway_value(monitoring["gateway"], "orchestrate_last_success_timestamp_seconds")
     assert before is not None
     time.sleep(1.1)
-    proc = orchestrate("warmup", "--no-ray", "--model", str(write_config(pushed["tmp"], "fails")),
-                       "--pushgateway", monitoring["gateway"], cache_dir=pushed["tmp"] / "cache")
+    proc = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        str(write_config(pushed["tmp"], "fails")),
+        "--pushgateway",
+        monitoring["gateway"],
+        cache_dir=pushed["tmp"] / "cache",
+    )
     assert proc.returncode == 1, proc.stderr
     assert gateway_value(monitoring["gateway"], "orchestrate_last_success_timestamp_seconds") == before
     assert gateway_value(monitoring["gateway"], "orchestrate_last_run_success") == 0
     assert gateway_value(monitoring["gateway"], "orchestrate_bucket_failures") == 2
-    wait_until(lambda: query(monitoring["prometheus"], f'orchestrate_bucket_failures{{model="{MODEL}"}} == 2'),
-               "Prometheus to see the failure")
+    wait_until(
+        lambda: query(monitoring["prometheus"], f'orchestrate_bucket_failures{{model="{MODEL}"}} == 2'),
+        "Prometheus to see the failure",
+    )
 
 
 def test_dashboard_queries_only_exported_metrics(pushed):
@@ -180,9 +214,17 @@ def test_dashboard_queries_only_exported_metrics(pushed):
 
 
 def test_dashboard_is_generated_and_portable():
-    generated = subprocess.run([sys.executable, "-c", "import json, runpy; m = runpy.run_path("
-                                f"'{ROOT / 'k8s/monitoring/dashboard.py'}'); print(json.dumps(m['dashboard'](), indent=2))"],
-                               capture_output=True, text=True, check=True).stdout
+    generated = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, runpy; m = runpy.run_path("
+            f"'{ROOT / 'k8s/monitoring/dashboard.py'}'); print(json.dumps(m['dashboard'](), indent=2))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     dashboard = json.loads(DASHBOARD.read_text())
     assert json.loads(generated) == dashboard  # regenerate with: python k8s/monitoring/dashboard.py
     assert dashboard["uid"] == "orchestrate-warmup" and "__inputs" not in dashboard
@@ -194,8 +236,15 @@ def test_dashboard_is_generated_and_portable():
 
 def test_a_missing_pushgateway_is_only_a_warning(tmp_path):
     port = free_port()
-    proc = orchestrate("warmup", "--no-ray", "--model", str(write_config(tmp_path, "tiny")),
-                       "--pushgateway", f"http://127.0.0.1:{port}", cache_dir=tmp_path / "cache")
+    proc = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        str(write_config(tmp_path, "tiny")),
+        "--pushgateway",
+        f"http://127.0.0.1:{port}",
+        cache_dir=tmp_path / "cache",
+    )
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: warning:")]
     assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0]
@@ -203,13 +252,27 @@ def test_a_missing_pushgateway_is_only_a_warning(tmp_path):
 
 def test_metrics_port_serves_while_running(tmp_path):
     port = free_port()
-    cmd = [sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(write_config(tmp_path, "tiny")),
-           "--metrics-port", str(port), "--cache-dir", str(tmp_path / "cache")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "warmup",
+        "--no-ray",
+        "--model",
+        str(write_config(tmp_path, "tiny")),
+        "--metrics-port",
+        str(port),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         sample = f'orchestrate_buckets_done{{model="{MODEL}"}} 1.0'
-        page = wait_until(lambda: (lambda text: text if sample in text else None)(
-            get(f"http://127.0.0.1:{port}/metrics")), "/metrics to count a finished bucket mid-run", seconds=120)
+        page = wait_until(
+            lambda: (lambda text: text if sample in text else None)(get(f"http://127.0.0.1:{port}/metrics")),
+            "/metrics to count a finished bucket mid-run",
+            seconds=120,
+        )
         assert "orchestrate_compile_duration_seconds_bucket" in page
     finally:
         assert run.wait(timeout=300) == 0, run.stderr.read()

@@ -12,17 +12,20 @@ from orchestrator.k8s import name_for
 from orchestrator.submit import submission_id
 
 
-@pytest.mark.parametrize("text, keep, expected", [
-    ("mlp", "-", "mlp"),
-    ("My_Model.v2", "-", "my-model-v2"),          # lowercased; '_' and '.' are not DNS label characters
-    ("My_Model.v2", ".", "my-model.v2"),          # a namespace keeps the '.'
-    ("NVIDIA H200 (SXM)", ".", "nvidia-h200-sxm"),  # a run of others is one '-', none at the ends
-    ("a--b", "-", "a--b"),                        # '-' kept as it is, runs included
-    ("a--b", ".", "a-b"),                         # '-' not kept: the run becomes one '-'
-    ("a-_b", "-", "a--b"),
-    ("--a--", "-", "a"),
-    ("modèle", "-", "mod-le"),                    # ASCII letters only
-])
+@pytest.mark.parametrize(
+    "text, keep, expected",
+    [
+        ("mlp", "-", "mlp"),
+        ("My_Model.v2", "-", "my-model-v2"),  # lowercased; '_' and '.' are not DNS label characters
+        ("My_Model.v2", ".", "my-model.v2"),  # a namespace keeps the '.'
+        ("NVIDIA H200 (SXM)", ".", "nvidia-h200-sxm"),  # a run of others is one '-', none at the ends
+        ("a--b", "-", "a--b"),  # '-' kept as it is, runs included
+        ("a--b", ".", "a-b"),  # '-' not kept: the run becomes one '-'
+        ("a-_b", "-", "a--b"),
+        ("--a--", "-", "a"),
+        ("modèle", "-", "mod-le"),  # ASCII letters only
+    ],
+)
 def test_slug_cases(text, keep, expected):
     assert slug(text, 32, keep=keep) == expected
 

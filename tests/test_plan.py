@@ -5,11 +5,19 @@ import pytest
 from orchestrator.plan import RANK_GPU_SHARE, Node, compile_units, fleet_summary, has_spare_cpu, nodes_from_ray, targets
 
 RAY_NODES = [
-    {"NodeID": "b" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.2",
-     "Resources": {"CPU": 16.0, "GPU": 2.0, "accelerator_type:H200": 1.0}},
+    {
+        "NodeID": "b" * 56,
+        "Alive": True,
+        "NodeManagerAddress": "10.0.0.2",
+        "Resources": {"CPU": 16.0, "GPU": 2.0, "accelerator_type:H200": 1.0},
+    },
     {"NodeID": "a" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 4.0}},
-    {"NodeID": "c" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.3",
-     "Resources": {"CPU": 16.0, "GPU": 1.0, "accelerator_type:A10G": 1.0}},
+    {
+        "NodeID": "c" * 56,
+        "Alive": True,
+        "NodeManagerAddress": "10.0.0.3",
+        "Resources": {"CPU": 16.0, "GPU": 1.0, "accelerator_type:A10G": 1.0},
+    },
     {"NodeID": "d" * 56, "Alive": False, "NodeManagerAddress": "10.0.0.4", "Resources": {"GPU": 8.0}},
 ]
 
@@ -17,7 +25,10 @@ RAY_NODES = [
 def test_nodes_from_ray_reads_gpu_class_and_skips_dead_nodes():
     nodes = nodes_from_ray(RAY_NODES)
     assert [(n.ip, n.gpus, n.gpu_class) for n in nodes] == [
-        ("10.0.0.1", 0, "cpu"), ("10.0.0.2", 2, "H200"), ("10.0.0.3", 1, "A10G")]
+        ("10.0.0.1", 0, "cpu"),
+        ("10.0.0.2", 2, "H200"),
+        ("10.0.0.3", 1, "A10G"),
+    ]
 
 
 def test_every_gpu_is_a_rank_spread_round_robin():
@@ -38,8 +49,13 @@ def test_one_compile_per_class_and_bucket_sharing_gpus_with_the_ranks():
     units = compile_units(targets(nodes_from_ray(RAY_NODES)), [1, 8, 32])
     # A10G: one GPU takes all three buckets; H200: two GPUs, at most two buckets on one
     assert [(u.gpu_class, u.bucket, u.num_gpus) for u in units] == [
-        ("A10G", 1, 0.1633), ("A10G", 8, 0.1633), ("A10G", 32, 0.1633),
-        ("H200", 1, 0.245), ("H200", 8, 0.245), ("H200", 32, 0.245)]
+        ("A10G", 1, 0.1633),
+        ("A10G", 8, 0.1633),
+        ("A10G", 32, 0.1633),
+        ("H200", 1, 0.245),
+        ("H200", 8, 0.245),
+        ("H200", 32, 0.245),
+    ]
     # every rank and every compile task of a GPU fit on it together, and two ranks never do
     assert RANK_GPU_SHARE + 3 * 0.1633 <= 1 and RANK_GPU_SHARE + 2 * 0.245 <= 1 and 2 * RANK_GPU_SHARE > 1
     # units that share a node split its CPUs for their compile workers: 16 / 3 on the A10G node,
@@ -56,8 +72,13 @@ def test_compile_units_are_dealt_over_their_class_gpus_no_more_per_gpu_than_thei
     planned = targets(nodes_from_ray(RAY_NODES))  # H200: ranks 0 and 2 (one node, two GPUs); A10G: rank 1
     units = compile_units(planned, [1, 8, 32])
     assert [(u.gpu_class, u.bucket, u.home, u.num_cpus) for u in units] == [
-        ("A10G", 1, 1, 1.0), ("A10G", 8, 1, 1.0), ("A10G", 32, 1, 1.0),
-        ("H200", 1, 0, 1.0), ("H200", 8, 2, 1.0), ("H200", 32, 0, 1.0)]
+        ("A10G", 1, 1, 1.0),
+        ("A10G", 8, 1, 1.0),
+        ("A10G", 32, 1, 1.0),
+        ("H200", 1, 0, 1.0),
+        ("H200", 8, 2, 1.0),
+        ("H200", 32, 0, 1.0),
+    ]
     for target in planned:  # a rank's share plus its units' fit on its GPU
         assert RANK_GPU_SHARE + sum(u.num_gpus for u in units if u.home == target.rank) <= 1
     # a GPU node with fewer CPUs than units: they share its CPUs (all start; none waits for a CPU forever)
@@ -82,16 +103,25 @@ def test_a_rank_primes_its_compiler_only_with_a_cpu_to_spare():
 
 
 def record(phase, rank, bucket, status="ok", speedup=2.0, compile_seconds=1.0, error=None):
-    return {"phase": phase, "rank": rank, "bucket": bucket, "status": status, "speedup": speedup,
-            "compile_seconds": compile_seconds, "error": error}
+    return {
+        "phase": phase,
+        "rank": rank,
+        "bucket": bucket,
+        "status": status,
+        "speedup": speedup,
+        "compile_seconds": compile_seconds,
+        "error": error,
+    }
 
 
 def test_fleet_summary_spreads_and_deviations():
-    results = [record("compile", None, 8, compile_seconds=12.0),
-               record("warm", 0, 8, speedup=4.0, compile_seconds=0.5),
-               record("warm", 1, 8, speedup=4.2, compile_seconds=0.7),
-               record("warm", 2, 8, speedup=2.0, compile_seconds=0.6),
-               record("warm", 3, 8, status="failed", speedup=None, error="warm: OutOfMemoryError")]
+    results = [
+        record("compile", None, 8, compile_seconds=12.0),
+        record("warm", 0, 8, speedup=4.0, compile_seconds=0.5),
+        record("warm", 1, 8, speedup=4.2, compile_seconds=0.7),
+        record("warm", 2, 8, speedup=2.0, compile_seconds=0.6),
+        record("warm", 3, 8, status="failed", speedup=None, error="warm: OutOfMemoryError"),
+    ]
     summary = fleet_summary(results)
     row = summary["buckets"]["8"]
     assert row["cold_compile_seconds"] == 12.0
@@ -99,7 +129,9 @@ def test_fleet_summary_spreads_and_deviations():
     assert row["speedup"] == {"min": 2.0, "median": 4.0, "max": 4.2}
     assert (row["ranks_ok"], row["ranks_failed"]) == (3, 1)
     assert [(d["rank"], d["why"]) for d in summary["deviating_ranks"]] == [
-        (2, "speedup 2.00x vs median 4.00x"), (3, "warm: OutOfMemoryError")]
+        (2, "speedup 2.00x vs median 4.00x"),
+        (3, "warm: OutOfMemoryError"),
+    ]
 
 
 def test_the_driver_of_a_ray_run_never_imports_torch():
@@ -107,9 +139,14 @@ def test_the_driver_of_a_ray_run_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys, orchestrator.cli, orchestrator.ray_driver, orchestrator.report, orchestrator.progress, "
-            "orchestrator.metrics, jobs.records; print('torch' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    code = (
+        "import sys, orchestrator.cli, orchestrator.ray_driver, orchestrator.report, orchestrator.progress, "
+        "orchestrator.metrics, jobs.records; print('torch' in sys.modules)"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_a_workers_answer_unpickles_without_torch(tmp_path):
@@ -127,4 +164,7 @@ def test_a_workers_answer_unpickles_without_torch(tmp_path):
     answer = tmp_path / "answer.pickle"
     answer.write_bytes(pickle.dumps(_as_dict(Session(spec, tmp_path / "cache").run())))
     code = f"import pickle, sys; pickle.loads(open({str(answer)!r}, 'rb').read()); print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )

@@ -45,13 +45,15 @@ def cluster():
 def test_a_bucket_failed_on_one_class_stays_warm_and_benchmarked_on_the_other(cluster, tmp_path):
     (tmp_path / "models.py").write_text(MODELS)
     cfg = tmp_path / "two.yaml"
-    cfg.write_text(textwrap.dedent("""
+    cfg.write_text(
+        textwrap.dedent("""
         name: two-classes
         model: {factory: models.py:model}
         inputs: [{shape: [batch, 32]}]
         buckets: [1, 2]
         bench: {iterations: 5, warmup: 1}
-    """))
+    """)
+    )
     proc = warmup(cluster, cfg, tmp_path / "cache")
     assert proc.returncode == 1, proc.stderr  # a bucket failed somewhere
     report = json.loads(proc.stdout)
@@ -65,7 +67,9 @@ def test_a_bucket_failed_on_one_class_stays_warm_and_benchmarked_on_the_other(cl
     # the A10G rank: bucket 2 failed for its class's reason, bucket 1 warm from the cache
     assert warm[A10G_IP, 1]["status"] == "ok" and warm[A10G_IP, 1]["cache_state"] == "hit"
     a10g_rank = warm[A10G_IP, 1]["rank"]
-    a10g_two = next(r for r in report["results"] if r["phase"] == "warm" and r["rank"] == a10g_rank and r["bucket"] == 2)
+    a10g_two = next(
+        r for r in report["results"] if r["phase"] == "warm" and r["rank"] == a10g_rank and r["bucket"] == 2
+    )
     assert a10g_two["status"] == "failed" and a10g_two["error"].startswith("not loaded:")
     # the H200 rank keeps both buckets, loaded and benchmarked: the other class's failure is not its own
     for bucket in (1, 2):

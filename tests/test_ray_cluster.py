@@ -52,13 +52,15 @@ MODELS = textwrap.dedent("""
 def config(tmp_path: Path, factory: str, buckets: str = "[1, 2]") -> Path:
     (tmp_path / "models.py").write_text(MODELS)
     path = tmp_path / f"{factory}.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         name: tiny
         model: {{factory: models.py:{factory}}}
         inputs: [{{shape: [batch, 32]}}]
         buckets: {buckets}
         bench: {{iterations: 5, warmup: 1}}
-    """))
+    """)
+    )
     return path
 
 
@@ -77,12 +79,42 @@ def netns_cluster(port: int, workers: list[tuple[str, dict[str, str]]]):
 
     subprocess.run(["bash", str(NETNS_HOSTS), "up", str(len(workers))], check=True, capture_output=True)
     try:
-        run(RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(port), "--num-cpus", "1",
-            "--num-gpus", "0", "--include-dashboard", "false", extra={})
+        run(
+            RAY,
+            "start",
+            "--head",
+            "--node-ip-address",
+            HEAD_IP,
+            "--port",
+            str(port),
+            "--num-cpus",
+            "1",
+            "--num-gpus",
+            "0",
+            "--include-dashboard",
+            "false",
+            extra={},
+        )
         for i, (gpu_class, extra) in enumerate(workers, start=1):
-            run("ip", "netns", "exec", f"orch-h{i}", RAY, "start", "--address", f"{HEAD_IP}:{port}",
-                "--node-ip-address", f"10.201.0.{i + 1}", "--num-cpus", "2", "--num-gpus", "1",
-                "--resources", json.dumps({f"accelerator_type:{gpu_class}": 1}), extra=extra)
+            run(
+                "ip",
+                "netns",
+                "exec",
+                f"orch-h{i}",
+                RAY,
+                "start",
+                "--address",
+                f"{HEAD_IP}:{port}",
+                "--node-ip-address",
+                f"10.201.0.{i + 1}",
+                "--num-cpus",
+                "2",
+                "--num-gpus",
+                "1",
+                "--resources",
+                json.dumps({f"accelerator_type:{gpu_class}": 1}),
+                extra=extra,
+            )
         yield {**env, "address": f"{HEAD_IP}:{port}"}
     finally:
         subprocess.run([RAY, "stop", "--force"], env=full_env, capture_output=True, timeout=120)
@@ -97,8 +129,9 @@ def cluster():
 
 def warmup(cluster: dict, cfg: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in cluster.items() if k != "address"}
-    return orchestrate("warmup", "--model", str(cfg), "--ray-address", cluster["address"], "--json", *extra,
-                       cache_dir=cache, env=env)
+    return orchestrate(
+        "warmup", "--model", str(cfg), "--ray-address", cluster["address"], "--json", *extra, cache_dir=cache, env=env
+    )
 
 
 def _pids(pattern: str) -> set[int]:
@@ -126,7 +159,12 @@ def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
     report = json.loads(proc.stdout)
     executor = report["executor"]
     assert (executor["kind"], executor["address"], executor["nodes"], executor["ranks"], executor["compile_units"]) == (
-        "ray", cluster["address"], 3, 2, 2)
+        "ray",
+        cluster["address"],
+        3,
+        2,
+        2,
+    )
     assert set(executor["wave_seconds"]) == {"start", "compile", "warm"}
     compiled = [r for r in report["results"] if r["phase"] == "compile"]
     warm = [r for r in report["results"] if r["phase"] == "warm"]
@@ -145,7 +183,9 @@ def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
     assert report["summary"]["fleet"]["buckets"]["1"]["ranks_ok"] == 2
     # both nodes pulled into their own directory: nothing was shared through the filesystem
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("node-")) == [
-        "node-10.201.0.2", "node-10.201.0.3"]
+        "node-10.201.0.2",
+        "node-10.201.0.3",
+    ]
     assert "compile bucket 1 [H200]" in proc.stderr and "warm rank 1" in proc.stderr
     # one wave in time: the ranks' processes were up before compiling ended, and each loaded a
     # bucket as soon as it was published
@@ -159,8 +199,19 @@ def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
 
 def test_a_rank_killed_mid_job_is_restarted_and_finishes(cluster, tmp_path):
     env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
-    cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[3, 5]")),
-           "--ray-address", cluster["address"], "--json", "--cache-dir", str(tmp_path / "cache")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "warmup",
+        "--model",
+        str(config(tmp_path, "tiny", "[3, 5]")),
+        "--ray-address",
+        cluster["address"],
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     earlier = _pids("ray::RankWorker")  # a previous job's ranks may still be dying
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = _kill_one("ray::RankWorker", driver, earlier, settle=2.0)  # into its set-up or its first load
@@ -176,8 +227,19 @@ def test_a_rank_killed_mid_job_is_restarted_and_finishes(cluster, tmp_path):
 
 def test_a_worker_killed_mid_compile_is_retried(cluster, tmp_path):
     env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
-    cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[4]")),
-           "--ray-address", cluster["address"], "--json", "--cache-dir", str(tmp_path / "cache")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "warmup",
+        "--model",
+        str(config(tmp_path, "tiny", "[4]")),
+        "--ray-address",
+        cluster["address"],
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     earlier = _pids("ray::CompileWorker")
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = _kill_one("ray::CompileWorker", driver, earlier, settle=1.0)  # let it get into the compile
@@ -209,8 +271,15 @@ def test_a_factory_that_fails_everywhere_is_a_config_error(cluster, tmp_path):
 
 
 def test_unreachable_cluster_is_one_line(tmp_path):
-    proc = orchestrate("warmup", "--model", str(config(tmp_path, "tiny")), "--ray-address", "127.0.0.1:9",
-                       cache_dir=tmp_path / "cache", env={"RAY_USAGE_STATS_ENABLED": "0"})
+    proc = orchestrate(
+        "warmup",
+        "--model",
+        str(config(tmp_path, "tiny")),
+        "--ray-address",
+        "127.0.0.1:9",
+        cache_dir=tmp_path / "cache",
+        env={"RAY_USAGE_STATS_ENABLED": "0"},
+    )
     assert proc.returncode == 6
     assert "Traceback" not in proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: error: cannot join")]
@@ -219,8 +288,18 @@ def test_unreachable_cluster_is_one_line(tmp_path):
 def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
     env = {**os.environ, **{k: v for k, v in cluster.items() if k != "address"}}
     cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config(tmp_path, "tiny", "[8, 16]")),
-           "--ray-address", cluster["address"], "--cache-dir", str(cache)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "warmup",
+        "--model",
+        str(config(tmp_path, "tiny", "[8, 16]")),
+        "--ray-address",
+        cluster["address"],
+        "--cache-dir",
+        str(cache),
+    ]
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and driver.poll() is None:
@@ -241,6 +320,7 @@ def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
         pytest.fail("compile tasks or ranks still running after Ctrl-C")
     store = cache / "store"
     assert not [p for p in store.rglob("*") if p.name.startswith(".tmp-")]
-    verify = orchestrate("cache", "verify", "--remote", f"file://{store}", "--signing-key-file",
-                         str(cache / ".signing-key"))
+    verify = orchestrate(
+        "cache", "verify", "--remote", f"file://{store}", "--signing-key-file", str(cache / ".signing-key")
+    )
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -22,13 +22,37 @@ PORT = 6391
 
 @pytest.fixture(scope="module")
 def head():
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    }
     ray = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
     full_env = {**os.environ, **env}
-    subprocess.run([*ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(PORT), "--num-cpus", "6",
-                    "--num-gpus", "2", "--resources", '{"accelerator_type:H200": 1}', "--include-dashboard", "false"],
-                   env=full_env, check=True, capture_output=True, timeout=180)
+    subprocess.run(
+        [
+            *ray,
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(PORT),
+            "--num-cpus",
+            "6",
+            "--num-gpus",
+            "2",
+            "--resources",
+            '{"accelerator_type:H200": 1}',
+            "--include-dashboard",
+            "false",
+        ],
+        env=full_env,
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
     try:
         yield env
     finally:
@@ -36,22 +60,34 @@ def head():
 
 
 def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp_path):
-    (tmp_path / "models.py").write_text(textwrap.dedent("""
+    (tmp_path / "models.py").write_text(
+        textwrap.dedent("""
         from torch import nn
 
         def tiny():
             return nn.Sequential(nn.Linear(16, 16), nn.GELU())
-    """))
+    """)
+    )
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(textwrap.dedent("""
+    cfg.write_text(
+        textwrap.dedent("""
         name: tiny
         model: {factory: models.py:tiny}
         inputs: [{shape: [batch, 16]}]
         buckets: [1, 2, 3]
         bench: {iterations: 5, warmup: 1}
-    """))
-    proc = orchestrate("warmup", "--model", str(cfg), "--ray-address", f"127.0.0.1:{PORT}", "--json",
-                       cache_dir=tmp_path / "cache", env=head)
+    """)
+    )
+    proc = orchestrate(
+        "warmup",
+        "--model",
+        str(cfg),
+        "--ray-address",
+        f"127.0.0.1:{PORT}",
+        "--json",
+        cache_dir=tmp_path / "cache",
+        env=head,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert (report["executor"]["ranks"], report["executor"]["compile_units"]) == (2, 3)
@@ -81,7 +117,10 @@ def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp
 
 def test_gpus_held_by_another_job_fail_the_reservation_with_one_line_and_exit_6(head, tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import time, ray
             ray.init(address="127.0.0.1:{PORT}")
 
@@ -94,14 +133,26 @@ def test_gpus_held_by_another_job_fail_the_reservation_with_one_line_and_exit_6(
             ray.get(held.ping.remote())
             print("held", flush=True)
             time.sleep(600)
-        """)], stdout=subprocess.PIPE, text=True, env={**os.environ, **head})
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **head},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         cfg = tmp_path / "tiny.yaml"
         (tmp_path / "models.py").write_text("from torch import nn\n\ndef tiny():\n    return nn.Linear(4, 4)\n")
         cfg.write_text("name: tiny\nmodel: {factory: models.py:tiny}\ninputs: [{shape: [batch, 4]}]\nbuckets: [1]\n")
-        proc = orchestrate("warmup", "--model", str(cfg), "--ray-address", f"127.0.0.1:{PORT}",
-                           cache_dir=tmp_path / "cache", env={**head, "ORCHESTRATE_GPU_WAIT_SECONDS": "3"})
+        proc = orchestrate(
+            "warmup",
+            "--model",
+            str(cfg),
+            "--ray-address",
+            f"127.0.0.1:{PORT}",
+            cache_dir=tmp_path / "cache",
+            env={**head, "ORCHESTRATE_GPU_WAIT_SECONDS": "3"},
+        )
         assert proc.returncode == 6, proc.stderr
         lines = [line for line in proc.stderr.splitlines() if "could not reserve" in line]
         assert len(lines) == 1 and "2 GPUs" in lines[0] and "ORCHESTRATE_GPU_WAIT_SECONDS" in lines[0]

@@ -30,8 +30,18 @@ print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": c
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     cache = tmp_path_factory.mktemp("local") / "cache"
-    proc = orchestrate("warmup", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", "--json",
-                       cache_dir=cache, env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+    proc = orchestrate(
+        "warmup",
+        "--model",
+        "examples/mlp.yaml",
+        "--buckets",
+        "1,2",
+        "--device",
+        "cpu",
+        "--json",
+        cache_dir=cache,
+        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"},
+    )
     return cache, proc
 
 
@@ -41,7 +51,11 @@ def test_default_path_runs_on_a_local_ray_instance(fleet):
     report = json.loads(proc.stdout)
     assert report["executor"]["kind"] == "ray" and report["executor"]["address"] == "local"
     assert sorted((r["phase"], r["bucket"]) for r in report["results"]) == [
-        ("compile", 1), ("compile", 2), ("warm", 1), ("warm", 2)]
+        ("compile", 1),
+        ("compile", 2),
+        ("warm", 1),
+        ("warm", 2),
+    ]
     assert all(r["status"] == "ok" for r in report["results"])
     assert report["summary"]["cache_state"] == "warm"  # the rank loaded what the compile wave published
     assert report["remote"]["url"].startswith("file://") and report["remote"]["published_generations"] == [1, 2]
@@ -57,13 +71,27 @@ def test_a_plain_torch_server_starts_warm_from_what_the_fleet_published(fleet, t
     cache, proc = fleet
     assert proc.returncode == 0, proc.stderr
     replica = tmp_path / "replica"
-    pulled = orchestrate("pull", "--model", "examples/mlp.yaml", "--device", "cpu", "--to", str(replica),
-                         "--remote", json.loads(proc.stdout)["remote"]["url"],
-                         "--signing-key-file", str(cache / ".signing-key"))
+    pulled = orchestrate(
+        "pull",
+        "--model",
+        "examples/mlp.yaml",
+        "--device",
+        "cpu",
+        "--to",
+        str(replica),
+        "--remote",
+        json.loads(proc.stdout)["remote"]["url"],
+        "--signing-key-file",
+        str(cache / ".signing-key"),
+    )
     assert pulled.returncode == 0, pulled.stderr
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
-           "TRITON_CACHE_DIR": str(replica / "triton")}
-    served = subprocess.run([sys.executable, "-c", SERVER], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=600)
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(replica / "inductor"),
+        "TRITON_CACHE_DIR": str(replica / "triton"),
+    }
+    served = subprocess.run(
+        [sys.executable, "-c", SERVER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert served.returncode == 0, served.stderr
     assert json.loads(served.stdout.splitlines()[-1]) == {"hits": 2, "misses": 0}

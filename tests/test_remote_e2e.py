@@ -21,8 +21,19 @@ def fleet(tmp_path_factory):
     base = tmp_path_factory.mktemp("fleet")
     (base / "store").mkdir()
     remote = f"file://{base / 'store'}"
-    common = ["warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", "--remote", remote,
-              "--json"]
+    common = [
+        "warmup",
+        "--no-ray",
+        "--model",
+        "examples/mlp.yaml",
+        "--buckets",
+        "1,2",
+        "--device",
+        "cpu",
+        "--remote",
+        remote,
+        "--json",
+    ]
     node_a = orchestrate(*common, cache_dir=base / "node-a", env=SIGNED)
     node_b = orchestrate(*common, cache_dir=base / "node-b", env=SIGNED)
     return {"base": base, "remote": remote, "a": node_a, "b": node_b}
@@ -50,28 +61,68 @@ def test_node_b_pulls_and_sees_only_hits(fleet):
 def test_init_container_pull_then_server_starts_warm(fleet):
     base, namespace = fleet["base"], json.loads(fleet["a"].stdout)["namespace"]
     target = base / "replica" / namespace
-    pulled = orchestrate("pull", "--model", "examples/mlp.yaml", "--device", "cpu", "--to", str(target),
-                         "--remote", fleet["remote"], "--json", env=SIGNED)
+    pulled = orchestrate(
+        "pull",
+        "--model",
+        "examples/mlp.yaml",
+        "--device",
+        "cpu",
+        "--to",
+        str(target),
+        "--remote",
+        fleet["remote"],
+        "--json",
+        env=SIGNED,
+    )
     assert pulled.returncode == 0, pulled.stderr
     summary = json.loads(pulled.stdout)
     assert summary["hit"] and summary["namespace"] == namespace and summary["files"] > 0
-    served = orchestrate("warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu",
-                         "--json", cache_dir=base / "replica")
+    served = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        "examples/mlp.yaml",
+        "--buckets",
+        "1,2",
+        "--device",
+        "cpu",
+        "--json",
+        cache_dir=base / "replica",
+    )
     assert served.returncode == 0, served.stderr
     assert json.loads(served.stdout)["summary"]["cache_state"] == "warm"
 
 
 def test_pull_refuses_without_the_key(fleet, tmp_path):
-    proc = orchestrate("pull", "--model", "examples/mlp.yaml", "--device", "cpu", "--to", str(tmp_path / "x"),
-                       "--remote", fleet["remote"], env={"ORCHESTRATE_CACHE_SIGNING_KEY": ""})
+    proc = orchestrate(
+        "pull",
+        "--model",
+        "examples/mlp.yaml",
+        "--device",
+        "cpu",
+        "--to",
+        str(tmp_path / "x"),
+        "--remote",
+        fleet["remote"],
+        env={"ORCHESTRATE_CACHE_SIGNING_KEY": ""},
+    )
     assert proc.returncode == 4
     assert "no key is configured" in one_error_line(proc)
     assert not (tmp_path / "x").exists()
 
 
 def test_pull_of_an_unpublished_namespace(fleet, tmp_path):
-    args = ["pull", "--model", "examples/transformer.yaml", "--device", "cpu", "--to", str(tmp_path / "x"),
-            "--remote", fleet["remote"]]
+    args = [
+        "pull",
+        "--model",
+        "examples/transformer.yaml",
+        "--device",
+        "cpu",
+        "--to",
+        str(tmp_path / "x"),
+        "--remote",
+        fleet["remote"],
+    ]
     miss = orchestrate(*args, env=SIGNED)
     assert miss.returncode == 5
     assert "was never published" in one_error_line(miss)
@@ -88,11 +139,25 @@ def test_cache_ls_and_verify(fleet):
 
 
 def test_unreachable_store_fails_fast_with_one_line(tmp_path):
-    proc = orchestrate("pull", "--model", "examples/mlp.yaml", "--device", "cpu", "--to", str(tmp_path / "x"),
-                       "--remote", "s3://bucket/prefix", env={
-                           **SIGNED, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "id",
-                           "AWS_SECRET_ACCESS_KEY": "secret", "AWS_DEFAULT_REGION": "us-east-1",
-                           "ORCHESTRATE_STORE_ATTEMPTS": "3"})
+    proc = orchestrate(
+        "pull",
+        "--model",
+        "examples/mlp.yaml",
+        "--device",
+        "cpu",
+        "--to",
+        str(tmp_path / "x"),
+        "--remote",
+        "s3://bucket/prefix",
+        env={
+            **SIGNED,
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+            "AWS_ACCESS_KEY_ID": "id",
+            "AWS_SECRET_ACCESS_KEY": "secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "ORCHESTRATE_STORE_ATTEMPTS": "3",
+        },
+    )
     assert proc.returncode == 3
     line = one_error_line(proc)
     assert "gave up after 3 attempts" in line and "127.0.0.1:9" in line

@@ -16,6 +16,7 @@ from cache.store import StoreAuthError, StoreUnreachable, open_store
 @pytest.fixture
 def s3_env(moto_server, monkeypatch):
     """Standard AWS variables pointing at the loopback server; returns a fresh bucket's URL."""
+
     def point_at(endpoint: str, access_key: str | None = None, secret_key: str | None = None) -> None:
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", access_key or moto_server.access_key)
@@ -23,6 +24,7 @@ def s3_env(moto_server, monkeypatch):
         monkeypatch.setenv("AWS_DEFAULT_REGION", moto_server.region)
         monkeypatch.setenv("ORCHESTRATE_STORE_ATTEMPTS", "4")
         monkeypatch.setenv("ORCHESTRATE_STORE_READ_TIMEOUT", "1")
+
     point_at(moto_server.endpoint)
     bucket = moto_server.make_bucket()
     return point_at, f"s3://{bucket}/cache"
@@ -81,12 +83,20 @@ def test_transient_faults_are_retried_to_success(s3_env, fault_proxy, tmp_path, 
     point_at(fault_proxy.url)
     store = open_store(url)
     node = make_cache(tmp_path / "a", ARTIFACTS)
-    {"fail_503": lambda: fault_proxy.fail_next(2, status=503), "fail_500": lambda: fault_proxy.fail_next(2, status=500),
-     "reset": lambda: fault_proxy.reset_next(2), "stall": lambda: fault_proxy.stall_next(1, 3.0)}[inject]()
+    {
+        "fail_503": lambda: fault_proxy.fail_next(2, status=503),
+        "fail_500": lambda: fault_proxy.fail_next(2, status=500),
+        "reset": lambda: fault_proxy.reset_next(2),
+        "stall": lambda: fault_proxy.stall_next(1, 3.0),
+    }[inject]()
     sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
     assert fault_proxy.requests > fault_proxy.forwarded  # the faults really happened
-    {"fail_503": lambda: fault_proxy.fail_next(2, status=503), "fail_500": lambda: fault_proxy.fail_next(2, status=500),
-     "reset": lambda: fault_proxy.reset_next(2), "stall": lambda: fault_proxy.stall_next(1, 3.0)}[inject]()
+    {
+        "fail_503": lambda: fault_proxy.fail_next(2, status=503),
+        "fail_500": lambda: fault_proxy.fail_next(2, status=500),
+        "reset": lambda: fault_proxy.reset_next(2),
+        "stall": lambda: fault_proxy.stall_next(1, 3.0),
+    }[inject]()
     assert sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False).files == len(ARTIFACTS)
     assert tree(tmp_path / "b") == ARTIFACTS
 

@@ -26,13 +26,38 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    }
     dashboard = free_port()
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
-                    "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port",
-                    str(dashboard), "--num-cpus", "2"], env=env, check=True, capture_output=True, timeout=180)
+    subprocess.run(
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--include-dashboard",
+            "true",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dashboard),
+            "--num-cpus",
+            "2",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
     try:
         yield {"address": f"http://127.0.0.1:{dashboard}", "env": env}
     finally:
@@ -41,29 +66,48 @@ def ray_head(tmp_path_factory):
 
 def config(tmp_path: Path, factory: str) -> Path:
     """The config's folder travels as the job's working_dir; the cache lives outside it."""
-    (tmp_path / "models.py").write_text(textwrap.dedent("""
+    (tmp_path / "models.py").write_text(
+        textwrap.dedent("""
         from torch import nn
 
         def tiny():
             return nn.Sequential(nn.Linear(16, 16), nn.GELU())
-    """))
+    """)
+    )
     path = tmp_path / f"{factory.split(':')[-1]}.yaml"
-    path.write_text(textwrap.dedent(f"""
-        name: submitted-{factory.split(':')[-1]}
+    path.write_text(
+        textwrap.dedent(f"""
+        name: submitted-{factory.split(":")[-1]}
         model: {{factory: "{factory}"}}
         inputs: [{{shape: [batch, 16]}}]
         buckets: [1, 2]
         device: cpu
         bench: {{iterations: 5, warmup: 1}}
         cache_dir: {tmp_path.parent / (tmp_path.name + "-cache")}
-    """))
+    """)
+    )
     return path
 
 
 def submit(ray_head, cfg: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", "submit", "--model", str(cfg), "--ray-address",
-                           ray_head["address"], *extra], cwd=ROOT, env=ray_head["env"], capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "submit",
+            "--model",
+            str(cfg),
+            "--ray-address",
+            ray_head["address"],
+            *extra,
+        ],
+        cwd=ROOT,
+        env=ray_head["env"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_a_job_runs_to_success_and_its_report_comes_back(ray_head, tmp_path):

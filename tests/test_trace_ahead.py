@@ -75,8 +75,9 @@ def python(script: str, cfg: Path, cache: Path) -> subprocess.CompletedProcess:
 def model(tmp_path: Path) -> Path:
     (tmp_path / "models.py").write_text(MODELS)
     cfg = tmp_path / "broken.yaml"
-    cfg.write_text("name: broken\nmodel: {factory: models.py:broken}\ninputs: [{shape: [batch, 16]}]\n"
-                   "buckets: [1, 4]\n")
+    cfg.write_text(
+        "name: broken\nmodel: {factory: models.py:broken}\ninputs: [{shape: [batch, 16]}]\nbuckets: [1, 4]\n"
+    )
     return cfg
 
 

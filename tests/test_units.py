@@ -15,8 +15,14 @@ from cache.namespace import Platform, namespace
 from jobs import torch_internals as ti
 from jobs.timing import Clock, median, p90
 
-PLATFORM = Platform(torch_version="2.11.0+cu130", torch_git="abc", triton_version="3.6.0", cuda_version="13.0",
-                    gpu_name="NVIDIA H200", python_version="3.12.3")
+PLATFORM = Platform(
+    torch_version="2.11.0+cu130",
+    torch_git="abc",
+    triton_version="3.6.0",
+    cuda_version="13.0",
+    gpu_name="NVIDIA H200",
+    python_version="3.12.3",
+)
 
 
 def test_median_and_p90():
@@ -29,8 +35,9 @@ def test_median_and_p90():
 def test_interleaved_alternates_order_and_counts_calls():
     calls = []
     clock = Clock(torch.device("cpu"))
-    samples = clock.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
-                                iterations=4, warmup=1)
+    samples = clock.interleaved(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, iterations=4, warmup=1
+    )
     assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert len(samples["a"]) == len(samples["b"]) == 4
     assert all(s >= 0 for s in samples["a"] + samples["b"])
@@ -44,7 +51,11 @@ def test_back_to_back_times_blocks_of_calls():
 
 def test_compile_kwargs_folds_mode_into_options():
     assert ti.compile_kwargs("reduce-overhead", False, False, "inductor", {}) == {
-        "dynamic": False, "fullgraph": False, "backend": "inductor", "mode": "reduce-overhead"}
+        "dynamic": False,
+        "fullgraph": False,
+        "backend": "inductor",
+        "mode": "reduce-overhead",
+    }
     merged = ti.compile_kwargs("reduce-overhead", False, True, "inductor", {"max_autotune": True})
     assert "mode" not in merged
     assert merged["options"]["triton.cudagraphs"] is True  # what reduce-overhead means
@@ -53,9 +64,17 @@ def test_compile_kwargs_folds_mode_into_options():
     torch.compile(torch.nn.Linear(2, 2), **merged)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("torch_version", "2.13.0"), ("torch_git", "def"), ("triton_version", None), ("cuda_version", "12.8"),
-    ("gpu_name", "NVIDIA H100 80GB HBM3"), ("python_version", "3.11.7")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("torch_version", "2.13.0"),
+        ("torch_git", "def"),
+        ("triton_version", None),
+        ("cuda_version", "12.8"),
+        ("gpu_name", "NVIDIA H100 80GB HBM3"),
+        ("python_version", "3.11.7"),
+    ],
+)
 def test_namespace_separates_every_incompatibility(field, value):
     assert namespace("mlp", PLATFORM, "c" * 64) != namespace("mlp", replace(PLATFORM, **{field: value}), "c" * 64)
 

@@ -8,14 +8,39 @@ from conftest import assert_measured, orchestrate
 pytestmark = pytest.mark.slow
 
 CONTRACT_TOP = {"schema_version", "model", "namespace", "torch_version", "device", "buckets", "results", "summary"}
-CONTRACT_RESULT = {"rank", "node", "gpu", "bucket", "phase", "status", "compile_seconds", "graph_record_seconds",
-                   "cache_hits", "cache_misses", "eager_ms", "compiled_ms", "speedup", "graph_breaks", "recompiles",
-                   "max_abs_error"}
+CONTRACT_RESULT = {
+    "rank",
+    "node",
+    "gpu",
+    "bucket",
+    "phase",
+    "status",
+    "compile_seconds",
+    "graph_record_seconds",
+    "cache_hits",
+    "cache_misses",
+    "eager_ms",
+    "compiled_ms",
+    "speedup",
+    "graph_breaks",
+    "recompiles",
+    "max_abs_error",
+}
 
 
 def warmup(cache_dir, *extra):
-    return orchestrate("warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu", *extra,
-                       cache_dir=cache_dir)
+    return orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        "examples/mlp.yaml",
+        "--buckets",
+        "1,2",
+        "--device",
+        "cpu",
+        *extra,
+        cache_dir=cache_dir,
+    )
 
 
 @pytest.fixture(scope="module")

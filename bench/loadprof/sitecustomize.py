@@ -61,10 +61,14 @@ def _profile(work_class) -> None:
                 if len(times) > count:
                     grew.append((sum(times) - total, len(times) - count, name))
             result = self.result
-            lines = [f"### pid {os.getpid()} bucket {result.bucket} state {result.cache_state} "
-                     f"wall {time.perf_counter() - started:.3f} at {at:.3f} "
-                     f"stages { {k: round(v, 3) for k, v in result.stage_seconds.items()} }"]
-            lines += [f"  {seconds:8.3f} s x{count:<3} {name}" for seconds, count, name in sorted(grew, reverse=True)[:22]]
+            lines = [
+                f"### pid {os.getpid()} bucket {result.bucket} state {result.cache_state} "
+                f"wall {time.perf_counter() - started:.3f} at {at:.3f} "
+                f"stages { {k: round(v, 3) for k, v in result.stage_seconds.items()} }"
+            ]
+            lines += [
+                f"  {seconds:8.3f} s x{count:<3} {name}" for seconds, count, name in sorted(grew, reverse=True)[:22]
+            ]
             if profiler:
                 for order, rows in (("cumulative", 35), ("tottime", 20)):
                     text = io.StringIO()
