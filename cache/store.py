@@ -11,6 +11,7 @@ are not retried. botocore's own retries are off so the two policies never multip
 
 from __future__ import annotations
 
+import builtins  # `list` names the stores' method inside their classes
 import os
 import shutil
 import tempfile
@@ -69,9 +70,9 @@ class Store(Protocol):
 
     def download(self, key: str, path: Path) -> None: ...
 
-    def list(self, prefix: str) -> list[ObjectInfo]: ...
+    def list(self, prefix: str) -> builtins.list[ObjectInfo]: ...
 
-    def delete(self, keys: list[str]) -> None: ...
+    def delete(self, keys: builtins.list[str]) -> None: ...
 
 
 def open_store(url: str) -> Store:
@@ -216,8 +217,8 @@ class S3Store:
             "download", lambda: self._client.download_file(self.bucket, self._key(key), str(path), Config=config)
         )
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        def pages() -> list[ObjectInfo]:
+    def list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        def pages() -> builtins.list[ObjectInfo]:
             found = []
             paginator = self._client.get_paginator("list_objects_v2")
             strip = len(self._key(""))
@@ -228,7 +229,7 @@ class S3Store:
 
         return self._call("list", pages)
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: builtins.list[str]) -> None:
         for start in range(0, len(keys), 1000):
             batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
             self._call("delete", lambda: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}))
@@ -281,7 +282,7 @@ class LocalStore:
         except FileNotFoundError:
             raise NotFound(f"{self.url}/{key}: not found") from None
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
+    def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         base = self._path(prefix)
         found = []
         if base.is_dir():
@@ -291,7 +292,7 @@ class LocalStore:
                     found.append(ObjectInfo(str(path.relative_to(self.root)), stat.st_size, stat.st_mtime))
         return found
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: builtins.list[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
 
@@ -338,8 +339,8 @@ class FsspecStore:
     def download(self, key: str, path: Path) -> None:
         self._call("download", lambda: self.fs.get_file(self._path(key), str(path)))
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        def find() -> list[ObjectInfo]:
+    def list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        def find() -> builtins.list[ObjectInfo]:
             base = self._path(prefix)
             if not self.fs.exists(base):
                 return []
@@ -352,6 +353,6 @@ class FsspecStore:
 
         return self._call("list", find)
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: builtins.list[str]) -> None:
         if keys:
             self._call("delete", lambda: self.fs.rm([self._path(k) for k in keys]))

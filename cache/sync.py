@@ -272,7 +272,10 @@ def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], stagi
                     continue
                 if not member.isfile():
                     raise IntegrityError(f"shard {shard[:16]}...: {member.name} is not a regular file; refusing it")
-                data = tar.extractfile(member).read()
+                extracted = tar.extractfile(member)
+                if extracted is None:  # isfile() above: not reached
+                    raise IntegrityError(f"shard {shard[:16]}...: {member.name} has no content; refusing it")
+                data = extracted.read()
                 if _sha256(data) != needed[member.name].sha256:
                     raise IntegrityError(f"shard {shard[:16]}...: {member.name} does not match its sha256; refusing it")
                 target = staging / member.name

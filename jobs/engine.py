@@ -28,7 +28,7 @@ from cache import sync
 from cache.local import LocalCache
 from cache.manifest import IntegrityError, SigningKey
 from cache.namespace import Platform, namespace
-from cache.store import StoreError, open_store
+from cache.store import Store, StoreError, open_store
 from jobs import torch_internals as ti
 from jobs.errors import OutputMismatch, SetupError, brief
 from jobs.gate import Gate, Outputs, snapshot
@@ -133,16 +133,15 @@ class Session:
         self.device = resolve_device(spec.device)
         self.platform = ti.current_platform(self.device)
         self.event("device ready")
-        self.local = LocalCache(cache_root, namespace(spec.name, self.platform, spec.identity_hash()))
+        self.local = LocalCache(cache_root, namespace(spec.label, self.platform, spec.identity_hash()))
         try:
             if fresh:
                 self.local.wipe()
             _point_caches_at(self.local.prepare())
         except OSError as exc:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
-        self.store, self.key = (
-            (open_store(remote.url), SigningKey.from_env(remote.key_file)) if remote else (None, None)
-        )
+        self.store: Optional[Store] = open_store(remote.url) if remote else None
+        self.key: Optional[SigningKey] = SigningKey.from_env(remote.key_file) if remote else None
         self.pulls: list[sync.Transfer] = []
         self.published: Optional[sync.Transfer] = None
         self.publish_error: Optional[str] = None
@@ -162,7 +161,10 @@ class Session:
         self._quarantined: list[str] = []
 
     def pull(self) -> Optional[sync.Transfer]:
-        """Bring the local directory up to the store's newest generation (None: not published yet)."""
+        """Bring the local directory up to the store's newest generation (None: not published yet,
+        or no store)."""
+        if self.store is None or self.remote is None:
+            return None
         self.progress.step(f"pull {self.local.namespace} from {self.remote.url}")
         transfer = sync.pull(
             self.store, self.local.namespace, self.local.path, self.key, allow_unsigned=self.remote.allow_unsigned
@@ -217,7 +219,7 @@ class Session:
     def publish(self) -> None:
         """Publish what compiled correctly; a store failure is kept as publish_error, results stand."""
         ok = [w.result.bucket for w in self._work.values() if w.result.status == "ok"]
-        if self.store is None or not ok:
+        if self.store is None or self.remote is None or not ok:
             return
         self.progress.step(f"publish {self.local.namespace} to {self.remote.url}")
         try:
@@ -311,7 +313,7 @@ def _quarantine(directory: Path, created: set[str]) -> list[str]:
 
 def cache_namespace(spec: WarmupSpec) -> str:
     """The namespace this machine would compile `spec` into (imports torch, asks for the GPU)."""
-    return namespace(spec.name, ti.current_platform(resolve_device(spec.device)), spec.identity_hash())
+    return namespace(spec.label, ti.current_platform(resolve_device(spec.device)), spec.identity_hash())
 
 
 def _point_caches_at(local: LocalCache) -> None:
@@ -356,12 +358,18 @@ class _BucketWork:
             self.result.stage_seconds[self.result.stage] = self.result.stage_seconds.get(self.result.stage, 0.0) + spent
             self._stage_started = None
 
+    @property
+    def inputs(self) -> tuple[Any, Any]:
+        if self._inputs is None:
+            raise RuntimeError("the bucket's inputs are made by its eager reference call, which has not run")
+        return self._inputs
+
     def eager(self) -> Any:
-        args, kwargs = self._inputs
+        args, kwargs = self.inputs
         return self.model(*args, **kwargs)
 
     def run_compiled(self) -> Any:
-        args, kwargs = self._inputs
+        args, kwargs = self.inputs
         ti.mark_step()
         return self.compiled_model(*args, **kwargs)
 
@@ -408,6 +416,8 @@ class _BucketWork:
             result.recompiles = after_first.stats().frames_compiled
 
         self.enter("check")
+        if self.reference is None:
+            raise RuntimeError("the eager reference call has not run")
         _check(result, self.gate, self.reference, {"first call": first, "replay": replay})
         result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
         self.compiled = True
@@ -481,11 +491,11 @@ def _check(result: BucketResult, gate: Gate, reference: Outputs, calls: dict[str
         result.max_abs_error = mismatch.max_abs_error
         raise
     measured = [v for v in verdicts if v.max_abs_error is not None]
-    worst = max(measured, key=lambda v: v.max_abs_error) if measured else None
+    worst = max(measured, key=lambda v: v.max_abs_error or 0.0) if measured else None
     result.checked_outputs = verdicts[0].leaves if verdicts else 0
     result.max_abs_error = worst.max_abs_error if worst else None
     result.atol, result.rtol = (worst.atol, worst.rtol) if worst else (None, None)
-    result.tolerance_used = max(v.tolerance_used for v in measured) if measured else None
+    result.tolerance_used = max(v.tolerance_used or 0.0 for v in measured) if measured else None
 
 
 def _ratio(eager_ms: float, compiled_ms: float) -> Optional[float]:

@@ -145,10 +145,11 @@ class Gate:
             if not _equal(want.value, got.value):
                 raise OutputMismatch(f"{where} is {_show(got.value)}, eager's is {_show(want.value)}")
             return None
+        assert actual is not None  # of expected's type
         if (expected.shape, expected.dtype, expected.device.type) != (actual.shape, actual.dtype, actual.device.type):
             raise OutputMismatch(f"{where} is {_signature(actual)}, eager's is {_signature(expected)}")
         if not _is_floating(expected):
-            differ = int((expected != actual).sum())
+            differ = int(torch.ne(expected, actual).sum())
             if differ:
                 raise OutputMismatch(
                     f"{where}: {differ} of {expected.numel()} {_dtype(expected)} values "

@@ -36,6 +36,8 @@ def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
         # A stable module name keeps Dynamo's view of the code identical across processes.
         module_name = f"orchestrate_user_{path.stem}"
         spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise SetupError(f"model.factory: cannot load {path} as Python; name a .py file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
@@ -96,5 +98,6 @@ def _random_tensor(item: InputSpec, shape: list[int], generator: torch.Generator
         return torch.randn(shape, generator=generator).to(dtype)
     if item.dtype == "bool":
         return torch.randint(0, 2, shape, generator=generator).bool()
+    assert item.range is not None  # the spec refuses an integer input without one
     low, high = item.range
     return torch.randint(low, high, shape, generator=generator, dtype=dtype)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 @dataclass
 class BucketResult:
     bucket: int
-    rank: int = 0
+    rank: Optional[int] = 0  # None: a compile unit's record, which no rank ran
     node: str = field(default_factory=socket.gethostname)
     gpu: Optional[str] = None
     phase: str = "compile"  # the wave; in one process: "warm" when every cache lookup hit

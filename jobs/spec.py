@@ -44,17 +44,24 @@ class ModelRef(_Strict):
         return value
 
     @property
+    def _parts(self) -> re.Match[str]:
+        match = _FACTORY.match(self.factory)
+        if match is None:  # the field validator refuses such a factory first
+            raise ValueError(f"model.factory {self.factory!r} is not module:callable or file.py:callable")
+        return match
+
+    @property
     def is_file(self) -> bool:
-        target = _FACTORY.match(self.factory)["target"]
+        target = self._parts["target"]
         return target.endswith(".py") or "/" in target
 
     @property
     def target(self) -> str:
-        return _FACTORY.match(self.factory)["target"]
+        return self._parts["target"]
 
     @property
     def attribute(self) -> str:
-        return _FACTORY.match(self.factory)["attr"]
+        return self._parts["attr"]
 
 
 class InputSpec(_Strict):
@@ -90,7 +97,7 @@ class InputSpec(_Strict):
         return self
 
     def concrete_shape(self, symbol: str, bucket: int) -> list[int]:
-        return [bucket if dim == symbol else dim for dim in self.shape]
+        return [bucket if dim == symbol else int(dim) for dim in self.shape]  # the validator allows no other symbol
 
 
 class CompileOptions(_Strict):
@@ -167,6 +174,11 @@ class WarmupSpec(_Strict):
                 f"no input shape contains the bucket symbol {self.bucket_symbol!r}, so buckets would change nothing"
             )
         return self
+
+    @property
+    def label(self) -> str:
+        """The model's name: `name`, which loading a config file sets to the file's stem if absent."""
+        return self.name or "model"
 
     @property
     def base_dir(self) -> Path:

@@ -184,7 +184,7 @@ def find_tuned_configs_where_loaded() -> None:
         return recheck(self, *args, **kwargs)
 
     recheck_here._finds_tuned_configs_where_loaded = True  # type: ignore[attr-defined]
-    CachingAutotuner.recheck_autotune_cache = recheck_here
+    CachingAutotuner.recheck_autotune_cache = recheck_here  # type: ignore[method-assign]  # the patch is the point
 
 
 class TraceAhead:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import click
 from rich.console import Console
@@ -476,7 +476,7 @@ def cache_ls(
     from cache.manifest import SigningKey
     from cache.store import open_store
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     if remote:
         for info in sync.describe(
             open_store(remote), SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned

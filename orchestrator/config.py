@@ -40,7 +40,8 @@ def load_spec(path: str | Path) -> WarmupSpec:
         raise ConfigError(
             f"config {path}: expected a mapping of fields (model, inputs, ...), got {type(data).__name__}"
         )
-    data.setdefault("name", _label(path.stem))
+    if data.get("name") is None:  # absent or `name: null`: the file's stem
+        data["name"] = _label(path.stem)
     try:
         spec = WarmupSpec.model_validate(data)
     except ValidationError as exc:

@@ -45,7 +45,7 @@ class ClusterShape:
 
 def name_for(spec: WarmupSpec) -> str:
     """A DNS-1123 name: lowercase alphanumerics and '-', at most 40 characters (room for suffixes)."""
-    return f"warmup-{slug(spec.name, 24, keep='-', fallback='model')}-{spec.identity_hash()[:8]}"
+    return f"warmup-{slug(spec.label, 24, keep='-', fallback='model')}-{spec.identity_hash()[:8]}"
 
 
 def entrypoint(
@@ -99,7 +99,7 @@ def render(
     labels = {
         "app.kubernetes.io/name": "orchestrate",
         "app.kubernetes.io/instance": name,
-        "orchestrate/model": re.sub(r"[^A-Za-z0-9_.-]", "-", spec.name)[:63],
+        "orchestrate/model": re.sub(r"[^A-Za-z0-9_.-]", "-", spec.label)[:63],
     }
     config_map = {
         "apiVersion": "v1",

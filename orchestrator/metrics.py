@@ -187,9 +187,9 @@ def _s(ms: Optional[float]) -> Optional[float]:
 
 
 def _set_median(gauge: Any, values: list[Optional[float]]) -> None:
-    values = [v for v in values if v is not None]
-    if values:
-        gauge.set(statistics.median(values))
+    present = [v for v in values if v is not None]
+    if present:
+        gauge.set(statistics.median(present))
 
 
 def _transfers(report: dict[str, Any]) -> list[tuple[str, float, int]]:

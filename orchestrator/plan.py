@@ -132,7 +132,7 @@ def has_spare_cpu(target: Target, targets_: list[Target], units: list[CompileUni
     node_of = {t.rank: t.node for t in targets_}
     of_class = [u for u in units if u.gpu_class == target.gpu_class]
     if any(u.home is not None for u in of_class):
-        units_here = sum(1 for u in of_class if node_of[u.home] == target.node)
+        units_here = sum(1 for u in of_class if u.home is not None and node_of[u.home] == target.node)
     else:  # no GPUs: Ray spreads the units over the class's nodes
         units_here = _units_per_node(targets_, target.gpu_class, len(of_class))
     ranks_here = sum(1 for t in targets_ if t.node == target.node)

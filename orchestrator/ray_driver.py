@@ -274,7 +274,7 @@ def _drive(
     """Take every answer as it comes. A published bucket is loaded by every rank of its class; a
     bucket whose unit failed is failed on those ranks, for the same reason. Once a class has no
     unit left compiling, its ranks benchmark (its units only ever run on its own nodes)."""
-    waiting = {
+    waiting: dict[Any, tuple[str, Any]] = {
         actor.compile.remote(spec, str(cache_root), remote, fresh, unit.bucket, unit.compile_threads): ("compile", unit)
         for unit, actor in compilers.items()
     }

@@ -39,7 +39,7 @@ def submission_id(spec: WarmupSpec) -> str:
         {"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device, "remote": spec.remote},
         sort_keys=True,
     )
-    return f"orchestrate-{slug(spec.name, 32, keep='-')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return f"orchestrate-{slug(spec.label, 32, keep='-')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def runtime_env(config_path: Path) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def submit(
             entrypoint=shlex.join(args),
             submission_id=job_id,
             runtime_env=runtime_env(config_path),
-            metadata={"orchestrate.model": spec.name},
+            metadata={"orchestrate.model": spec.label},
         )
         log(f"submitted {job_id} to {address}")
     else:
