@@ -14,33 +14,52 @@ from typing import TYPE_CHECKING, Any, Optional
 from rich.console import Console
 from rich.table import Table
 
+from jobs.records import BucketResult
 from jobs.spec import WarmupSpec
 from orchestrator.plan import fleet_summary
 from orchestrator.plan import spread as _spread
 from orchestrator.ray_driver import FleetRun
+from orchestrator.report_records import (
+    SCHEMA_VERSION,
+    BucketFleetStats,
+    Deviation,
+    FleetRemote,
+    FleetReport,
+    FleetStats,
+    FleetSummary,
+    ProcessExecutor,
+    ProcessRemote,
+    ProcessReport,
+    RayExecutor,
+    Spread,
+    Summary,
+    TimelineRow,
+)
 
 if TYPE_CHECKING:  # the driver of a Ray run never imports torch
     from jobs.engine import WarmupRun
 
-SCHEMA_VERSION = 1
-
 
 def build_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> dict[str, Any]:
     """The report of one process that compiled, warmed and benchmarked every bucket itself."""
+    return asdict(process_report(spec, run, started_at))
+
+
+def process_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> ProcessReport:
     results = [r.to_dict() for r in run.results]
     ready = run.setup_seconds + _ready(results)
-    report = _header(
-        spec,
-        started_at,
-        run.namespace,
-        run.platform.torch_version,
-        run.device,
-        run.results[0].gpu if run.results else None,
-        asdict(run.platform),
-        results,
-    )
-    report.update(
-        executor={"kind": "process"},
+    return ProcessReport(
+        **_header(
+            spec,
+            started_at,
+            run.namespace,
+            run.platform.torch_version,
+            run.device,
+            run.results[0].gpu if run.results else None,
+            asdict(run.platform),
+            list(run.results),
+        ),
+        executor=ProcessExecutor(kind="process"),
         cache_dir=run.cache_dir,
         summary=_summary(
             results,
@@ -52,18 +71,21 @@ def build_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> dict
         ),
         remote=None
         if run.remote is None
-        else {
-            "url": run.remote,
-            "pull": asdict(run.pull) if run.pull else None,  # None: nothing published yet (or --fresh)
-            "publish": asdict(run.publish) if run.publish else None,
-            "publish_error": run.publish_error,
-        },
+        else ProcessRemote(
+            url=run.remote,
+            pull=run.pull,  # None: nothing published yet (or --fresh)
+            publish=run.publish,
+            publish_error=run.publish_error,
+        ),
     )
-    return report
 
 
 def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at: datetime) -> dict[str, Any]:
     """The report of a Ray warmup: compile-wave and warm-wave records of every rank, one summary."""
+    return asdict(fleet_report(spec, fleet, remote_url, started_at))
+
+
+def fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at: datetime) -> FleetReport:
     results = fleet.results
     first = fleet.runs[0] if fleet.runs else {"namespace": None, "platform": {}, "device": None}
     ranks_ready = [
@@ -71,74 +93,88 @@ def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, start
         for run in fleet.runs
         if run["wave"] == "warm"
     ]
-    report = _header(
-        spec,
-        started_at,
-        first["namespace"],
-        first["platform"].get("torch_version"),
-        first["device"],
-        ", ".join(sorted({t.gpu_class for t in fleet.targets})),
-        first["platform"],
-        results,
+    summary = _summary(
+        [r for r in results if r["phase"] == "warm"] or results,
+        ready_seconds=max(ranks_ready, default=None),
+        process_seconds_to_ready=None,
+        cache_bytes=max((r["cache_bytes"] for r in fleet.runs), default=0),
+        cache_files=max((r["cache_files"] for r in fleet.runs), default=0),
+        wall_seconds=fleet.wall_seconds,
     )
-    report.update(
+    stats = fleet_summary(results)
+    return FleetReport(
+        **_header(
+            spec,
+            started_at,
+            first["namespace"],
+            first["platform"].get("torch_version"),
+            first["device"],
+            ", ".join(sorted({t.gpu_class for t in fleet.targets})),
+            first["platform"],
+            [BucketResult(**r) for r in results],
+        ),
         namespaces=sorted({run["namespace"] for run in fleet.runs}),
-        executor={
-            "kind": "ray",
-            "address": fleet.address or "local",
-            "nodes": len(fleet.nodes),
-            "ranks": len(fleet.targets),
-            "compile_units": len(fleet.units),
-            "wave_seconds": fleet.wave_seconds,
-            "timeline": _timeline(fleet),
-        },
-        summary={
-            **_summary(
-                [r for r in results if r["phase"] == "warm"] or results,
-                ready_seconds=max(ranks_ready, default=None),
-                process_seconds_to_ready=None,
-                cache_bytes=max((r["cache_bytes"] for r in fleet.runs), default=0),
-                cache_files=max((r["cache_files"] for r in fleet.runs), default=0),
-                wall_seconds=fleet.wall_seconds,
-            ),
-            "buckets_failed": sum(1 for r in results if r["status"] != "ok"),
-            "fleet": {
-                **fleet_summary(results),
-                "pull_seconds": _spread(
-                    [run["pull"]["seconds"] for run in fleet.runs if run["wave"] == "warm" and run["pull"]]
+        executor=RayExecutor(
+            kind="ray",
+            address=fleet.address or "local",
+            nodes=len(fleet.nodes),
+            ranks=len(fleet.targets),
+            compile_units=len(fleet.units),
+            wave_seconds=fleet.wave_seconds,
+            timeline=_timeline(fleet),
+        ),
+        summary=FleetSummary(
+            **{**vars(summary), "buckets_failed": sum(1 for r in results if r["status"] != "ok")},
+            fleet=FleetStats(
+                buckets={
+                    bucket: BucketFleetStats(
+                        **{
+                            **row,
+                            "warm_load_seconds": _as_spread(row["warm_load_seconds"]),
+                            "speedup": _as_spread(row["speedup"]),
+                        }
+                    )
+                    for bucket, row in stats["buckets"].items()
+                },
+                deviating_ranks=[Deviation(**d) for d in stats["deviating_ranks"]],
+                pull_seconds=_as_spread(
+                    _spread([run["pull"]["seconds"] for run in fleet.runs if run["wave"] == "warm" and run["pull"]])
                 ),
-            },
-        },
-        remote={
-            "url": remote_url,
-            "published_generations": sorted({r["publish"]["generation"] for r in fleet.runs if r["publish"]}),
-            "publish_errors": [r["publish_error"] for r in fleet.runs if r["publish_error"]],
-        },
+            ),
+        ),
+        remote=FleetRemote(
+            url=remote_url,
+            published_generations=sorted({r["publish"]["generation"] for r in fleet.runs if r["publish"]}),
+            publish_errors=[r["publish_error"] for r in fleet.runs if r["publish_error"]],
+        ),
     )
-    return report
 
 
-def _timeline(fleet: FleetRun) -> list[dict[str, Any]]:
+def _as_spread(values: Optional[dict[str, float]]) -> Optional[Spread]:
+    return None if values is None else Spread(**values)
+
+
+def _timeline(fleet: FleetRun) -> list[TimelineRow]:
     """When each task's process started, when it had its answer and when the driver had it, in
     seconds from the start of the waves (clocks of other nodes are trusted to be NTP-close)."""
     rows = [
-        {
-            "wave": run["wave"],
-            "bucket": run["bucket"],
-            "rank": run["rank"],
-            "node": run["node"],
-            "gpu_ids": run["gpu_ids"],
-            "started_s": round(run["process_started_at"] - fleet.started_at, 3),
-            "ended_s": round(run["ended_at"] - fleet.started_at, 3),
-            "answered_s": round(run["answered_at"] - fleet.started_at, 3),
+        TimelineRow(
+            wave=run["wave"],
+            bucket=run["bucket"],
+            rank=run["rank"],
+            node=run["node"],
+            gpu_ids=run["gpu_ids"],
+            started_s=round(run["process_started_at"] - fleet.started_at, 3),
+            ended_s=round(run["ended_at"] - fleet.started_at, 3),
+            answered_s=round(run["answered_at"] - fleet.started_at, 3),
             # where the process's time went: "worker up" (interpreter and Ray), "imported" (torch),
             # "device ready", "model built", each bucket "compiled"/"loaded"/"benchmarked", pulls,
             # "published"
-            "events": [[what, round(at - fleet.started_at, 3)] for what, at in run.get("events", [])],
-        }
+            events=[[what, round(at - fleet.started_at, 3)] for what, at in run.get("events", [])],
+        )
         for run in fleet.runs
     ]
-    return sorted(rows, key=lambda row: row["started_s"])
+    return sorted(rows, key=lambda row: row.started_s)
 
 
 def _header(
@@ -149,8 +185,9 @@ def _header(
     device: Any,
     gpu: Any,
     platform: dict[str, Any],
-    results: list[dict[str, Any]],
+    results: list[BucketResult],
 ) -> dict[str, Any]:
+    """The fields of ReportHeader."""
     return {
         "schema_version": SCHEMA_VERSION,
         "model": spec.name,
@@ -181,34 +218,31 @@ def _summary(
     cache_bytes: int,
     cache_files: int,
     wall_seconds: float,
-) -> dict[str, Any]:
+) -> Summary:
     ok = [r for r in results if r["status"] == "ok"]
     states = {r["cache_state"] for r in ok}
     speedups = [r["speedup"] for r in ok if r["speedup"] is not None]
     throughput = [r["throughput_speedup"] for r in ok if r["throughput_speedup"] is not None]
-    return {
-        "buckets_ok": len(ok),
-        "buckets_failed": len(results) - len(ok),
-        # warm: every bucket loaded from the cache without a single miss
-        "cache_state": "warm" if states == {"hit"} else "cold" if states == {"miss"} else "partial",
-        "cache_hits": sum(r["cache_hits"] or 0 for r in results),
-        "cache_misses": sum(r["cache_misses"] or 0 for r in results),
-        "compile_seconds_total": sum(r["compile_seconds"] or 0.0 for r in results),
-        "graph_record_seconds_total": sum(r["graph_record_seconds"] or 0.0 for r in results),
-        # from job start (model built, nothing compiled) to every bucket compiled and its graphs recorded
-        "ready_seconds": ready_seconds,
-        # the same counted from process spawn (imports, CUDA init): what a new replica waits
-        "process_seconds_to_ready": process_seconds_to_ready,
-        "speedup_min": min(speedups, default=None),
-        "speedup_median": statistics.median(speedups) if speedups else None,
-        "speedup_max": max(speedups, default=None),
-        "throughput_speedup_median": statistics.median(throughput) if throughput else None,
-        "graph_breaks": sum(r["graph_breaks"] or 0 for r in results),
-        "recompiles": sum(r["recompiles"] or 0 for r in results),
-        "cache_bytes": cache_bytes,
-        "cache_files": cache_files,
-        "wall_seconds": wall_seconds,
-    }
+    return Summary(
+        buckets_ok=len(ok),
+        buckets_failed=len(results) - len(ok),
+        cache_state="warm" if states == {"hit"} else "cold" if states == {"miss"} else "partial",
+        cache_hits=sum(r["cache_hits"] or 0 for r in results),
+        cache_misses=sum(r["cache_misses"] or 0 for r in results),
+        compile_seconds_total=sum(r["compile_seconds"] or 0.0 for r in results),
+        graph_record_seconds_total=sum(r["graph_record_seconds"] or 0.0 for r in results),
+        ready_seconds=ready_seconds,
+        process_seconds_to_ready=process_seconds_to_ready,
+        speedup_min=min(speedups, default=None),
+        speedup_median=statistics.median(speedups) if speedups else None,
+        speedup_max=max(speedups, default=None),
+        throughput_speedup_median=statistics.median(throughput) if throughput else None,
+        graph_breaks=sum(r["graph_breaks"] or 0 for r in results),
+        recompiles=sum(r["recompiles"] or 0 for r in results),
+        cache_bytes=cache_bytes,
+        cache_files=cache_files,
+        wall_seconds=wall_seconds,
+    )
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:

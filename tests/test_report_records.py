@@ -1,0 +1,201 @@
+"""The report is built from typed records (orchestrator.report_records): its JSON keys, their
+nesting and values are those of schema_version 1, for a process report and a Ray fleet report."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from cache.namespace import Platform
+from cache.sync import Transfer
+from jobs.records import BucketResult
+from orchestrator.config import load_spec
+from orchestrator.plan import CompileUnit, Node, Target
+from orchestrator.ray_driver import FleetRun
+from orchestrator.report import build_fleet_report, build_report
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+PLATFORM = Platform("2.13.0+cpu", "abc", None, None, "cpu-x86_64", "3.11.7")
+
+HEADER = [
+    "schema_version",
+    "model",
+    "namespace",
+    "torch_version",
+    "device",
+    "gpu",
+    "platform",
+    "config_hash",
+    "compile",
+    "buckets",
+    "started_at",
+    "finished_at",
+    "results",
+]
+SUMMARY = [
+    "buckets_ok",
+    "buckets_failed",
+    "cache_state",
+    "cache_hits",
+    "cache_misses",
+    "compile_seconds_total",
+    "graph_record_seconds_total",
+    "ready_seconds",
+    "process_seconds_to_ready",
+    "speedup_min",
+    "speedup_median",
+    "speedup_max",
+    "throughput_speedup_median",
+    "graph_breaks",
+    "recompiles",
+    "cache_bytes",
+    "cache_files",
+    "wall_seconds",
+]
+TRANSFER = ["generation", "files", "bytes", "shards", "seconds", "races", "skipped"]
+
+
+def spec():
+    return load_spec(ROOT / "examples" / "mlp.yaml")
+
+
+def result(bucket: int, **kw) -> BucketResult:
+    fields = dict(
+        node="n1", cache_state="miss", compile_seconds=2.0, graph_record_seconds=0.5, cache_misses=2, speedup=2.0
+    )
+    return BucketResult(bucket=bucket, cache_hits=0, **{**fields, **kw})
+
+
+def process_run(remote: bool):
+    from jobs.engine import WarmupRun
+
+    return WarmupRun(
+        platform=PLATFORM,
+        namespace="mlp-ns",
+        device="cpu",
+        cache_dir="/tmp/cache",
+        results=[result(1), result(8, status="failed", error="compile: boom", speedup=None)],
+        wall_seconds=9.5,
+        setup_seconds=1.0,
+        process_age_at_start=3.0,
+        cache_bytes=100,
+        cache_files=4,
+        remote="s3://bucket/prefix" if remote else None,
+        pull=None,
+        publish=Transfer(generation=2, files=3, bytes=10, shards=1, seconds=0.25) if remote else None,
+    )
+
+
+def test_process_report_keeps_its_keys_and_values():
+    report = build_report(spec(), process_run(remote=True), STARTED)
+    assert list(report) == [*HEADER, "executor", "cache_dir", "summary", "remote"]
+    assert report["executor"] == {"kind": "process"}
+    assert report["platform"] == {
+        "torch_version": "2.13.0+cpu",
+        "torch_git": "abc",
+        "triton_version": None,
+        "cuda_version": None,
+        "gpu_name": "cpu-x86_64",
+        "python_version": "3.11.7",
+    }
+    assert report["results"] == [r.to_dict() for r in process_run(remote=True).results]
+    assert list(report["summary"]) == SUMMARY
+    assert report["summary"]["ready_seconds"] == 1.0 + 2 * 2.5
+    assert report["summary"]["process_seconds_to_ready"] == 3.0 + 6.0
+    assert (report["summary"]["buckets_ok"], report["summary"]["buckets_failed"]) == (1, 1)
+    assert report["remote"] == {
+        "url": "s3://bucket/prefix",
+        "pull": None,
+        "publish": dict(zip(TRANSFER, [2, 3, 10, 1, 0.25, 0, []], strict=True)),
+        "publish_error": None,
+    }
+    assert report["started_at"] == "2026-01-02T03:04:05+00:00"
+    assert build_report(spec(), process_run(remote=False), STARTED)["remote"] is None
+    json.dumps(report)  # plain JSON types all the way down
+
+
+def fleet_run() -> FleetRun:
+    node = Node("id1", "10.0.0.1", 1, 4, "H200")
+    target = Target(0, node)
+    compiled = result(8, rank=None, gpu="H200", node="10.0.0.1").to_dict()
+    warm = result(8, rank=0, gpu="H200", node="10.0.0.1", phase="warm", cache_state="hit", compile_seconds=0.5)
+    run = {
+        "namespace": "mlp-ns",
+        "platform": {"torch_version": "2.13.0"},
+        "device": "cuda:0",
+        "node": "10.0.0.1",
+        "publish": {"generation": 3},
+        "publish_error": None,
+        "cache_bytes": 100,
+        "cache_files": 4,
+        "setup_seconds": 1.0,
+        "process_started_at": 100.0,
+        "ended_at": 110.0,
+        "events": [("imported", 102.0)],
+        "gpu_ids": ["0"],
+    }
+    return FleetRun(
+        nodes=[node],
+        targets=[target],
+        units=[CompileUnit("H200", 8, 0.49)],
+        results=[compiled, warm.to_dict()],
+        runs=[
+            {**run, "pull": None, "wave": "compile", "rank": None, "bucket": 8, "answered_at": 111.0},
+            {
+                **run,
+                "pull": {"seconds": 0.75},
+                "publish": None,
+                "publish_error": "denied",
+                "wave": "warm",
+                "rank": 0,
+                "bucket": None,
+                "answered_at": 112.0,
+            },
+        ],
+        wall_seconds=20.0,
+        wave_seconds={"start": 1.0, "compile": 10.0, "warm": 9.0},
+        started_at=99.0,
+    )
+
+
+def test_fleet_report_keeps_its_keys_and_values():
+    fleet = fleet_run()
+    report = build_fleet_report(spec(), fleet, "s3://bucket/prefix", STARTED)
+    assert list(report) == [*HEADER, "namespaces", "executor", "summary", "remote"]
+    assert report["results"] == fleet.results
+    assert (report["gpu"], report["device"], report["platform"]) == ("H200", "cuda:0", {"torch_version": "2.13.0"})
+    assert report["namespaces"] == ["mlp-ns"]
+    executor = report["executor"]
+    assert list(executor) == ["kind", "address", "nodes", "ranks", "compile_units", "wave_seconds", "timeline"]
+    assert executor["kind"] == "ray" and executor["address"] == "local"
+    assert executor["timeline"][0] == {
+        "wave": "compile",
+        "bucket": 8,
+        "rank": None,
+        "node": "10.0.0.1",
+        "gpu_ids": ["0"],
+        "started_s": 1.0,
+        "ended_s": 11.0,
+        "answered_s": 12.0,
+        "events": [["imported", 3.0]],
+    }
+    summary = report["summary"]
+    assert list(summary) == [*SUMMARY, "fleet"]
+    assert summary["cache_state"] == "warm" and summary["ready_seconds"] == 1.0 + 0.5 + 0.5
+    assert summary["fleet"] == {
+        "buckets": {
+            "8": {
+                "cold_compile_seconds": 2.0,
+                "warm_load_seconds": {"min": 0.5, "median": 0.5, "max": 0.5},
+                "speedup": {"min": 2.0, "median": 2.0, "max": 2.0},
+                "ranks_ok": 1,
+                "ranks_failed": 0,
+            }
+        },
+        "deviating_ranks": [],
+        "pull_seconds": {"min": 0.75, "median": 0.75, "max": 0.75},
+    }
+    assert report["remote"] == {"url": "s3://bucket/prefix", "published_generations": [3], "publish_errors": ["denied"]}
+    json.dumps(report)
