@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 from cache.sync import Transfer
 from jobs.records import BucketResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1  # keys are only ever added within a schema version
 
 
 @dataclass
@@ -139,7 +139,7 @@ class FleetRemote:
 class ReportHeader:
     """What every report starts with."""
 
-    schema_version: int
+    schema_version: Literal[1]
     model: str
     namespace: Optional[str]
     torch_version: Optional[str]
