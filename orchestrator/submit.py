@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+
 from cache.namespace import slug
 from jobs.spec import WarmupSpec
 from orchestrator.config import format_buckets
@@ -23,6 +25,10 @@ from orchestrator.errors import ClusterUnreachable
 from orchestrator.job_env import job_env_vars
 
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# The Jobs API's answer while no job agent is ready (a head that has just started, or a busy one):
+# nothing was submitted, and Ray asks to be tried again later.
+AGENT_NOT_READY = "No available agent to submit job"
+AGENT_WAIT_SECONDS = 120.0
 
 
 @dataclass
@@ -75,7 +81,8 @@ def submit(
             format_buckets(spec.buckets),
             *extra_args,
         ]
-        client.submit_job(
+        _submit_once_an_agent_answers(
+            client,
             entrypoint=shlex.join(args),
             submission_id=job_id,
             runtime_env=runtime_env(config_path),
@@ -91,6 +98,19 @@ def submit(
     info = client.get_job_info(job_id)
     logs = client.get_job_logs(job_id)
     return Submission(job_id, _status(info), existing is None, _reason(info, logs), _report(logs))
+
+
+def _submit_once_an_agent_answers(client: Any, **job: Any) -> None:
+    """`client.submit_job(**job)`, tried again while Ray says no job agent is ready, for at most
+    AGENT_WAIT_SECONDS; any other refusal is raised at once."""
+    for attempt in Retrying(
+        retry=retry_if_exception(lambda exc: isinstance(exc, RuntimeError) and AGENT_NOT_READY in str(exc)),
+        stop=stop_after_delay(AGENT_WAIT_SECONDS),
+        wait=wait_exponential_jitter(initial=0.5, max=10.0),
+        reraise=True,
+    ):
+        with attempt:
+            client.submit_job(**job)
 
 
 def _status(info: Any) -> str:

@@ -120,3 +120,42 @@ def test_the_driver_and_submit_pass_the_same_environment(monkeypatch, tmp_path):
     assert driver == {"env_vars": job_env_vars()}
     assert submit.runtime_env(tmp_path / "mlp.yaml")["env_vars"] == driver["env_vars"]
     assert driver["env_vars"][TORCH_THREADS_ENV] == "8"
+
+
+class FlakyJobsAPI:
+    """A Jobs API client whose first answers are Ray's 'no agent yet' refusal."""
+
+    def __init__(
+        self,
+        refusals: int,
+        error: str = "Request failed with status code 500: No available agent to submit job, please try again later..",
+    ) -> None:
+        self.refusals, self.error, self.calls = refusals, error, []
+
+    def submit_job(self, **job):
+        self.calls.append(job)
+        if len(self.calls) <= self.refusals:
+            raise RuntimeError(self.error)
+        return job["submission_id"]
+
+
+def test_submit_waits_for_a_job_agent(monkeypatch):
+    monkeypatch.setattr(submit, "AGENT_WAIT_SECONDS", 30.0)
+    client = FlakyJobsAPI(refusals=2)
+    submit._submit_once_an_agent_answers(client, entrypoint="orchestrate warmup", submission_id="job-1")
+    assert [call["submission_id"] for call in client.calls] == ["job-1"] * 3
+
+
+def test_submit_gives_up_on_agents_after_its_deadline(monkeypatch):
+    monkeypatch.setattr(submit, "AGENT_WAIT_SECONDS", 0.0)
+    client = FlakyJobsAPI(refusals=100)
+    with pytest.raises(RuntimeError, match="No available agent"):
+        submit._submit_once_an_agent_answers(client, entrypoint="x", submission_id="job-1")
+    assert len(client.calls) == 1
+
+
+def test_submit_raises_any_other_refusal_at_once():
+    client = FlakyJobsAPI(refusals=1, error="Request failed with status code 400: invalid runtime_env.")
+    with pytest.raises(RuntimeError, match="invalid runtime_env"):
+        submit._submit_once_an_agent_answers(client, entrypoint="x", submission_id="job-1")
+    assert len(client.calls) == 1
