@@ -13,9 +13,9 @@ import contextlib
 
 import torch
 
-from jobs.model import build_model, make_inputs, resolve_device
-from jobs.timing import Clock, median
 from orchestrator.config import load_spec
+from orchestrator.jobs.model import build_model, make_inputs, resolve_device
+from orchestrator.jobs.timing import Clock, median
 
 
 def main() -> None:

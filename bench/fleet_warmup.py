@@ -71,13 +71,13 @@ def warmup_cmd(*args: str) -> list[str]:
 def alone(model: str, bucket: int, cache_dir: str) -> None:
     """The child of the "alone" measurement: compile one bucket from a fresh process, print when ready."""
     sys.path.insert(0, str(ROOT))
-    from jobs.engine import run_warmup
     from orchestrator.config import load_spec
+    from orchestrator.jobs.engine import run_warmup
 
     spec = load_spec(model)
     run = run_warmup(spec.replaced(buckets=[bucket]), Path(cache_dir), fresh=True, benchmark=False, publish=False)
     result = run.results[0]
-    from jobs.timing import process_age_seconds
+    from orchestrator.jobs.timing import process_age_seconds
 
     spawned = time.time() - (process_age_seconds() or 0.0)
     print(
@@ -140,7 +140,7 @@ def main() -> None:
     # fresh machine (docs/performance.md, "Do the workers' torch threads slow the fleet?").
     warm = (
         "import ray, torch, torch._inductor.compile_fx; from orchestrator.config import load_spec; "
-        f"from jobs.model import load_factory; spec = load_spec({model!r}); load_factory(spec.model, spec.base_dir)"
+        f"from orchestrator.jobs.model import load_factory; spec = load_spec({model!r}); load_factory(spec.model, spec.base_dir)"
     )
     subprocess.run([sys.executable, "-c", warm], cwd=ROOT, check=True)
 

@@ -32,12 +32,12 @@ def child(mode: str, config: str, buckets: list[int], work: Path) -> dict:
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     import torch
 
-    from cache import sync
-    from cache.store import open_store
-    from jobs import torch_internals as ti
-    from jobs.model import build_model, make_inputs, resolve_device
-    from jobs.timing import Clock, process_age_seconds
+    from orchestrator.cache import sync
+    from orchestrator.cache.store import open_store
     from orchestrator.config import load_spec
+    from orchestrator.jobs import torch_internals as ti
+    from orchestrator.jobs.model import build_model, make_inputs, resolve_device
+    from orchestrator.jobs.timing import Clock, process_age_seconds
 
     spec = load_spec(config).replaced(buckets=buckets)
     device = resolve_device("auto")

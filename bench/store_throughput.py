@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cache import sync  # noqa: E402
-from cache.store import open_store  # noqa: E402
+from orchestrator.cache import sync  # noqa: E402
+from orchestrator.cache.store import open_store  # noqa: E402
 
 
 def synthetic_cache(root: Path, files: int = 925, total_bytes: int = 26_000_000) -> Path:

@@ -32,9 +32,9 @@ NOT_ARTIFACTS = shutil.ignore_patterns("locks", "*.lock")  # left out of a merge
 
 def child(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
-    from jobs import torch_internals as ti
-    from jobs.engine import Session
     from orchestrator.config import load_spec
+    from orchestrator.jobs import torch_internals as ti
+    from orchestrator.jobs.engine import Session
 
     buckets = [int(b) for b in args.buckets.split(",")]
     mode = args.child

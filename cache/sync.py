@@ -35,8 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from cache.manifest import FileEntry, IntegrityError, Manifest, SigningKey, decode, encode, sha256_file
-from cache.store import NotFound, Store, StoreError
+from orchestrator.cache.manifest import FileEntry, IntegrityError, Manifest, SigningKey, decode, encode, sha256_file
+from orchestrator.cache.store import NotFound, Store, StoreError
 
 PREFIX = "v1"
 SHARD_BYTES = 64 * 1024 * 1024  # few large objects: requests cost more than bytes on S3

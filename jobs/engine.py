@@ -8,7 +8,7 @@ Per bucket, in this order, each timed on its own:
      (a process that waits for another to compile may trace the bucket now: see Session.trace)
   2. first compiled call: Dynamo trace + Inductor compile or cache load  -> compile_seconds
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
-  4. compiled outputs (first call and a replay) against eager's, through jobs.gate
+  4. compiled outputs (first call and a replay) against eager's, through orchestrator.jobs.gate
   5. interleaved eager/compiled latency                                  -> eager_ms, compiled_ms, speedup
 """
 
@@ -24,18 +24,18 @@ from typing import Any, Optional, Protocol
 
 import torch
 
-from cache import sync
-from cache.local import LocalCache
-from cache.manifest import IntegrityError, SigningKey
-from cache.namespace import Platform, namespace
-from cache.store import Store, StoreError, open_store
-from jobs import torch_internals as ti
-from jobs.errors import OutputMismatch, SetupError, brief
-from jobs.gate import Gate, Outputs, snapshot
-from jobs.model import build_model, make_inputs, resolve_device
-from jobs.records import BucketResult, Remote  # noqa: F401  (Remote: part of this module's interface)
-from jobs.spec import WarmupSpec
-from jobs.timing import Clock, median, p90, process_age_seconds
+from orchestrator.cache import sync
+from orchestrator.cache.local import LocalCache
+from orchestrator.cache.manifest import IntegrityError, SigningKey
+from orchestrator.cache.namespace import Platform, namespace
+from orchestrator.cache.store import Store, StoreError, open_store
+from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
+from orchestrator.jobs.gate import Gate, Outputs, snapshot
+from orchestrator.jobs.model import build_model, make_inputs, resolve_device
+from orchestrator.jobs.records import BucketResult, Remote  # noqa: F401  (Remote: part of this module's interface)
+from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.timing import Clock, median, p90, process_age_seconds
 
 GRAPH_RECORD_CALLS = 2  # cudagraph trees: call 1 warms up (with the compile), 2 records, 3 replays
 BACK_TO_BACK_CALLS = 10  # calls per throughput sample

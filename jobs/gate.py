@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from jobs.errors import NonFiniteOutput, OutputMismatch
+from orchestrator.jobs.errors import NonFiniteOutput, OutputMismatch
 
 # Default (atol, rtol) by dtype: Inductor fuses and reorders reductions.
 TOLERANCE = {
@@ -87,7 +87,7 @@ class Gate:
 
     @classmethod
     def from_options(cls, check: Any) -> Gate:
-        """From the config's `check` section (`jobs.spec.CheckOptions`)."""
+        """From the config's `check` section (`orchestrator.jobs.spec.CheckOptions`)."""
         return cls(check.atol, check.rtol, check.allow_nonfinite)
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from jobs.errors import SetupError, brief
-from jobs.spec import FLOAT_DTYPES, InputSpec, ModelRef, WarmupSpec
+from orchestrator.jobs.errors import SetupError, brief
+from orchestrator.jobs.spec import FLOAT_DTYPES, InputSpec, ModelRef, WarmupSpec
 
 
 def resolve_device(requested: str) -> torch.device:

@@ -1,12 +1,12 @@
 """The one call a serving replica makes before its own torch.compile, so that its first request
 loads what the fleet warmed instead of compiling (docs/cache.md, "What a server must match").
 
-    from jobs.serving import prepare_replica
+    from orchestrator import prepare_replica
     prepare_replica()
     model = torch.compile(model, mode="reduce-overhead")   # as the warmup config compiles it
 """
 
-from jobs import torch_internals as ti
+from orchestrator.jobs import torch_internals as ti
 
 
 def prepare_replica() -> None:

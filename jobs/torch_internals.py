@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 from torch._dynamo.utils import counters
 
-from cache.namespace import Platform
+from orchestrator.cache.namespace import Platform
 
 # Inductor logs why it refused CUDA graphs on this artifact logger (off by default: it does
 # not propagate, so a handler on it sees the messages without printing them).
@@ -118,7 +118,7 @@ def compile_model(
 def match_a_plain_process() -> None:
     """Everything that makes the cache keys this process computes, and where it looks for tuned
     kernel configs, the same as in any other process on the same cache: a compile unit, a rank, a
-    serving replica (through jobs.serving.prepare_replica). One list, so workers and servers cannot
+    serving replica (through orchestrator.prepare_replica). One list, so workers and servers cannot
     drift apart. Idempotent."""
     pickle_torch_names_as_a_plain_process()
     find_tuned_configs_where_loaded()

@@ -22,9 +22,9 @@ from typing import Any, Optional
 import click
 from rich.console import Console
 
-from cache.manifest import IntegrityError
-from cache.store import StoreError
 from orchestrator import __version__
+from orchestrator.cache.manifest import IntegrityError
+from orchestrator.cache.store import StoreError
 from orchestrator.config import cache_root, default_cache_root, load_spec_with_overrides
 from orchestrator.errors import (
     EXIT_BUCKET_FAILED,
@@ -119,8 +119,8 @@ def warmup(
     started_at = datetime.now(timezone.utc)
 
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
-    from jobs.errors import SetupError
-    from jobs.records import Remote
+    from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.records import Remote
     from orchestrator.report import render_table, write_json
 
     remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
@@ -162,7 +162,7 @@ def warmup(
 
 def _in_process(spec, fresh: bool, remote_store, err: Console, observe, started_at: datetime):
     """Every bucket compiled, warmed and measured in this process."""
-    from jobs.engine import run_warmup
+    from orchestrator.jobs.engine import run_warmup
     from orchestrator.progress import BucketProgress
     from orchestrator.report import build_report
 
@@ -211,8 +211,8 @@ def _metrics(spec, port: Optional[int]):
 def _embedded_store(root: Path, allow_unsigned: bool):
     """The store when none is given: a directory beside the local cache, with a signing key made
     once and kept there (mode 0600), so the default path is signed and verified like production."""
-    from cache.manifest import KEY_ENV, KEY_FILE_ENV
-    from jobs.records import Remote
+    from orchestrator.cache.manifest import KEY_ENV, KEY_FILE_ENV
+    from orchestrator.jobs.records import Remote
 
     store = root / "store"
     try:
@@ -261,11 +261,11 @@ def pull(
     store_url = remote or spec.remote
     if not store_url:
         raise UserError("no store: pass --remote URL or set `remote:` in the config")
-    from cache import sync
-    from cache.manifest import SigningKey
-    from cache.store import open_store
-    from jobs.engine import cache_namespace
-    from jobs.errors import SetupError
+    from orchestrator.cache import sync
+    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.store import open_store
+    from orchestrator.jobs.engine import cache_namespace
+    from orchestrator.jobs.errors import SetupError
 
     try:
         namespace = cache_namespace(spec)
@@ -472,9 +472,9 @@ def cache_ls(
     signing_key_file: Optional[str],
 ) -> None:
     """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
-    from cache import sync
-    from cache.manifest import SigningKey
-    from cache.store import open_store
+    from orchestrator.cache import sync
+    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.store import open_store
 
     rows: list[dict[str, Any]] = []
     if remote:
@@ -519,9 +519,9 @@ def cache_verify(
     names: tuple[str, ...], remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
 ) -> None:
     """Check every manifest signature and every shard and file hash in a store."""
-    from cache import sync
-    from cache.manifest import SigningKey
-    from cache.store import open_store
+    from orchestrator.cache import sync
+    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.store import open_store
 
     if not remote:
         raise UserError("cache verify needs --remote URL")
@@ -552,9 +552,9 @@ def cache_gc(
     keep: int, grace_seconds: float, remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
 ) -> None:
     """Delete all but the newest namespaces of each model, and shards nothing references."""
-    from cache import sync
-    from cache.manifest import SigningKey
-    from cache.store import open_store
+    from orchestrator.cache import sync
+    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.store import open_store
 
     if not remote:
         raise UserError("cache gc needs --remote URL")

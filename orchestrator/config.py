@@ -10,8 +10,8 @@ from typing import Any, Optional
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from jobs.spec import WarmupSpec, validate_buckets
 from orchestrator.errors import UserError
+from orchestrator.jobs.spec import WarmupSpec, validate_buckets
 
 DEFAULT_CACHE_ROOT = "~/.cache/orchestrate"
 

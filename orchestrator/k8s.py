@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 import yaml
 
-from cache.namespace import slug
-from jobs.spec import WarmupSpec
+from orchestrator.cache.namespace import slug
 from orchestrator.config import format_buckets
+from orchestrator.jobs.spec import WarmupSpec
 
 CONFIG_DIR = "/etc/orchestrate"
 CACHE_DIR = "/nvme/orchestrate"

@@ -8,7 +8,7 @@ from typing import Optional
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from jobs.records import BucketResult
+from orchestrator.jobs.records import BucketResult
 
 
 class _Bars:
@@ -35,7 +35,7 @@ class _Bars:
 
 
 class BucketProgress(_Bars):
-    """Implements jobs.engine.Progress: a bar per bucket, its description the current phase."""
+    """Implements orchestrator.jobs.engine.Progress: a bar per bucket, its description the current phase."""
 
     def __init__(self, console: Console, on_result: Callable[[dict], None] = lambda record: None) -> None:
         super().__init__(console)

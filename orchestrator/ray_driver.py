@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
-from jobs.records import BucketResult, Remote
-from jobs.spec import WarmupSpec
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.job_env import TORCH_THREADS_ENV, job_env_vars
+from orchestrator.jobs.records import BucketResult, Remote
+from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.plan import (
     RANK_GPU_SHARE,
     CompileUnit,
@@ -40,7 +40,7 @@ from orchestrator.plan import (
 )
 
 if TYPE_CHECKING:  # workers import torch; the driver does not
-    from jobs.engine import WarmupRun
+    from orchestrator.jobs.engine import WarmupRun
 
 TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and its call retried, this often
 # Every compile unit and every rank is an actor, a process of its own as a new replica's would be:
@@ -69,7 +69,7 @@ def preflight(spec: WarmupSpec) -> None:
     """Fail in the driver, at once, on what would fail every worker: a factory that is not there.
     Only located, not imported: importing it imports torch, seconds in which the workers could
     already be starting (a factory that is there but fails is still reported, by the workers)."""
-    from jobs.errors import SetupError
+    from orchestrator.jobs.errors import SetupError
 
     ref = spec.model
     if ref.is_file:
@@ -129,7 +129,7 @@ def run_on_ray(
         _probe(address)
     _join(ray, address, env)
     try:
-        from jobs.errors import SetupError
+        from orchestrator.jobs.errors import SetupError
 
         nodes = nodes_from_ray(ray.nodes())
         if spec.device == "cuda" and not any(n.gpus for n in nodes):
@@ -381,7 +381,7 @@ def _compiled(
 
 
 def _raise_if_nothing_could_start(fleet: FleetRun, units: list[CompileUnit]) -> None:
-    from jobs.errors import SetupError
+    from orchestrator.jobs.errors import SetupError
 
     causes = [getattr(e, "cause", None) for e in fleet.compile_errors]
     setup = [c for c in causes if isinstance(c, SetupError)]
@@ -460,7 +460,7 @@ def _failed_record(
 
 
 def _task_error(phase: str, exc: Exception) -> str:
-    from jobs.errors import brief
+    from orchestrator.jobs.errors import brief
 
     return f"{phase} task: {brief(getattr(exc, 'cause', None) or exc)}"
 
@@ -512,7 +512,7 @@ class CompileWorker:
 
         # read when torch is first imported, just below: this process is fresh (an actor of its own)
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads))
-        from jobs.engine import Session
+        from orchestrator.jobs.engine import Session
 
         root = node_cache_root(cache_root) / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
         try:
@@ -556,7 +556,7 @@ class RankWorker:
         (docs/performance.md, "the 2-core CPU machine")."""
 
         def set_up(session: Any) -> None:
-            from jobs import torch_internals as ti
+            from orchestrator.jobs import torch_internals as ti
 
             for bucket in self.spec.buckets:
                 session.reference(bucket)
@@ -588,7 +588,7 @@ class RankWorker:
         return _as_dict(session.run(), buckets)
 
     def _ready(self) -> Any:
-        from jobs.engine import Session
+        from orchestrator.jobs.engine import Session
 
         if self._session is None:
             # Ranks of one node share its cache directory and only read the store: what they

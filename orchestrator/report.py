@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from rich.console import Console
 from rich.table import Table
 
-from jobs.records import BucketResult
-from jobs.spec import WarmupSpec
+from orchestrator.jobs.records import BucketResult
+from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.plan import fleet_summary
 from orchestrator.plan import spread as _spread
 from orchestrator.ray_driver import FleetRun
@@ -37,7 +37,7 @@ from orchestrator.report_records import (
 )
 
 if TYPE_CHECKING:  # the driver of a Ray run never imports torch
-    from jobs.engine import WarmupRun
+    from orchestrator.jobs.engine import WarmupRun
 
 
 def build_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> dict[str, Any]:

@@ -5,7 +5,7 @@ docs/schemas/report.schema.json is generated from them (orchestrator.schemas). F
 order of the keys in the JSON. Torch-free: the driver of a Ray run builds its report without torch.
 
 Typed all the way down except where a part is free-form on purpose (dict[str, Any]): `platform`
-(cache.namespace.Platform's fields in a process report, {} for a fleet none of whose tasks answered)
+(orchestrator.cache.namespace.Platform's fields in a process report, {} for a fleet none of whose tasks answered)
 and `compile` (the config's `compile` section, whose schema is the config schema's).
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from cache.sync import Transfer
-from jobs.records import BucketResult
+from orchestrator.cache.sync import Transfer
+from orchestrator.jobs.records import BucketResult
 
 SCHEMA_VERSION: Literal[1] = 1  # keys are only ever added within a schema version
 

@@ -1,5 +1,5 @@
 """JSON Schemas of the model config and of the warmup report, generated from their one definition:
-the config's pydantic model (jobs.spec.WarmupSpec) and the report's dataclasses
+the config's pydantic model (orchestrator.jobs.spec.WarmupSpec) and the report's dataclasses
 (orchestrator.report_records). Checked in under docs/schemas/; a test fails when they are stale.
 
 Regenerate: python -m orchestrator.schemas
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from jobs.spec import WarmupSpec
+from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.report_records import SCHEMA_VERSION, Report
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"  # the draft pydantic generates

@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
-from cache.namespace import slug
-from jobs.spec import WarmupSpec
+from orchestrator.cache.namespace import slug
 from orchestrator.config import format_buckets
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.job_env import job_env_vars
+from orchestrator.jobs.spec import WarmupSpec
 
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # The Jobs API's answer while no job agent is ready (a head that has just started, or a busy one):

@@ -40,7 +40,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     pip "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   fi
 fi
-# compat mode puts the checkout on sys.path (a .pth line) instead of an import hook, so a folder
-# named like one of our packages (say ./cache) in a job's working directory cannot shadow it
-pip numpy -e ".[${extras}]" --config-settings editable_mode=compat
+# an import hook for the one package `orchestrator` (setuptools' default editable mode), not the
+# checkout on sys.path: its other folders (cache/, jobs/, tests/) are no import names of ours
+pip numpy -e ".[${extras}]"
 echo "installed: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), .venv/bin/orchestrate" >&2

@@ -108,6 +108,14 @@ def existing_tests(selection: list[str]) -> list[str]:
     return kept
 
 
+def as_installed(module: str) -> str:
+    """cache/ and jobs/ are the subpackages orchestrator.cache and orchestrator.jobs (through the links
+    in orchestrator/): `cache/sync.py` is mutated as `orchestrator/cache/sync.py`, the file the tests import."""
+    if Path(module).parts[0] in ("cache", "jobs"):
+        return str(Path("orchestrator", module))
+    return module
+
+
 def copy_checkout(workdir: Path, source_paths: list[str], pyproject: str) -> None:
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -115,6 +123,8 @@ def copy_checkout(workdir: Path, source_paths: list[str], pyproject: str) -> Non
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
     for name in [*source_paths, "tests"]:
         if (ROOT / name).is_dir():
+            # links followed: orchestrator/cache and orchestrator/jobs become real folders, which
+            # mutmut walks (it does not follow links) and mutates where the tests import them
             shutil.copytree(ROOT / name, workdir / name, ignore=ignore)
     (workdir / "pyproject.toml").write_text(pyproject)
 
@@ -166,9 +176,9 @@ def main() -> int:
         )
         return 2
 
-    source_paths = config.get("source_paths", ["cache", "jobs", "orchestrator"])
+    source_paths = config.get("source_paths", ["orchestrator"])
     modules = []
-    for module in args.modules:
+    for module in map(as_installed, args.modules):
         if not (ROOT / module).is_file():
             print(f"note: {module} does not exist; skipping it")
         elif not any(Path(module).parts[0] == Path(p).parts[0] for p in source_paths):

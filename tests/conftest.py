@@ -26,7 +26,7 @@ def orchestrate(
 
 
 def assert_measured(record: dict, *, benchmarked: bool = True) -> None:
-    """An "ok" bucket record (jobs.records.BucketResult as a dict) holds real measurements, not
+    """An "ok" bucket record (orchestrator.jobs.records.BucketResult as a dict) holds real measurements, not
     just any value: NaN passes `> 0` and `is not None` checks, so every number is checked finite.
 
     - The correctness gate ran: `max_abs_error` is finite and >= 0, and so are the `atol`/`rtol`

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 from test_cache_protocol import ARTIFACTS, KEY, NS, OTHER_KEY, clock, make_cache, tree  # noqa: F401  clock: fixture
 
-from cache import sync
-from cache.manifest import (
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import (
     KEY_ENV,
     KEY_FILE_ENV,
     FileEntry,
@@ -32,7 +32,7 @@ from cache.manifest import (
     encode,
     sha256_file,
 )
-from cache.store import NotFound, StoreError, open_store
+from orchestrator.cache.store import NotFound, StoreError, open_store
 
 SHARED = "inductor/shared/code.py"
 

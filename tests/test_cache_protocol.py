@@ -19,9 +19,9 @@ from typing import Optional
 
 import pytest
 
-from cache import sync
-from cache.manifest import IntegrityError, SigningKey, sha256_file
-from cache.store import open_store
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import IntegrityError, SigningKey, sha256_file
+from orchestrator.cache.store import open_store
 
 KEY = SigningKey(b"k" * 32)
 OTHER_KEY = SigningKey(b"o" * 32)
@@ -120,9 +120,9 @@ def test_new_buckets_extend_a_namespace(store, tmp_path):
 PUBLISHER = """
 import sys, time
 from pathlib import Path
-from cache import sync
-from cache.manifest import SigningKey
-from cache.store import open_store
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import SigningKey
+from orchestrator.cache.store import open_store
 store, directory, namespace = open_store(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 if len(sys.argv) > 5:  # held back: publish only once this file exists
     deadline = time.monotonic() + 120

@@ -1,4 +1,4 @@
-"""Unit tests of config loading and validation (orchestrator.config, jobs.spec). No torch, no compiling."""
+"""Unit tests of config loading and validation (orchestrator.config, orchestrator.jobs.spec). No torch, no compiling."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from jobs.spec import WarmupSpec
 from orchestrator.config import (
     DEFAULT_CACHE_ROOT,
     ConfigError,
@@ -19,6 +18,7 @@ from orchestrator.config import (
     parse_buckets,
 )
 from orchestrator.errors import EXIT_USAGE, UserError
+from orchestrator.jobs.spec import WarmupSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -1,6 +1,6 @@
 """The correctness gate, rule by rule, on CPU tensors: no compile, no process start.
 
-Each test names the rule it holds; together they fail if any rule of jobs.gate is loosened."""
+Each test names the rule it holds; together they fail if any rule of orchestrator.jobs.gate is loosened."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Optional
 import pytest
 import torch
 
-from jobs.errors import NonFiniteOutput, OutputMismatch
-from jobs.gate import Gate, snapshot
-from jobs.spec import CheckOptions
+from orchestrator.jobs.errors import NonFiniteOutput, OutputMismatch
+from orchestrator.jobs.gate import Gate, snapshot
+from orchestrator.jobs.spec import CheckOptions
 
 
 def compare(eager, compiled, gate: Optional[Gate] = None):

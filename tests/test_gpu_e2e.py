@@ -14,8 +14,8 @@ from conftest import ROOT, assert_measured, orchestrate
 # argv[1] "bare" is plain torch, "prepared" first makes the one call docs/cache.md asks of a server.
 SERVER = """
 import json, sys, torch, torchvision
-from jobs import torch_internals as ti
-from jobs.serving import prepare_replica
+from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.serving import prepare_replica
 if sys.argv[1] == "prepared":
     prepare_replica()
 model = torchvision.models.resnet18(weights=None, num_classes=1000).cuda().eval()

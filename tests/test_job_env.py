@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.records import Remote
-from jobs.spec import WarmupSpec
 from orchestrator import ray_driver, submit
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.job_env import PASSED_PREFIXES, TORCH_THREADS_ENV, job_env_vars
+from orchestrator.jobs.records import Remote
+from orchestrator.jobs.spec import WarmupSpec
 
 PASSED = {
     "ORCHESTRATE_REMOTE": "s3://bucket/cache",

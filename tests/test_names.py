@@ -1,4 +1,4 @@
-"""The one slug rule (cache.namespace.slug) and the three names made with it: the cache namespace,
+"""The one slug rule (orchestrator.cache.namespace.slug) and the three names made with it: the cache namespace,
 the Ray submission id and the Kubernetes object name. Names already in stores and clusters were
 made by this rule, so these cases pin it."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cache.namespace import Platform, namespace, slug
-from jobs.spec import WarmupSpec
+from orchestrator.cache.namespace import Platform, namespace, slug
+from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.k8s import name_for
 from orchestrator.submit import submission_id
 

@@ -141,7 +141,7 @@ def test_the_driver_of_a_ray_run_never_imports_torch():
 
     code = (
         "import sys, orchestrator.cli, orchestrator.ray_driver, orchestrator.report, orchestrator.progress, "
-        "orchestrator.metrics, jobs.records; print('torch' in sys.modules)"
+        "orchestrator.metrics, orchestrator.jobs.records; print('torch' in sys.modules)"
     )
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -156,8 +156,8 @@ def test_a_workers_answer_unpickles_without_torch(tmp_path):
     import subprocess
     import sys
 
-    from jobs.engine import Session
     from orchestrator.config import apply_overrides, load_spec
+    from orchestrator.jobs.engine import Session
     from orchestrator.ray_driver import _as_dict
 
     spec = apply_overrides(load_spec("examples/mlp.yaml"), device="cpu")

@@ -7,10 +7,10 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cache.namespace import Platform
-from cache.sync import Transfer
-from jobs.records import BucketResult
+from orchestrator.cache.namespace import Platform
+from orchestrator.cache.sync import Transfer
 from orchestrator.config import load_spec
+from orchestrator.jobs.records import BucketResult
 from orchestrator.plan import CompileUnit, Node, Target
 from orchestrator.ray_driver import FleetRun
 from orchestrator.report import build_fleet_report, build_report
@@ -69,7 +69,7 @@ def result(bucket: int, **kw) -> BucketResult:
 
 
 def process_run(remote: bool):
-    from jobs.engine import WarmupRun
+    from orchestrator.jobs.engine import WarmupRun
 
     return WarmupRun(
         platform=PLATFORM,

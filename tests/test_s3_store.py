@@ -8,9 +8,9 @@ import os
 import pytest
 from test_cache_protocol import ARTIFACTS, KEY, NS, check_consistent, make_cache, publish_concurrently, tree
 
-from cache import sync
-from cache.manifest import IntegrityError
-from cache.store import StoreAuthError, StoreUnreachable, open_store
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import IntegrityError
+from orchestrator.cache.store import StoreAuthError, StoreUnreachable, open_store
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """A rank traces its buckets while the compile wave runs, and its load after a publish is then
-only Inductor's cache hit (jobs.torch_internals.TraceAhead). Each step runs in a fresh process,
+only Inductor's cache hit (orchestrator.jobs.torch_internals.TraceAhead). Each step runs in a fresh process,
 as on the fleet: a compile unit compiles with plain torch.compile, a rank loads what it wrote."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def broken():
 # a compile unit: plain torch.compile, everything published to the cache directory
 COMPILE = """
 from pathlib import Path
-from jobs.engine import run_warmup
+from orchestrator.jobs.engine import run_warmup
 from orchestrator.config import load_spec
 run = run_warmup(load_spec(CFG), Path(CACHE), fresh=True, benchmark=False, publish=False)
 assert all(r.status == "ok" and r.cache_state == "miss" for r in run.results), run.results
@@ -49,8 +49,8 @@ assert all(r.status == "ok" and r.cache_state == "miss" for r in run.results), r
 RANK = """
 import json
 from pathlib import Path
-from jobs.engine import Session
-from jobs import torch_internals as ti
+from orchestrator.jobs.engine import Session
+from orchestrator.jobs import torch_internals as ti
 from orchestrator.config import load_spec
 spec = load_spec(CFG)
 session = Session(spec, Path(CACHE), trace_ahead=True)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import ROOT
 
-from cache.local import LocalCache
-from cache.namespace import Platform, namespace
-from jobs import torch_internals as ti
-from jobs.timing import Clock, median, p90
+from orchestrator.cache.local import LocalCache
+from orchestrator.cache.namespace import Platform, namespace
+from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.timing import Clock, median, p90
 
 PLATFORM = Platform(
     torch_version="2.11.0+cu130",
@@ -181,7 +181,7 @@ PICKLED_NAME = """
 import json, pickle, sys
 {imported_first}
 import torch
-from jobs import torch_internals as ti
+from orchestrator.jobs import torch_internals as ti
 before = pickle.dumps(torch.contiguous_format).hex()
 moved = ti.pickle_torch_names_as_a_plain_process()
 print(json.dumps({{"before": before, "after": pickle.dumps(torch.contiguous_format).hex(), "moved": moved}}))

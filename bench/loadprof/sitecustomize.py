@@ -4,7 +4,7 @@
     LOADPROF=/tmp/lp orchestrate warmup ... --ray-address ...                       # then read /tmp/lp/loads.txt
 
 Python imports `sitecustomize` at start-up from the path, so every Ray worker started with it
-wraps `jobs.engine._BucketWork.compile` once `jobs.engine` is imported, and appends to
+wraps `orchestrator.jobs.engine._BucketWork.compile` once `orchestrator.jobs.engine` is imported, and appends to
 $LOADPROF/loads.txt a header (pid, bucket, cache state, wall, stages), the torch `dynamo_timed`
 phases that grew during the call (CachingAutotuner.benchmark_all_configs among them: a load
 that re-tunes its kernels shows there) and, in processes compiling in-process
@@ -22,7 +22,7 @@ _import = builtins.__import__
 
 def _hook(name, globals=None, locals=None, fromlist=(), level=0):
     module = _import(name, globals, locals, fromlist, level)
-    engine = sys.modules.get("jobs.engine")
+    engine = sys.modules.get("orchestrator.jobs.engine")
     # patch once the module has finished executing (an import inside it lands here too)
     if os.environ.get("LOADPROF") and hasattr(engine, "_BucketWork") and not getattr(engine, "_profiled", False):
         engine._profiled = True
