@@ -7,6 +7,9 @@ import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from orchestrator.cache.namespace import Platform
+from orchestrator.cache.sync import Transfer
+
 
 @dataclass
 class BucketResult:
@@ -59,3 +62,33 @@ class Remote:
     url: str
     allow_unsigned: bool = False
     key_file: Optional[str] = None
+
+
+@dataclass
+class ProcessRun:
+    """A worker process's account of itself, sent with its results."""
+
+    namespace: str
+    platform: Platform
+    device: str
+    node: str
+    pull: Optional[Transfer]  # None: nothing published yet (or --fresh)
+    publish: Optional[Transfer]
+    publish_error: Optional[str]
+    cache_bytes: int
+    cache_files: int
+    setup_seconds: float
+    process_age_at_start: Optional[float]
+    # wall clock, for the job's timeline: from the process's start to its answer
+    process_started_at: float
+    ended_at: float
+    events: list[tuple[str, float]]  # (what, wall-clock time) of the process's milestones
+    gpu_ids: list[str]  # the GPUs the cluster gave the process: ranks must never share one
+
+
+@dataclass
+class WorkerAnswer:
+    """What a fleet worker returns: its process's account and its bucket records."""
+
+    run: ProcessRun
+    results: list[BucketResult]

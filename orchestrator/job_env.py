@@ -16,11 +16,9 @@ import os
 from collections.abc import Mapping
 from typing import Optional
 
+from orchestrator.jobs.workers import TORCH_THREADS_ENV
+
 PASSED_PREFIXES = ("ORCHESTRATE_", "AWS_", "TORCHINDUCTOR_", "TRITON_")
-# The driver's OMP_NUM_THREADS travels under this name: Ray sets every worker's own
-# OMP_NUM_THREADS, and a worker puts this one back before importing torch
-# (ray_driver._threads_as_a_plain_process).
-TORCH_THREADS_ENV = "ORCHESTRATE_TORCH_THREADS"
 
 
 def job_env_vars(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:

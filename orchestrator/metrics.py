@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, pushadd_to_gateway, start_http_server
 
+from orchestrator.jobs.records import BucketResult
+
 JOB = "orchestrate_warmup"
 # Cold compiles of big models take minutes; the top finite bucket is 20 minutes.
 COMPILE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
@@ -110,20 +112,20 @@ class WarmupMetrics:
         self.last_run.labels(self.model).set(time.time())
         self.last_run_success.labels(self.model).set(0)
 
-    def observe(self, record: dict[str, Any]) -> None:
+    def observe(self, record: BucketResult) -> None:
         """One finished (rank, bucket) record: live progress for --metrics-port."""
         self.buckets_done.labels(self.model).inc()
-        if record["compile_seconds"] is not None:
-            self.compile_duration.labels(self.model, self.mode, _gpu(record), _cache(record)).observe(
-                record["compile_seconds"]
+        if record.compile_seconds is not None:
+            self.compile_duration.labels(self.model, self.mode, _gpu(record.gpu), _cache(record.cache_state)).observe(
+                record.compile_seconds
             )
 
     def finish(self, report: dict[str, Any]) -> None:
         """Per-bucket values of the whole run (medians across ranks) and the job-level ones."""
         results = report["results"]
         for bucket in sorted({r["bucket"] for r in results}):
-            for gpu in sorted({_gpu(r) for r in results}):
-                mine = [r for r in results if r["bucket"] == bucket and _gpu(r) == gpu]
+            for gpu in sorted({_gpu(r["gpu"]) for r in results}):
+                mine = [r for r in results if r["bucket"] == bucket and _gpu(r["gpu"]) == gpu]
                 self._bucket(str(bucket), gpu, mine)
         model = self.model
         failed = sum(1 for r in results if r["status"] != "ok")
@@ -144,7 +146,7 @@ class WarmupMetrics:
         labels = (self.model, bucket, self.mode, gpu)
         ok = [r for r in records if r["status"] == "ok"]
         for cache in ("cold", "warm"):
-            seconds = [r["compile_seconds"] for r in ok if _cache(r) == cache]
+            seconds = [r["compile_seconds"] for r in ok if _cache(r["cache_state"]) == cache]
             if seconds:
                 self.compile_seconds.labels(*labels, cache).set(statistics.median(seconds))
         _set_median(self.graph_record_seconds.labels(*labels), [r["graph_record_seconds"] for r in ok])
@@ -174,12 +176,12 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
     return names
 
 
-def _cache(record: dict[str, Any]) -> str:
-    return "warm" if record.get("cache_state") == "hit" else "cold"
+def _cache(cache_state: Optional[str]) -> str:
+    return "warm" if cache_state == "hit" else "cold"
 
 
-def _gpu(record: dict[str, Any]) -> str:
-    return record.get("gpu") or "cpu"
+def _gpu(gpu: Optional[str]) -> str:
+    return gpu or "cpu"
 
 
 def _s(ms: Optional[float]) -> Optional[float]:

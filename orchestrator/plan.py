@@ -4,7 +4,6 @@ every rank warms. Pure data, no Ray: the driver turns it into tasks, tests check
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -142,37 +141,3 @@ def has_spare_cpu(target: Target, targets_: list[Target], units: list[CompileUni
 def _units_per_node(targets_: list[Target], gpu_class: str, buckets: int) -> int:
     """Compile units of the class that run at once on one of its nodes (SPREAD)."""
     return math.ceil(buckets / len({t.node for t in targets_ if t.gpu_class == gpu_class}))
-
-
-def fleet_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per bucket: cold compile time, warm load time across ranks, speedup across ranks; and the
-    ranks whose speedup is far from the others' or that failed."""
-    per_bucket: dict[str, Any] = {}
-    deviating: list[dict[str, Any]] = []
-    for bucket in sorted({r["bucket"] for r in results}):
-        compiled = [r for r in results if r["bucket"] == bucket and r["phase"] == "compile" and r["status"] == "ok"]
-        warm = [r for r in results if r["bucket"] == bucket and r["phase"] == "warm"]
-        ok_warm = [r for r in warm if r["status"] == "ok"]
-        speedups = [r["speedup"] for r in ok_warm if r["speedup"]]
-        per_bucket[str(bucket)] = {
-            "cold_compile_seconds": max((r["compile_seconds"] for r in compiled), default=None),
-            "warm_load_seconds": spread([r["compile_seconds"] for r in ok_warm]),
-            "speedup": spread(speedups),
-            "ranks_ok": len(ok_warm),
-            "ranks_failed": len(warm) - len(ok_warm),
-        }
-        middle = statistics.median(speedups) if speedups else None
-        for r in warm:
-            if r["status"] != "ok":
-                deviating.append({"rank": r["rank"], "bucket": bucket, "why": r["error"]})
-            elif middle and r["speedup"] and abs(r["speedup"] - middle) > 0.2 * middle:
-                deviating.append(
-                    {"rank": r["rank"], "bucket": bucket, "why": f"speedup {r['speedup']:.2f}x vs median {middle:.2f}x"}
-                )
-    return {"buckets": per_bucket, "deviating_ranks": deviating}
-
-
-def spread(values: list[float]) -> Optional[dict[str, float]]:
-    if not values:
-        return None
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}

@@ -37,7 +37,7 @@ class _Bars:
 class BucketProgress(_Bars):
     """Implements orchestrator.jobs.engine.Progress: a bar per bucket, its description the current phase."""
 
-    def __init__(self, console: Console, on_result: Callable[[dict], None] = lambda record: None) -> None:
+    def __init__(self, console: Console, on_result: Callable[[BucketResult], None] = lambda record: None) -> None:
         super().__init__(console)
         self.on_result = on_result
         self._tasks: dict[int, TaskID] = {}
@@ -60,7 +60,7 @@ class BucketProgress(_Bars):
             self._bars.advance(self._tasks[bucket])
 
     def finish(self, result: BucketResult) -> None:
-        self.on_result(result.to_dict())
+        self.on_result(result)
         if result.status == "ok":
             line = (
                 f"bucket {result.bucket}: {result.phase} ok, first call {result.compile_seconds:.2f} s, "
@@ -81,15 +81,15 @@ class FleetProgress(_Bars):
     counts its compile units, the ranks that loaded it and the ranks done with it (benchmarked or
     failed); a line per compile unit, load and rank always (the only output in logs)."""
 
-    def __init__(self, console: Console, on_record: Callable[[dict], None] = lambda record: None) -> None:
+    def __init__(self, console: Console, on_record: Callable[[BucketResult], None] = lambda record: None) -> None:
         super().__init__(console)
         self.on_record = on_record
         self._tasks: dict[int, TaskID] = {}
         self._units = self._ranks = 0
         self._compiled: dict[int, int] = {}
-        self._loaded: dict[int, set[int]] = {}
-        self._reported: dict[int, set[int]] = {}  # ranks whose warm record of the bucket is in
-        self._failed: dict[int, set[int]] = {}
+        self._loaded: dict[int, set[Optional[int]]] = {}
+        self._reported: dict[int, set[Optional[int]]] = {}  # ranks whose warm record of the bucket is in
+        self._failed: dict[int, set[Optional[int]]] = {}
 
     def planned(self, buckets: list[int], units_per_bucket: int, ranks: int) -> None:
         self._units, self._ranks = units_per_bucket, ranks
@@ -103,16 +103,16 @@ class FleetProgress(_Bars):
         self._loaded[bucket].add(rank)
         self._refresh(bucket)
 
-    def record(self, record: dict) -> None:
+    def record(self, record: BucketResult) -> None:
         self.on_record(record)
-        bucket = record["bucket"]
+        bucket = record.bucket
         if bucket not in self._compiled:
             return
-        if record["phase"] == "compile":
+        if record.phase == "compile":
             self._compiled[bucket] += 1
         else:  # a rank's last word on the bucket: benchmarked (loaded before, or in `finish`), or failed
-            self._reported[bucket].add(record["rank"])
-            (self._loaded if record["status"] == "ok" else self._failed)[bucket].add(record["rank"])
+            self._reported[bucket].add(record.rank)
+            (self._loaded if record.status == "ok" else self._failed)[bucket].add(record.rank)
         self._refresh(bucket)
 
     def _describe(self, bucket: int) -> str:

@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.fleet import FleetRun, TaskRun
 from orchestrator.jobs.records import BucketResult
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.plan import fleet_summary
-from orchestrator.plan import spread as _spread
-from orchestrator.ray_driver import FleetRun
 from orchestrator.report_records import (
     SCHEMA_VERSION,
     BucketFleetStats,
@@ -46,7 +44,7 @@ def build_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> dict
 
 
 def process_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> ProcessReport:
-    results = [r.to_dict() for r in run.results]
+    results = list(run.results)
     ready = run.setup_seconds + _ready(results)
     return ProcessReport(
         **_header(
@@ -55,9 +53,9 @@ def process_report(spec: WarmupSpec, run: WarmupRun, started_at: datetime) -> Pr
             run.namespace,
             run.platform.torch_version,
             run.device,
-            run.results[0].gpu if run.results else None,
+            results[0].gpu if results else None,
             asdict(run.platform),
-            list(run.results),
+            results,
         ),
         executor=ProcessExecutor(kind="process"),
         cache_dir=run.cache_dir,
@@ -87,33 +85,33 @@ def build_fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, start
 
 def fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at: datetime) -> FleetReport:
     results = fleet.results
-    first = fleet.runs[0] if fleet.runs else {"namespace": None, "platform": {}, "device": None}
+    processes = [task.process for task in fleet.runs]
+    warm_tasks = [task for task in fleet.runs if task.wave == "warm"]
+    first = processes[0] if processes else None
     ranks_ready = [
-        run["setup_seconds"] + _ready([r for r in results if r["phase"] == "warm" and r["rank"] == run["rank"]])
-        for run in fleet.runs
-        if run["wave"] == "warm"
+        task.process.setup_seconds + _ready([r for r in results if r.phase == "warm" and r.rank == task.rank])
+        for task in warm_tasks
     ]
     summary = _summary(
-        [r for r in results if r["phase"] == "warm"] or results,
+        [r for r in results if r.phase == "warm"] or results,
         ready_seconds=max(ranks_ready, default=None),
         process_seconds_to_ready=None,
-        cache_bytes=max((r["cache_bytes"] for r in fleet.runs), default=0),
-        cache_files=max((r["cache_files"] for r in fleet.runs), default=0),
+        cache_bytes=max((p.cache_bytes for p in processes), default=0),
+        cache_files=max((p.cache_files for p in processes), default=0),
         wall_seconds=fleet.wall_seconds,
     )
-    stats = fleet_summary(results)
     return FleetReport(
         **_header(
             spec,
             started_at,
-            first["namespace"],
-            first["platform"].get("torch_version"),
-            first["device"],
+            first.namespace if first else None,
+            first.platform.torch_version if first else None,
+            first.device if first else None,
             ", ".join(sorted({t.gpu_class for t in fleet.targets})),
-            first["platform"],
-            [BucketResult(**r) for r in results],
+            asdict(first.platform) if first else {},
+            list(results),
         ),
-        namespaces=sorted({run["namespace"] for run in fleet.runs}),
+        namespaces=sorted({p.namespace for p in processes}),
         executor=RayExecutor(
             kind="ray",
             address=fleet.address or "local",
@@ -124,57 +122,77 @@ def fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at:
             timeline=_timeline(fleet),
         ),
         summary=FleetSummary(
-            **{**vars(summary), "buckets_failed": sum(1 for r in results if r["status"] != "ok")},
-            fleet=FleetStats(
-                buckets={
-                    bucket: BucketFleetStats(
-                        **{
-                            **row,
-                            "warm_load_seconds": _as_spread(row["warm_load_seconds"]),
-                            "speedup": _as_spread(row["speedup"]),
-                        }
-                    )
-                    for bucket, row in stats["buckets"].items()
-                },
-                deviating_ranks=[Deviation(**d) for d in stats["deviating_ranks"]],
-                pull_seconds=_as_spread(
-                    _spread([run["pull"]["seconds"] for run in fleet.runs if run["wave"] == "warm" and run["pull"]])
-                ),
-            ),
+            **{**vars(summary), "buckets_failed": sum(1 for r in results if r.status != "ok")},
+            fleet=fleet_stats(results, [task.process.pull.seconds for task in warm_tasks if task.process.pull]),
         ),
         remote=FleetRemote(
             url=remote_url,
-            published_generations=sorted({r["publish"]["generation"] for r in fleet.runs if r["publish"]}),
-            publish_errors=[r["publish_error"] for r in fleet.runs if r["publish_error"]],
+            published_generations=sorted(
+                {p.publish.generation for p in processes if p.publish and p.publish.generation is not None}
+            ),
+            publish_errors=[p.publish_error for p in processes if p.publish_error],
         ),
     )
 
 
-def _as_spread(values: Optional[dict[str, float]]) -> Optional[Spread]:
-    return None if values is None else Spread(**values)
+def fleet_stats(results: list[BucketResult], pull_seconds: list[float]) -> FleetStats:
+    """Per bucket: cold compile time, warm load time across ranks, speedup across ranks; the
+    ranks whose speedup is far from the others' or that failed; the spread of the ranks' pulls."""
+    buckets: dict[str, BucketFleetStats] = {}
+    deviating: list[Deviation] = []
+    for bucket in sorted({r.bucket for r in results}):
+        compiled = [r for r in results if r.bucket == bucket and r.phase == "compile" and r.status == "ok"]
+        warm = [r for r in results if r.bucket == bucket and r.phase == "warm"]
+        ok_warm = [r for r in warm if r.status == "ok"]
+        speedups = [r.speedup for r in ok_warm if r.speedup]
+        buckets[str(bucket)] = BucketFleetStats(
+            cold_compile_seconds=max(
+                (r.compile_seconds for r in compiled if r.compile_seconds is not None), default=None
+            ),
+            warm_load_seconds=spread([r.compile_seconds for r in ok_warm if r.compile_seconds is not None]),
+            speedup=spread(speedups),
+            ranks_ok=len(ok_warm),
+            ranks_failed=len(warm) - len(ok_warm),
+        )
+        middle = statistics.median(speedups) if speedups else None
+        for r in warm:
+            if r.status != "ok":
+                deviating.append(Deviation(rank=r.rank, bucket=bucket, why=r.error))
+            elif middle and r.speedup and abs(r.speedup - middle) > 0.2 * middle:
+                deviating.append(
+                    Deviation(rank=r.rank, bucket=bucket, why=f"speedup {r.speedup:.2f}x vs median {middle:.2f}x")
+                )
+    return FleetStats(buckets=buckets, deviating_ranks=deviating, pull_seconds=spread(pull_seconds))
+
+
+def spread(values: list[float]) -> Optional[Spread]:
+    if not values:
+        return None
+    return Spread(min=min(values), median=statistics.median(values), max=max(values))
 
 
 def _timeline(fleet: FleetRun) -> list[TimelineRow]:
     """When each task's process started, when it had its answer and when the driver had it, in
     seconds from the start of the waves (clocks of other nodes are trusted to be NTP-close)."""
-    rows = [
-        TimelineRow(
-            wave=run["wave"],
-            bucket=run["bucket"],
-            rank=run["rank"],
-            node=run["node"],
-            gpu_ids=run["gpu_ids"],
-            started_s=round(run["process_started_at"] - fleet.started_at, 3),
-            ended_s=round(run["ended_at"] - fleet.started_at, 3),
-            answered_s=round(run["answered_at"] - fleet.started_at, 3),
+
+    def row(task: TaskRun) -> TimelineRow:
+        process = task.process
+        return TimelineRow(
+            wave=task.wave,
+            bucket=task.bucket,
+            rank=task.rank,
+            node=process.node,
+            gpu_ids=process.gpu_ids,
+            started_s=round(process.process_started_at - fleet.started_at, 3),
+            ended_s=round(process.ended_at - fleet.started_at, 3),
+            answered_s=round(task.answered_at - fleet.started_at, 3),
             # where the process's time went: "worker up" (interpreter and Ray), "imported" (torch),
             # "device ready", "model built", each bucket "compiled"/"loaded"/"benchmarked", pulls,
             # "published"
-            events=[[what, round(at - fleet.started_at, 3)] for what, at in run.get("events", [])],
+            events=[[what, round(at - fleet.started_at, 3)] for what, at in process.events],
         )
-        for run in fleet.runs
-    ]
-    return sorted(rows, key=lambda row: row.started_s)
+
+    return sorted(map(row, fleet.runs), key=lambda r: r.started_s)
 
 
 def _header(
@@ -205,13 +223,13 @@ def _header(
     }
 
 
-def _ready(results: list[dict[str, Any]]) -> float:
+def _ready(results: list[BucketResult]) -> float:
     """Compile (or load) plus graph recording of the given buckets: the time until they can serve."""
-    return sum((r["compile_seconds"] or 0.0) + (r["graph_record_seconds"] or 0.0) for r in results)
+    return sum((r.compile_seconds or 0.0) + (r.graph_record_seconds or 0.0) for r in results)
 
 
 def _summary(
-    results: list[dict[str, Any]],
+    results: list[BucketResult],
     *,
     ready_seconds: Optional[float],
     process_seconds_to_ready: Optional[float],
@@ -219,26 +237,26 @@ def _summary(
     cache_files: int,
     wall_seconds: float,
 ) -> Summary:
-    ok = [r for r in results if r["status"] == "ok"]
-    states = {r["cache_state"] for r in ok}
-    speedups = [r["speedup"] for r in ok if r["speedup"] is not None]
-    throughput = [r["throughput_speedup"] for r in ok if r["throughput_speedup"] is not None]
+    ok = [r for r in results if r.status == "ok"]
+    states = {r.cache_state for r in ok}
+    speedups = [r.speedup for r in ok if r.speedup is not None]
+    throughput = [r.throughput_speedup for r in ok if r.throughput_speedup is not None]
     return Summary(
         buckets_ok=len(ok),
         buckets_failed=len(results) - len(ok),
         cache_state="warm" if states == {"hit"} else "cold" if states == {"miss"} else "partial",
-        cache_hits=sum(r["cache_hits"] or 0 for r in results),
-        cache_misses=sum(r["cache_misses"] or 0 for r in results),
-        compile_seconds_total=sum(r["compile_seconds"] or 0.0 for r in results),
-        graph_record_seconds_total=sum(r["graph_record_seconds"] or 0.0 for r in results),
+        cache_hits=sum(r.cache_hits or 0 for r in results),
+        cache_misses=sum(r.cache_misses or 0 for r in results),
+        compile_seconds_total=sum(r.compile_seconds or 0.0 for r in results),
+        graph_record_seconds_total=sum(r.graph_record_seconds or 0.0 for r in results),
         ready_seconds=ready_seconds,
         process_seconds_to_ready=process_seconds_to_ready,
         speedup_min=min(speedups, default=None),
         speedup_median=statistics.median(speedups) if speedups else None,
         speedup_max=max(speedups, default=None),
         throughput_speedup_median=statistics.median(throughput) if throughput else None,
-        graph_breaks=sum(r["graph_breaks"] or 0 for r in results),
-        recompiles=sum(r["recompiles"] or 0 for r in results),
+        graph_breaks=sum(r.graph_breaks or 0 for r in results),
+        recompiles=sum(r.recompiles or 0 for r in results),
         cache_bytes=cache_bytes,
         cache_files=cache_files,
         wall_seconds=wall_seconds,

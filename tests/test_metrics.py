@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, orchestrate
 
+from orchestrator.jobs.records import BucketResult
+
 pytestmark = pytest.mark.slow
 DASHBOARD = ROOT / "k8s" / "monitoring" / "grafana-dashboard.json"
 MODEL = "tiny-metrics"
@@ -206,7 +208,7 @@ def test_dashboard_queries_only_exported_metrics(pushed):
 
     metrics = WarmupMetrics(MODEL, "reduce-overhead")
     for record in pushed["report"]["results"]:
-        metrics.observe(record)
+        metrics.observe(BucketResult(**record))
     metrics.finish(pushed["report"])
     exported = exported_names(metrics.registry)
     queried = {name for _, expr in panel_queries() for name in re.findall(r"\borchestrate_[a-z_]+", expr)}

@@ -1,8 +1,12 @@
 """Planning is pure: which ranks exist, what compiles where, what the fleet summary says."""
 
+from dataclasses import asdict
+
 import pytest
 
-from orchestrator.plan import RANK_GPU_SHARE, Node, compile_units, fleet_summary, has_spare_cpu, nodes_from_ray, targets
+from orchestrator.jobs.records import BucketResult
+from orchestrator.plan import RANK_GPU_SHARE, Node, compile_units, has_spare_cpu, nodes_from_ray, targets
+from orchestrator.report import fleet_stats
 
 RAY_NODES = [
     {
@@ -103,15 +107,15 @@ def test_a_rank_primes_its_compiler_only_with_a_cpu_to_spare():
 
 
 def record(phase, rank, bucket, status="ok", speedup=2.0, compile_seconds=1.0, error=None):
-    return {
-        "phase": phase,
-        "rank": rank,
-        "bucket": bucket,
-        "status": status,
-        "speedup": speedup,
-        "compile_seconds": compile_seconds,
-        "error": error,
-    }
+    return BucketResult(
+        phase=phase,
+        rank=rank,
+        bucket=bucket,
+        status=status,
+        speedup=speedup,
+        compile_seconds=compile_seconds,
+        error=error,
+    )
 
 
 def test_fleet_summary_spreads_and_deviations():
@@ -122,7 +126,7 @@ def test_fleet_summary_spreads_and_deviations():
         record("warm", 2, 8, speedup=2.0, compile_seconds=0.6),
         record("warm", 3, 8, status="failed", speedup=None, error="warm: OutOfMemoryError"),
     ]
-    summary = fleet_summary(results)
+    summary = asdict(fleet_stats(results, []))
     row = summary["buckets"]["8"]
     assert row["cold_compile_seconds"] == 12.0
     assert row["warm_load_seconds"] == {"min": 0.5, "median": 0.6, "max": 0.7}
@@ -158,12 +162,13 @@ def test_a_workers_answer_unpickles_without_torch(tmp_path):
 
     from orchestrator.config import apply_overrides, load_spec
     from orchestrator.jobs.engine import Session
-    from orchestrator.ray_driver import _as_dict
+    from orchestrator.jobs.workers import Host, answer
 
     spec = apply_overrides(load_spec("examples/mlp.yaml"), device="cpu")
-    answer = tmp_path / "answer.pickle"
-    answer.write_bytes(pickle.dumps(_as_dict(Session(spec, tmp_path / "cache").run())))
-    code = f"import pickle, sys; pickle.loads(open({str(answer)!r}, 'rb').read()); print('torch' in sys.modules)"
+    answered = answer(Session(spec, tmp_path / "cache").run(), Host("127.0.0.1", []))
+    answer_file = tmp_path / "answer.pickle"
+    answer_file.write_bytes(pickle.dumps(answered))
+    code = f"import pickle, sys; pickle.loads(open({str(answer_file)!r}, 'rb').read()); print('torch' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"

@@ -5,12 +5,13 @@ import io
 
 from rich.console import Console
 
+from orchestrator.jobs.records import BucketResult
 from orchestrator.progress import FleetProgress
 from orchestrator.ray_driver import FleetObserver
 
 
 def warm(rank, bucket, status="ok"):
-    return {"phase": "warm", "rank": rank, "bucket": bucket, "status": status}
+    return BucketResult(phase="warm", rank=rank, bucket=bucket, status=status)
 
 
 def test_a_bar_per_bucket_counts_compiles_loads_and_ranks_done():
@@ -19,7 +20,7 @@ def test_a_bar_per_bucket_counts_compiles_loads_and_ranks_done():
     with FleetProgress(console, on_record=seen.append) as progress:
         observer: FleetObserver = progress
         observer.planned([1, 8], units_per_bucket=1, ranks=2)
-        observer.record({"phase": "compile", "rank": None, "bucket": 1, "status": "ok"})
+        observer.record(BucketResult(phase="compile", rank=None, bucket=1, status="ok"))
         observer.loaded(0, 1)
         bars = {task.description.split(" · ")[0]: task for task in progress._bars.tasks}
         assert bars["bucket    1"].description.endswith("compiled 1/1 · loaded 1/2 · ranks done 0/2")
@@ -28,7 +29,7 @@ def test_a_bar_per_bucket_counts_compiles_loads_and_ranks_done():
         for rank in (0, 1):
             observer.record(warm(rank, 1))
         # bucket 8 failed to compile: its ranks never load it, yet its bar completes with their records
-        observer.record({"phase": "compile", "rank": None, "bucket": 8, "status": "failed"})
+        observer.record(BucketResult(phase="compile", rank=None, bucket=8, status="failed"))
         for rank in (0, 1):
             observer.record(warm(rank, 8, status="failed"))
         bars = {task.description.split(" · ")[0]: task for task in progress._bars.tasks}

@@ -4,15 +4,16 @@ nesting and values are those of schema_version 1, for a process report and a Ray
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.cache.namespace import Platform
 from orchestrator.cache.sync import Transfer
 from orchestrator.config import load_spec
-from orchestrator.jobs.records import BucketResult
+from orchestrator.fleet import FleetRun, TaskRun
+from orchestrator.jobs.records import BucketResult, ProcessRun
 from orchestrator.plan import CompileUnit, Node, Target
-from orchestrator.ray_driver import FleetRun
 from orchestrator.report import build_fleet_report, build_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,40 +120,39 @@ def test_process_report_keeps_its_keys_and_values():
 def fleet_run() -> FleetRun:
     node = Node("id1", "10.0.0.1", 1, 4, "H200")
     target = Target(0, node)
-    compiled = result(8, rank=None, gpu="H200", node="10.0.0.1").to_dict()
+    compiled = result(8, rank=None, gpu="H200", node="10.0.0.1")
     warm = result(8, rank=0, gpu="H200", node="10.0.0.1", phase="warm", cache_state="hit", compile_seconds=0.5)
-    run = {
-        "namespace": "mlp-ns",
-        "platform": {"torch_version": "2.13.0"},
-        "device": "cuda:0",
-        "node": "10.0.0.1",
-        "publish": {"generation": 3},
-        "publish_error": None,
-        "cache_bytes": 100,
-        "cache_files": 4,
-        "setup_seconds": 1.0,
-        "process_started_at": 100.0,
-        "ended_at": 110.0,
-        "events": [("imported", 102.0)],
-        "gpu_ids": ["0"],
-    }
+    process = ProcessRun(
+        namespace="mlp-ns",
+        platform=Platform("2.13.0", "abc", None, None, "NVIDIA H200", "3.12.3"),
+        device="cuda:0",
+        node="10.0.0.1",
+        pull=None,
+        publish=Transfer(generation=3),
+        publish_error=None,
+        cache_bytes=100,
+        cache_files=4,
+        setup_seconds=1.0,
+        process_age_at_start=None,
+        process_started_at=100.0,
+        ended_at=110.0,
+        events=[("imported", 102.0)],
+        gpu_ids=["0"],
+    )
     return FleetRun(
         nodes=[node],
         targets=[target],
         units=[CompileUnit("H200", 8, 0.49)],
-        results=[compiled, warm.to_dict()],
+        results=[compiled, warm],
         runs=[
-            {**run, "pull": None, "wave": "compile", "rank": None, "bucket": 8, "answered_at": 111.0},
-            {
-                **run,
-                "pull": {"seconds": 0.75},
-                "publish": None,
-                "publish_error": "denied",
-                "wave": "warm",
-                "rank": 0,
-                "bucket": None,
-                "answered_at": 112.0,
-            },
+            TaskRun(process, "compile", None, 8, 111.0),
+            TaskRun(
+                replace(process, pull=Transfer(seconds=0.75), publish=None, publish_error="denied"),
+                "warm",
+                0,
+                None,
+                112.0,
+            ),
         ],
         wall_seconds=20.0,
         wave_seconds={"start": 1.0, "compile": 10.0, "warm": 9.0},
@@ -164,8 +164,13 @@ def test_fleet_report_keeps_its_keys_and_values():
     fleet = fleet_run()
     report = build_fleet_report(spec(), fleet, "s3://bucket/prefix", STARTED)
     assert list(report) == [*HEADER, "namespaces", "executor", "summary", "remote"]
-    assert report["results"] == fleet.results
-    assert (report["gpu"], report["device"], report["platform"]) == ("H200", "cuda:0", {"torch_version": "2.13.0"})
+    assert report["results"] == [asdict(r) for r in fleet.results]
+    assert (report["gpu"], report["device"], report["platform"]) == (
+        "H200",
+        "cuda:0",
+        asdict(fleet.runs[0].process.platform),
+    )
+    assert report["torch_version"] == "2.13.0"
     assert report["namespaces"] == ["mlp-ns"]
     executor = report["executor"]
     assert list(executor) == ["kind", "address", "nodes", "ranks", "compile_units", "wave_seconds", "timeline"]

@@ -210,13 +210,13 @@ def test_a_process_that_imported_cython_first_computes_a_plain_processs_cache_ke
 def test_ray_workers_run_torch_with_the_threads_a_plain_process_has(monkeypatch):
     """Ray's OMP_NUM_THREADS=max(1, num_cpus) would reach torch, and Inductor keys CPU kernels on
     torch's thread count: a worker drops it, or takes the driver's count when one was given."""
-    from orchestrator.ray_driver import TORCH_THREADS_ENV, _threads_as_a_plain_process
+    from orchestrator.jobs.workers import TORCH_THREADS_ENV, threads_as_a_plain_process
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as Ray starts an actor with num_cpus=1
     monkeypatch.delenv(TORCH_THREADS_ENV, raising=False)
-    _threads_as_a_plain_process()
+    threads_as_a_plain_process()
     assert "OMP_NUM_THREADS" not in os.environ
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv(TORCH_THREADS_ENV, "6")
-    _threads_as_a_plain_process()
+    threads_as_a_plain_process()
     assert os.environ["OMP_NUM_THREADS"] == "6"

@@ -1,0 +1,210 @@
+"""What runs in a fleet's worker processes: a compile unit and a rank. Plain classes; the Ray
+driver (orchestrator.ray_driver) makes each one an actor, a process of its own, so this module
+knows nothing of Ray. Where a worker runs (its node's address, its GPUs) comes from the `locate`
+function the driver hands it, asked inside the worker's process.
+
+Workers keep their cache under `<cache root>/node-<ip>`: nodes of a test cluster share one
+filesystem, and without the node key they would never need to pull.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from orchestrator.jobs.records import BucketResult, ProcessRun, Remote, WorkerAnswer
+from orchestrator.jobs.spec import WarmupSpec
+
+if TYPE_CHECKING:  # imported in the worker, after its environment is set: torch reads it once
+    from orchestrator.jobs.engine import Session, WarmupRun
+
+# The driver's OMP_NUM_THREADS travels under this name: Ray sets every worker's own
+# OMP_NUM_THREADS, and a worker puts this one back before importing torch.
+TORCH_THREADS_ENV = "ORCHESTRATE_TORCH_THREADS"
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where a worker runs, as the cluster names it."""
+
+    ip: str
+    gpu_ids: list[str]  # the GPUs the cluster gave this process (it sees them as cuda:0...)
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    """What every worker of one fleet warmup shares."""
+
+    spec: WarmupSpec
+    cache_root: Path  # the same path on every node; each node keeps its own directory under it
+    remote: Remote
+    locate: Callable[[], Host]  # called in the worker's process
+
+    def node_cache_dir(self) -> Path:
+        return self.cache_root / f"node-{self.locate().ip}"
+
+
+def threads_as_a_plain_process() -> None:
+    """Ray starts every worker with OMP_NUM_THREADS=max(1, its num_cpus) unless told otherwise;
+    torch sizes its intra-op pool from it, and Inductor specialises CPU kernels to that size and
+    puts it in their cache key. Artifacts compiled with Ray's count would then miss in a plain
+    torch process on the same node (a serving replica), which runs with the node's default. So a
+    worker runs with torch's default for the node, as that process does, or with
+    ORCHESTRATE_TORCH_THREADS (the driver's OMP_NUM_THREADS) when set. Called before the worker
+    imports torch."""
+    threads = os.environ.get(TORCH_THREADS_ENV)
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = threads
+    else:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+class CompileWorker:
+    """One compile unit in a process of its own, killed by the driver as soon as it has answered:
+    an orderly exit (Inductor's worker pool, CUDA graphs, the CUDA context) would spend seconds of
+    CPU beside the ranks for nothing."""
+
+    def __init__(self, job: FleetJob) -> None:
+        self.job = job
+        self._up = time.time()  # the cluster's part of this process's start is over; torch is not imported yet
+        threads_as_a_plain_process()
+
+    def compile(self, bucket: int, compile_threads: int, fresh: bool) -> WorkerAnswer:
+        """Compile one bucket in a private directory and publish it. Private, because a publish
+        snapshots the directory: in a shared one it could catch another compiler's half-written
+        file (gcc writes its .so in place) and make it the namespace's permanent copy."""
+        # read when torch is first imported, just below: this process is fresh
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads))
+        from orchestrator.jobs.engine import Session
+
+        root = self.job.node_cache_dir() / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
+        try:
+            # kept on the worker, so that freeing the compiled code and graphs is left to the kill
+            self._session = Session(
+                self.job.spec.replaced(buckets=[bucket]),
+                root,
+                fresh=fresh,
+                remote=self.job.remote,
+                earlier_events=(("worker up", self._up),),
+            )
+            self._session.warm(bucket, benchmark=False)
+            self._session.publish()
+            return answer(self._session.run(), self.job.locate())
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class RankWorker:
+    """One rank for the whole job, in a process of its own: it sets up while the compile wave
+    runs, loads each bucket when told it is published, and benchmarks at the end. Every method
+    may run in a restarted process (the worker died and the cluster restarted it), so each one
+    first makes sure what it builds on is there."""
+
+    def __init__(self, job: FleetJob, rank: int, spare_cpu: bool) -> None:
+        self.job, self.rank, self.spare_cpu = job, rank, spare_cpu
+        self._up = time.time()  # the cluster's part of this process's start is over; torch is not imported yet
+        # Read when torch is first imported (later, in this fresh process). A rank only loads:
+        # Inductor's default would start a pool of a worker per CPU, each importing torch, at the
+        # first load, for nothing, and beside the benchmarks.
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        threads_as_a_plain_process()
+        self._session: Optional[Session] = None
+        self._fatal: Optional[Exception] = None  # set-up or store failure: every bucket of the rank fails
+
+    def prepare(self) -> None:
+        """Everything that needs no artifact: imports, CUDA, the model, the eager references and,
+        with a CPU to spare, each bucket's Dynamo trace and the compiler's own start, so that a
+        load after a publish is only a cache hit. Without one (a 2-core CI machine), this work
+        would slow down the compile units it shares the CPUs with, so the loads pay for it instead
+        (docs/performance.md, "the 2-core CPU machine")."""
+
+        def set_up(session: Session) -> None:
+            from orchestrator.jobs import torch_internals as ti
+
+            for bucket in self.job.spec.buckets:
+                session.reference(bucket)
+            session.event("references done")
+            if self.spare_cpu:
+                for bucket in self.job.spec.buckets:
+                    session.trace(bucket)
+                ti.prime_compiler(session.device)
+                session.event("compiler primed")
+
+        self._step(set_up)
+
+    def load(self, bucket: int) -> Optional[BucketResult]:
+        """Pull what is published and load one bucket (a cache hit); its record, or None when
+        the rank has failed (reported by `finish`)."""
+
+        def pull_and_load(session: Session) -> BucketResult:
+            session.pull()
+            return session.warm(bucket, benchmark=False)
+
+        return self._step(pull_and_load)
+
+    def finish(self, buckets: list[int]) -> WorkerAnswer:
+        """Benchmark `buckets` (loading any this process has not: after a restart) and report."""
+        if self._fatal is not None:
+            raise self._fatal
+        session = self._ready()
+        if any(not session.loaded(b) for b in buckets):
+            session.pull()
+        for bucket in buckets:  # compiling has stopped: loading what is missing (cache hits) may interleave
+            session.warm(bucket)
+        return answer(session.run(), self.job.locate(), buckets)
+
+    def _ready(self) -> Session:
+        from orchestrator.jobs.engine import Session
+
+        if self._session is None:
+            # Ranks of one node share its cache directory and only read the store: what they
+            # load was compiled and published by the compile wave.
+            self._session = Session(
+                self.job.spec,
+                self.job.node_cache_dir(),
+                rank=self.rank,
+                remote=self.job.remote,
+                trace_ahead=self.spare_cpu,
+                earlier_events=(("worker up", self._up),),
+            )
+        return self._session
+
+    def _step(self, work: Callable[[Session], Any]) -> Any:
+        if self._fatal is not None:
+            return None
+        try:
+            return work(self._ready())
+        except Exception as exc:  # reported by `finish`, where the driver gathers the rank's outcome
+            self._fatal = exc
+            return None
+
+
+def answer(run: WarmupRun, host: Host, buckets: Optional[list[int]] = None) -> WorkerAnswer:
+    """A worker's answer to the driver: torch-free records, so that the driver never imports torch."""
+    now = time.time()
+    return WorkerAnswer(
+        run=ProcessRun(
+            namespace=run.namespace,
+            platform=run.platform,
+            device=run.device,
+            node=host.ip,
+            pull=run.pull,
+            publish=run.publish,
+            publish_error=run.publish_error,
+            cache_bytes=run.cache_bytes,
+            cache_files=run.cache_files,
+            setup_seconds=run.setup_seconds,
+            process_age_at_start=run.process_age_at_start,
+            process_started_at=now - run.wall_seconds - (run.process_age_at_start or 0.0),
+            ended_at=now,
+            events=run.events,
+            gpu_ids=host.gpu_ids,
+        ),
+        results=[replace(r, node=host.ip) for r in run.results if buckets is None or r.bucket in buckets],
+    )
