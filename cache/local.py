@@ -43,3 +43,25 @@ class LocalCache:
         """(files, bytes) under the namespace directory."""
         sizes = [f.stat().st_size for f in self.path.rglob("*") if f.is_file()]
         return len(sizes), sum(sizes)
+
+
+@dataclass(frozen=True)
+class LocalNamespace:
+    """One namespace directory of a local cache root as `orchestrate cache ls --cache-dir` shows it."""
+
+    namespace: str
+    files: int
+    bytes: int
+
+
+def local_namespaces(root: Path) -> list[LocalNamespace]:
+    """Every namespace directory under `root` (hidden ones, scratch and trash, left out)."""
+    from orchestrator.cache.sync import scan
+
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        files = scan(path)
+        found.append(LocalNamespace(path.name, len(files), sum(size for _, size in files.values())))
+    return found

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -95,6 +96,18 @@ class SigningKey:
                 raise IntegrityError(f"signing key file {path}: cannot read it ({exc.strerror})") from None
         value = os.environ.get(KEY_ENV)
         return cls(value.encode()) if value else None
+
+    @staticmethod
+    def create_file(path: Path) -> bool:
+        """Write a new random key to `path` (mode 0600) unless a key is there already; whether it
+        wrote one. Exclusive creation: two processes starting at once keep the same key."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+        return True
 
     def sign(self, body: dict[str, Any]) -> str:
         return hmac.new(self._secret, _canonical(body), hashlib.sha256).hexdigest()

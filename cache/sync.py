@@ -331,6 +331,39 @@ def describe(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) -
     return found
 
 
+@dataclass
+class NamespaceListing:
+    """One namespace of a store as `orchestrate cache ls` shows it: its newest generation."""
+
+    namespace: str
+    generations: int
+    generation: Optional[int]
+    files: Optional[int]
+    bytes: Optional[int]
+    buckets: Optional[list[int]]
+    created_at: Optional[str]
+    error: Optional[str]  # the newest manifest could not be read or verified
+
+
+def listing(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) -> list[NamespaceListing]:
+    rows = []
+    for info in describe(store, key, allow_unsigned=allow_unsigned):
+        m = info.manifest
+        rows.append(
+            NamespaceListing(
+                namespace=info.namespace,
+                generations=info.generations,
+                generation=m.generation if m else None,
+                files=len(m.files) if m else None,
+                bytes=m.total_bytes if m else None,
+                buckets=m.buckets if m else None,
+                created_at=m.created_at if m else None,
+                error=info.error,
+            )
+        )
+    return rows
+
+
 def verify(store: Store, namespace: str, key: Optional[SigningKey], *, allow_unsigned: bool) -> Manifest:
     """Check the newest manifest's signature and every shard and file hash it names."""
     manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)

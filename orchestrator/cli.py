@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -211,7 +210,7 @@ def _metrics(spec, port: Optional[int]):
 def _embedded_store(root: Path, allow_unsigned: bool):
     """The store when none is given: a directory beside the local cache, with a signing key made
     once and kept there (mode 0600), so the default path is signed and verified like production."""
-    from orchestrator.cache.manifest import KEY_ENV, KEY_FILE_ENV
+    from orchestrator.cache.manifest import KEY_ENV, KEY_FILE_ENV, SigningKey
     from orchestrator.jobs.records import Remote
 
     store = root / "store"
@@ -224,12 +223,7 @@ def _embedded_store(root: Path, allow_unsigned: bool):
     if os.environ.get(KEY_ENV) or os.environ.get(KEY_FILE_ENV):
         return Remote(f"file://{store}", allow_unsigned)
     key_file = root / ".signing-key"
-    try:
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_hex(32))
-    except FileExistsError:
-        pass
+    SigningKey.create_file(key_file)
     return Remote(f"file://{store}", allow_unsigned, str(key_file))
 
 
@@ -412,7 +406,7 @@ def render_k8s(
 def _emit_k8s(
     spec, config: Path, image: Optional[str], remote: Optional[str], pushgateway: Optional[str], apply: bool
 ) -> None:
-    from orchestrator.k8s import ClusterShape, to_yaml
+    from orchestrator.k8s import ClusterShape, apply_manifests, to_yaml
     from orchestrator.k8s import render as render_manifests
 
     if not image:
@@ -423,36 +417,9 @@ def _emit_k8s(
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if apply and _apply(documents):
+    if apply and apply_manifests(documents, log=lambda line: click.echo(line, err=True)):
         return
     click.echo(to_yaml(documents), nl=False)
-
-
-def _apply(documents: list) -> bool:
-    """Create the manifests where the kubernetes client and a cluster are available."""
-    try:
-        from kubernetes import client, utils
-        from kubernetes import config as kube_config
-
-        kube_config.load_config()
-    except Exception as exc:  # no client installed, or no kubeconfig / in-cluster account
-        click.echo(
-            f"orchestrate: warning: no Kubernetes cluster to apply to ({type(exc).__name__}); "
-            "printing the manifests instead",
-            err=True,
-        )
-        return False
-    api = client.ApiClient()
-    for document in documents:
-        if document["kind"] == "RayJob":
-            group, version = document["apiVersion"].split("/")
-            client.CustomObjectsApi(api).create_namespaced_custom_object(
-                group, version, document["metadata"]["namespace"], "rayjobs", document
-            )
-        else:
-            utils.create_from_dict(api, document)
-        click.echo(f"created {document['kind']} {document['metadata']['name']}", err=True)
-    return True
 
 
 @cli.group()
@@ -473,34 +440,17 @@ def cache_ls(
 ) -> None:
     """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
     from orchestrator.cache import sync
+    from orchestrator.cache.local import local_namespaces
     from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
 
-    rows: list[dict[str, Any]] = []
     if remote:
-        for info in sync.describe(
+        found: list[Any] = sync.listing(
             open_store(remote), SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned
-        ):
-            m = info.manifest
-            rows.append(
-                {
-                    "namespace": info.namespace,
-                    "generations": info.generations,
-                    "generation": m.generation if m else None,
-                    "files": len(m.files) if m else None,
-                    "bytes": m.total_bytes if m else None,
-                    "buckets": m.buckets if m else None,
-                    "created_at": m.created_at if m else None,
-                    "error": info.error,
-                }
-            )
+        )
     else:
-        root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
-        for path in (
-            sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
-        ):
-            files = sync.scan(path)
-            rows.append({"namespace": path.name, "files": len(files), "bytes": sum(s for _, s in files.values())})
+        found = local_namespaces(Path(cache_dir).expanduser() if cache_dir else default_cache_root())
+    rows = [asdict(row) for row in found]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -178,6 +179,32 @@ def render(
         },
     }
     return [config_map, ray_job]
+
+
+def apply_manifests(documents: list[dict[str, Any]], log: Callable[[str], None]) -> bool:
+    """Create the manifests where the kubernetes client and a cluster are available; False (and
+    a warning through `log`) where they are not, so that the caller prints them instead."""
+    try:
+        from kubernetes import client, utils
+        from kubernetes import config as kube_config
+
+        kube_config.load_config()
+    except Exception as exc:  # no client installed, or no kubeconfig / in-cluster account
+        log(
+            f"orchestrate: warning: no Kubernetes cluster to apply to ({type(exc).__name__}); printing the manifests instead"
+        )
+        return False
+    api = client.ApiClient()
+    for document in documents:
+        if document["kind"] == "RayJob":
+            group, version = document["apiVersion"].split("/")
+            client.CustomObjectsApi(api).create_namespaced_custom_object(
+                group, version, document["metadata"]["namespace"], "rayjobs", document
+            )
+        else:
+            utils.create_from_dict(api, document)
+        log(f"created {document['kind']} {document['metadata']['name']}")
+    return True
 
 
 class _Dumper(yaml.SafeDumper):
