@@ -71,6 +71,10 @@ class InputSpec(_Strict):
         default=None, description="[low, high) of integer inputs such as token ids"
     )
     name: Optional[str] = Field(default=None, description="pass as this keyword argument instead of positionally")
+    pad: float = Field(
+        default=0,
+        description="value a serving replica pads this input with, up to its bucket (e.g. the pad token id)",
+    )
 
     @field_validator("shape")
     @classmethod
@@ -94,6 +98,10 @@ class InputSpec(_Strict):
                 raise ValueError(f"range [{low}, {high}] is empty: low must be below high")
         elif self.range is not None:
             raise ValueError(f"`range` applies to integer inputs only, not {self.dtype}")
+        if self.dtype in (*INT_DTYPES, "bool") and self.pad != int(self.pad):
+            raise ValueError(f"pad {self.pad} is not a whole number: the input is {self.dtype}")
+        if self.dtype == "bool" and self.pad not in (0, 1):
+            raise ValueError(f"pad {self.pad} is not 0 or 1: the input is bool")
         return self
 
     def concrete_shape(self, symbol: str, bucket: int) -> list[int]:
@@ -126,6 +134,36 @@ class CheckOptions(_Strict):
     )
 
 
+# How a bucket may be served (orchestrator.runtime): the model as it is, the config's compile,
+# and each of those captured whole in one CUDA graph of the tool's own (CUDA only)
+VariantName = Literal["eager", "compiled", "graphed", "eager-graphed"]
+VARIANTS: tuple[VariantName, ...] = ("eager", "compiled", "graphed", "eager-graphed")
+GRAPHED_VARIANTS: tuple[VariantName, ...] = ("graphed", "eager-graphed")
+
+
+class ServeOptions(_Strict):
+    variants: Optional[list[VariantName]] = Field(
+        default=None,
+        description="variants measured at warmup, the fastest correct one serves each bucket; "
+        "default: all that apply on the device (on the CPU: eager and compiled)",
+    )
+    oversize: Literal["split", "error"] = Field(
+        default="split",
+        description="a request larger than the largest bucket: run it in chunks of that bucket, or refuse it",
+    )
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, variants: Optional[list[VariantName]]) -> Optional[list[VariantName]]:
+        if variants is None:
+            return None
+        if not variants:
+            raise ValueError("list at least one variant, or leave `variants` out for all that apply")
+        if len(set(variants)) != len(variants):
+            raise ValueError("a variant is listed twice")
+        return [v for v in VARIANTS if v in variants]  # one order everywhere: the report's and the plan's
+
+
 class WarmupSpec(_Strict):
     name: Optional[str] = Field(default=None, description="model name in reports and metrics; default: file stem")
     model: ModelRef
@@ -136,6 +174,7 @@ class WarmupSpec(_Strict):
     buckets: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     bench: BenchOptions = Field(default_factory=BenchOptions)
     check: CheckOptions = Field(default_factory=CheckOptions)
+    serve: ServeOptions = Field(default_factory=ServeOptions)
     seed: int = 0
     cache_dir: Optional[str] = Field(
         default=None, description="local cache root; default $ORCHESTRATE_CACHE_DIR or ~/.cache/orchestrate"
@@ -195,8 +234,13 @@ class WarmupSpec(_Strict):
         return WarmupSpec.model_validate(data).with_base_dir(self.base_dir)
 
     def identity(self) -> dict[str, Any]:
-        """What makes compiled artifacts differ between configs (buckets, bench and paths do not)."""
-        return self.model_dump(include={"model", "inputs", "bucket_symbol", "compile"}, mode="json")
+        """What makes compiled artifacts differ between configs (buckets, bench, serving choices,
+        pad values and paths do not)."""
+        return self.model_dump(
+            include={"model", "inputs", "bucket_symbol", "compile"},
+            exclude={"inputs": {"__all__": {"pad"}}},
+            mode="json",
+        )
 
     def identity_hash(self) -> str:
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
