@@ -9,13 +9,21 @@ Per bucket, in this order, each timed on its own:
   2. first compiled call: Dynamo trace + Inductor compile or cache load  -> compile_seconds
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
   4. compiled outputs (first call and a replay) against eager's, through orchestrator.jobs.gate
-  5. interleaved eager/compiled latency                                  -> eager_ms, compiled_ms, speedup
+  5. on CUDA, the serving variants captured whole in a CUDA graph of our own (`graphed`: the
+     config's compile with CUDA graphs off; `eager-graphed`), each through the same gate; one that
+     cannot be built or captured is recorded as unavailable, the bucket does not fail
+  6. interleaved latency of eager, compiled and every built variant -> eager_ms, compiled_ms,
+     speedup, variants; the fastest correct variant is chosen to serve (orchestrator.jobs.variants)
+     and written into the namespace as the bucket's serving plan
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
+import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -32,10 +40,16 @@ from orchestrator.cache.store import Store, StoreError, open_store
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
 from orchestrator.jobs.gate import Gate, Outputs, snapshot
+from orchestrator.jobs.graphs import CaptureError, GraphedCall
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
-from orchestrator.jobs.records import BucketResult, Remote  # noqa: F401  (Remote: part of this module's interface)
-from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this module's interface)
+    BucketResult,
+    Remote,
+    VariantMeasure,
+)
+from orchestrator.jobs.spec import VARIANTS, WarmupSpec
 from orchestrator.jobs.timing import Clock, median, p90, process_age_seconds
+from orchestrator.jobs.variants import choose, graphed_compile, serving_candidates, spread, write_plan
 
 GRAPH_RECORD_CALLS = 2  # cudagraph trees: call 1 warms up (with the compile), 2 records, 3 replays
 BACK_TO_BACK_CALLS = 10  # calls per throughput sample
@@ -137,7 +151,7 @@ class Session:
         try:
             if fresh:
                 self.local.wipe()
-            _point_caches_at(self.local.prepare())
+            point_caches_at(self.local.prepare())
         except OSError as exc:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
         self.store: Optional[Store] = open_store(remote.url) if remote else None
@@ -149,16 +163,36 @@ class Session:
             self.pull()
         self.model = build_model(spec, self.device)
         self.event("model built")
-        ti.allow_recompiles(len(spec.buckets))
         options = spec.compile
+        self.candidates, self.unavailable = serving_candidates(spec, self.device.type)
+        # the report's variants: eager and compiled always (the warmup's own comparison), then
+        # the graphed candidates, then those asked for that cannot run here
+        self.measured = [
+            v for v in VARIANTS if v in ("eager", "compiled") or v in self.candidates or v in self.unavailable
+        ]
         self.compiled, self._tracer = ti.compile_model(
             self.model,
             ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend, options.options),
             trace_ahead=trace_ahead,
         )
+        # `graphed` runs the config's compile with CUDA graphs off: the same compiled function
+        # where the config's mode has none, else a second one (its own Dynamo cache entries)
+        self.uncaptured: Any = None
+        if "graphed" in self.candidates:
+            mode, graph_options = graphed_compile(options.mode, options.options)
+            if (mode, graph_options) == (options.mode, options.options):
+                self.uncaptured = self.compiled
+            else:
+                self.uncaptured = torch.compile(
+                    self.model,
+                    **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options),
+                )
+        second = self.uncaptured is not None and self.uncaptured is not self.compiled
+        ti.allow_recompiles(len(spec.buckets) * (2 if second else 1))
         self.setup_seconds = time.perf_counter() - self.started
         self._work: dict[int, _BucketWork] = {}
         self._quarantined: list[str] = []
+        self.plans: list[str] = []  # serving plans this process wrote, relative to the namespace directory
 
     def pull(self) -> Optional[sync.Transfer]:
         """Bring the local directory up to the store's newest generation (None: not published yet,
@@ -213,8 +247,32 @@ class Session:
         if work.result.status == "ok" and work.result.speedup is None:
             self._guard(work, work.benchmark)
             if work.result.status == "ok":
+                plan = write_plan(self.local.path, self.spec, work.result)
+                if plan is not None:
+                    self.plans.append(plan)
                 self.event(f"benchmarked bucket {bucket}")
         return self._finished(work)
+
+    def publish_plans(self) -> None:
+        """Publish only the serving plans this process wrote (a rank: it publishes nothing else)."""
+        if self.store is None or self.remote is None or not self.plans:
+            return
+        with tempfile.TemporaryDirectory(prefix=".plans-", dir=self.local.root) as staging:
+            for rel in self.plans:
+                (Path(staging) / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(self.local.path / rel, Path(staging) / rel)
+            try:
+                self.published = sync.publish(
+                    self.store,
+                    Path(staging),
+                    self.local.namespace,
+                    self.key,
+                    allow_unsigned=self.remote.allow_unsigned,
+                    meta={"model": self.spec.name, "platform": asdict(self.platform)},
+                )
+            except (StoreError, IntegrityError) as exc:
+                self.publish_error = str(exc)
+        self.event("published serving plans" if self.published else "publish failed")
 
     def publish(self) -> None:
         """Publish what compiled correctly; a store failure is kept as publish_error, results stand."""
@@ -263,10 +321,17 @@ class Session:
     def _bucket(self, bucket: int) -> _BucketWork:
         if bucket not in self._work:
             result = BucketResult(
-                bucket=bucket, rank=self.rank, gpu=self.platform.gpu_name if self.device.type == "cuda" else None
+                bucket=bucket,
+                rank=self.rank,
+                gpu=self.platform.gpu_name if self.device.type == "cuda" else None,
+                variants={name: VariantMeasure(ok=False, reason=why) for name, why in self.unavailable.items()},
             )
-            self._work[bucket] = _BucketWork(self.spec, self.model, self.compiled, self.device, result, self.progress)
+            self._work[bucket] = _BucketWork(self, result)
         return self._work[bucket]
+
+    def quarantine(self, created: set[str]) -> None:
+        """Delete files a failed step compiled: they must neither be reused here nor published."""
+        self._quarantined += _quarantine(self.local.path, created)
 
     def _finished(self, work: _BucketWork) -> BucketResult:
         if work.result.status == "ok":  # a failed bucket was reported by _guard already
@@ -286,7 +351,7 @@ class Session:
             result.status = "failed"
             result.error = f"{result.stage}: {brief(exc)}"
             result.error_detail = "".join(traceback.format_exception_only(exc))[-4000:]
-            self._quarantined += _quarantine(self.local.path, set(sync.scan(self.local.path)) - before)
+            self.quarantine(set(sync.scan(self.local.path)) - before)
             work.pause()
             self.progress.finish(result)
 
@@ -316,7 +381,7 @@ def cache_namespace(spec: WarmupSpec) -> str:
     return namespace(spec.label, ti.current_platform(resolve_device(spec.device)), spec.identity_hash())
 
 
-def _point_caches_at(local: LocalCache) -> None:
+def point_caches_at(local: LocalCache) -> None:
     # Inductor reads these on every cache access and compile workers inherit them, so setting
     # them before the first torch.compile call is enough even though torch is imported already.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(local.inductor_dir)
@@ -327,23 +392,22 @@ class _BucketWork:
     """The stages of one bucket, each timed on its own (see the module doc). Stages may run far
     apart in time; the waits between them are not counted in any stage."""
 
-    def __init__(
-        self,
-        spec: WarmupSpec,
-        model: torch.nn.Module,
-        compiled: Any,
-        device: torch.device,
-        result: BucketResult,
-        progress: Progress,
-    ) -> None:
-        self.spec, self.model, self.compiled_model, self.device = spec, model, compiled, device
-        self.result, self.progress = result, progress
-        self.clock = Clock(device)
-        self.gate = Gate.from_options(spec.check)
+    def __init__(self, session: Session, result: BucketResult) -> None:
+        self.session = session
+        self.spec, self.model, self.compiled_model, self.device = (
+            session.spec,
+            session.model,
+            session.compiled,
+            session.device,
+        )
+        self.result, self.progress = result, session.progress
+        self.clock = Clock(self.device)
+        self.gate = Gate.from_options(self.spec.check)
         self.reference: Optional[Outputs] = None
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
         self.compiled = False
+        self.graphed: dict[str, GraphedCall] = {}  # the serving variants captured in CUDA graphs of our own
         self._inputs: Optional[tuple[Any, Any]] = None
         self._stage_started: Optional[float] = None
 
@@ -419,23 +483,56 @@ class _BucketWork:
         if self.reference is None:
             raise RuntimeError("the eager reference call has not run")
         _check(result, self.gate, self.reference, {"first call": first, "replay": replay})
+        self.build_graphed_variants()
         result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
         self.compiled = True
         self.pause()
 
+    def build_graphed_variants(self) -> None:
+        """Capture each graphed serving variant and check a first replay and a second against
+        eager. One that cannot be built, captured or checked is recorded as unavailable with its
+        reason, and what it compiled is deleted (it must not be published)."""
+        graphed = [name for name in self.session.candidates if name in ("graphed", "eager-graphed")]
+        if not graphed:
+            return
+        self.enter("graph variants")
+        args, kwargs = self.inputs
+        for name in graphed:
+            fn = self.model if name == "eager-graphed" else self.session.uncaptured
+            directory = self.session.local.path
+            before = set(sync.scan(directory))
+            started = time.perf_counter()
+            try:
+                call = GraphedCall(fn, args, kwargs)
+                first = snapshot(call(*args, **kwargs))
+                replay = snapshot(call(*args, **kwargs))
+                for label, outputs in (("first replay", first), ("second replay", replay)):
+                    self.gate.compare(self.reference or [], outputs, call=f"{name} {label}")
+            except Exception as exc:  # unavailable: never a failed bucket
+                reason = str(exc) if isinstance(exc, (CaptureError, OutputMismatch)) else brief(exc)
+                self.result.variants[name] = VariantMeasure(ok=False, reason=reason)
+                self.session.quarantine(set(sync.scan(directory)) - before)
+                continue
+            self.graphed[name] = call
+            self.result.variants[name] = VariantMeasure(ok=True, build_seconds=time.perf_counter() - started)
+
     def benchmark(self) -> None:
         spec, result = self.spec, self.result
-        variants = {"eager": self.eager, "compiled": self.run_compiled}
+        args, kwargs = self.inputs
+        pair = {"eager": self.eager, "compiled": self.run_compiled}
+        timed = dict(pair)
+        for name, call in self.graphed.items():
+            timed[name] = functools.partial(call, *args, **kwargs)
         rounds = max(3, spec.bench.iterations // BACK_TO_BACK_CALLS)
         bucket = result.bucket
         self.enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
         with torch.no_grad():
             window = ti.CounterWindow()
             latency = self.clock.interleaved(
-                variants, spec.bench.iterations, spec.bench.warmup, on_step=lambda: self.progress.advance(bucket)
+                timed, spec.bench.iterations, spec.bench.warmup, on_step=lambda: self.progress.advance(bucket)
             )
             throughput = self.clock.back_to_back(
-                variants, rounds, BACK_TO_BACK_CALLS, on_step=lambda: self.progress.advance(bucket)
+                pair, rounds, BACK_TO_BACK_CALLS, on_step=lambda: self.progress.advance(bucket)
             )
             result.recompiles = (result.recompiles or 0) + window.stats().frames_compiled
         result.eager_ms, result.eager_p90_ms = median(latency["eager"]), p90(latency["eager"])
@@ -444,6 +541,17 @@ class _BucketWork:
         result.eager_throughput_ms = median(throughput["eager"])
         result.compiled_throughput_ms = median(throughput["compiled"])
         result.throughput_speedup = _ratio(result.eager_throughput_ms, result.compiled_throughput_ms)
+        for name, samples in latency.items():
+            built = result.variants.get(name)
+            result.variants[name] = VariantMeasure(
+                ok=True,
+                ms=median(samples),
+                p90_ms=p90(samples),
+                spread_ms=spread(samples),
+                build_seconds=built.build_seconds if built else None,
+            )
+        result.variants = {name: result.variants[name] for name in self.session.measured if name in result.variants}
+        result.variant = choose({name: m for name, m in result.variants.items() if name in self.session.candidates})
         if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()

@@ -12,6 +12,18 @@ from orchestrator.cache.sync import Transfer
 
 
 @dataclass
+class VariantMeasure:
+    """One way of serving a bucket, as warmup measured it (orchestrator.jobs.variants chooses)."""
+
+    ok: bool  # built, captured where it is graphed, and passed the correctness gate
+    ms: Optional[float] = None  # median per-call latency, interleaved with the other variants
+    p90_ms: Optional[float] = None
+    spread_ms: Optional[float] = None  # half the interquartile range of the samples
+    build_seconds: Optional[float] = None  # a graphed variant: its compile (or cache load) and capture
+    reason: Optional[str] = None  # why it is not ok: unavailable here, not capturable, wrong output
+
+
+@dataclass
 class BucketResult:
     bucket: int
     rank: Optional[int] = 0  # None: a compile unit's record, which no rank ran
@@ -50,6 +62,8 @@ class BucketResult:
     tolerance_used: Optional[float] = None  # worst |compiled - eager| / (atol + rtol*|eager|): at most 1 when ok
     peak_memory_bytes: Optional[int] = None
     peak_memory_kind: Optional[str] = None
+    variant: Optional[str] = None  # the variant that serves this bucket: the fastest correct one
+    variants: dict[str, VariantMeasure] = field(default_factory=dict)  # every candidate, by name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

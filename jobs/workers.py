@@ -106,8 +106,10 @@ class RankWorker:
     may run in a restarted process (the worker died and the cluster restarted it), so each one
     first makes sure what it builds on is there."""
 
-    def __init__(self, job: FleetJob, rank: int, spare_cpu: bool) -> None:
-        self.job, self.rank, self.spare_cpu = job, rank, spare_cpu
+    def __init__(self, job: FleetJob, rank: int, spare_cpu: bool, publish_plans: bool = False) -> None:
+        # publish_plans: this rank's measurements choose its GPU class's serving variants (one
+        # rank per class publishes them; the others' plans stay on their nodes)
+        self.job, self.rank, self.spare_cpu, self.publish_plans = job, rank, spare_cpu, publish_plans
         self._up = time.time()  # the cluster's part of this process's start is over; torch is not imported yet
         # Read when torch is first imported (later, in this fresh process). A rank only loads:
         # Inductor's default would start a pool of a worker per CPU, each importing torch, at the
@@ -157,6 +159,8 @@ class RankWorker:
             session.pull()
         for bucket in buckets:  # compiling has stopped: loading what is missing (cache hits) may interleave
             session.warm(bucket)
+        if self.publish_plans:
+            session.publish_plans()
         return answer(session.run(), self.job.locate(), buckets)
 
     def _ready(self) -> Session:

@@ -221,7 +221,10 @@ class FleetDriver:
                 )
                 # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
                 ranks[target] = rank.options(num_cpus=0, **placement).remote(
-                    self.job, target.rank, spare_cpu=has_spare_cpu(target, planned, units)
+                    self.job,
+                    target.rank,
+                    spare_cpu=has_spare_cpu(target, planned, units),
+                    publish_plans=target.rank == min(t.rank for t in planned if t.gpu_class == target.gpu_class),
                 )
             self._drive(compilers, ranks, started)
         finally:

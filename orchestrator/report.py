@@ -288,6 +288,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         "eager ms",
         "compiled ms",
         "speedup",
+        "serves",
         "b2b speedup",
         "breaks",
         "recompiles",
@@ -307,6 +308,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
             _num(r["eager_ms"], ".3f"),
             _num(r["compiled_ms"], ".3f"),
             _num(r["speedup"], ".2f", "x"),
+            _served(r),
             _num(r["throughput_speedup"], ".2f", "x"),
             _num(r["graph_breaks"], "d"),
             _num(r["recompiles"], "d"),
@@ -320,6 +322,18 @@ def render_table(report: dict[str, Any], console: Console) -> None:
     for r in report["results"]:
         for reason in r["cudagraph_skip_reasons"]:
             skipped.setdefault(reason, []).append(str(r["bucket"]))
+    unavailable: dict[tuple[str, str], list[str]] = {}
+    for r in report["results"]:
+        for name, measure in (r.get("variants") or {}).items():
+            if not measure["ok"] and measure["reason"]:
+                unavailable.setdefault((name, measure["reason"]), []).append(str(r["bucket"]))
+    for (name, reason), buckets in unavailable.items():
+        console.print(
+            f"variant {name} not served for bucket {', '.join(sorted(set(buckets), key=int))}: {reason}",
+            highlight=False,
+            markup=False,
+            style="yellow",
+        )
     for reason, buckets in skipped.items():
         console.print(
             f"no CUDA graphs for bucket {', '.join(sorted(set(buckets), key=int))}: {reason}",
@@ -376,6 +390,13 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         + f"{s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all",
         highlight=False,
     )
+
+
+def _served(record: dict[str, Any]) -> str:
+    """The chosen variant and its latency (the fastest correct one; eager when nothing beats it)."""
+    chosen = record.get("variant")
+    ms = (record.get("variants") or {}).get(chosen, {}).get("ms") if chosen else None
+    return "-" if chosen is None else f"{chosen} {_num(ms, '.3f')}"
 
 
 def _num(value: Any, fmt: str, suffix: str = "") -> str:

@@ -58,7 +58,9 @@ def test_default_path_runs_on_a_local_ray_instance(fleet):
     ]
     assert all(r["status"] == "ok" for r in report["results"])
     assert report["summary"]["cache_state"] == "warm"  # the rank loaded what the compile wave published
-    assert report["remote"]["url"].startswith("file://") and report["remote"]["published_generations"] == [1, 2]
+    # one generation per compile unit, then rank 0's serving plans
+    assert report["remote"]["url"].startswith("file://") and report["remote"]["published_generations"] == [1, 2, 3]
+    assert all(r["variant"] in ("eager", "compiled") for r in report["results"] if r["phase"] == "warm")
     # the embedded store is signed with a key made once, readable by its owner only
     key = cache / ".signing-key"
     assert key.stat().st_mode & 0o777 == 0o600
@@ -95,3 +97,26 @@ def test_a_plain_torch_server_starts_warm_from_what_the_fleet_published(fleet, t
     )
     assert served.returncode == 0, served.stderr
     assert json.loads(served.stdout.splitlines()[-1]) == {"hits": 2, "misses": 0}
+
+
+def test_a_runtime_replica_serves_the_plan_the_fleet_published(fleet, tmp_path, monkeypatch):
+    """The fleet's rank chose a variant per bucket and published it; a replica with an empty
+    cache directory pulls the store and serves each bucket on that variant, from the cache alone."""
+    from orchestrator import runtime
+
+    cache, proc = fleet
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    chosen = {r["bucket"]: r["variant"] for r in report["results"] if r["phase"] == "warm"}
+    monkeypatch.setenv("ORCHESTRATE_CACHE_SIGNING_KEY_FILE", str(cache / ".signing-key"))
+    served = runtime.load(
+        "examples/mlp.yaml",
+        cache_dir=tmp_path / "replica",
+        remote=report["remote"]["url"],
+        buckets=[1, 2],
+        device="cpu",
+        require_warm=True,
+    )
+    info = served.info()
+    assert {b: i.planned for b, i in info.buckets.items()} == chosen
+    assert {b: i.variant for b, i in info.buckets.items()} == chosen

@@ -1,0 +1,154 @@
+"""The serving choice on recorded timings, the candidates per device, the graphed compile, and the
+serving plans written into a namespace. Torch-free and fast."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.jobs.records import BucketResult, VariantMeasure
+from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.variants import (
+    choose,
+    clearly_faster,
+    graphed_compile,
+    read_plans,
+    serving_candidates,
+    spread,
+    write_plan,
+)
+
+
+def m(ms, spread_ms=0.01, ok=True, reason=None):
+    return VariantMeasure(
+        ok=ok, ms=ms, p90_ms=None if ms is None else ms + 2 * spread_ms, spread_ms=spread_ms, reason=reason
+    )
+
+
+def spec(**fields):
+    return WarmupSpec.model_validate({"model": {"factory": "m:f"}, "inputs": [{"shape": ["batch", 4]}], **fields})
+
+
+def test_spread_is_half_the_interquartile_range():
+    assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(1.0)  # quartiles 2 and 4
+    assert spread([3.0] * 10) == 0.0
+    assert spread([1.0, 9.0]) == 0.0  # too few samples to have quartiles
+
+
+def test_a_variant_displaces_another_only_beyond_both_spreads():
+    assert clearly_faster(m(1.0, 0.1), m(1.3, 0.1))  # 1.1 < 1.2
+    assert not clearly_faster(m(1.0, 0.1), m(1.15, 0.1))  # the intervals overlap
+    assert not clearly_faster(m(None), m(1.0))
+
+
+def test_the_fastest_correct_variant_wins():
+    measured = {"eager": m(1.4), "compiled": m(1.2), "graphed": m(0.11), "eager-graphed": m(0.17)}
+    assert choose(measured) == "graphed"
+
+
+def test_eager_stays_when_nothing_is_clearly_faster():
+    # compiled within eager's noise, graphed variants broken: eager serves
+    measured = {
+        "eager": m(1.0, 0.05),
+        "compiled": m(0.95, 0.05),
+        "graphed": m(None, ok=False, reason="cannot capture"),
+        "eager-graphed": m(0.5, ok=False, reason="wrong output"),
+    }
+    assert choose(measured) == "eager"
+
+
+def test_compiled_wins_over_eager_and_holds_against_a_graphed_variant_inside_its_noise():
+    measured = {"eager": m(2.0), "compiled": m(1.0, 0.05), "graphed": m(0.95, 0.05)}
+    assert choose(measured) == "compiled"
+
+
+def test_a_graphed_variant_may_beat_eager_where_compiled_does_not():
+    # small models: every compiled mode slower than eager, the eager module graphed is fastest
+    measured = {"eager": m(1.07), "compiled": m(1.64), "graphed": m(0.80), "eager-graphed": m(0.775)}
+    assert choose(measured) == "eager-graphed"
+
+
+def test_a_fast_but_wrong_variant_never_wins():
+    measured = {"eager": m(1.0), "compiled": m(0.1, ok=False, reason="output mismatch")}
+    assert choose(measured) == "eager"
+
+
+def test_eager_must_be_measured():
+    with pytest.raises(ValueError, match="eager must be measured"):
+        choose({"compiled": m(1.0)})
+
+
+def test_candidates_per_device_and_backend():
+    assert serving_candidates(spec(), "cuda") == (["eager", "compiled", "graphed", "eager-graphed"], {})
+    assert serving_candidates(spec(), "cpu") == (["eager", "compiled"], {})
+    asked = spec(serve={"variants": ["eager-graphed", "compiled"]})
+    assert asked.serve.variants == ["compiled", "eager-graphed"]  # one order everywhere
+    assert serving_candidates(asked, "cuda") == (["eager", "compiled", "eager-graphed"], {})
+    names, unavailable = serving_candidates(asked, "cpu")
+    assert names == ["eager", "compiled"] and "needs CUDA" in unavailable["eager-graphed"]
+    names, unavailable = serving_candidates(spec(compile={"backend": "aot_eager"}), "cuda")
+    assert "graphed" not in names and "inductor" in unavailable["graphed"]
+
+
+@pytest.mark.parametrize(
+    "mode, options, expected",
+    [
+        ("reduce-overhead", {}, ("default", {})),
+        ("max-autotune", {}, ("max-autotune-no-cudagraphs", {})),
+        ("default", {"triton.cudagraphs": True, "epilogue_fusion": False}, ("default", {"epilogue_fusion": False})),
+        (None, {}, (None, {})),
+        ("max-autotune-no-cudagraphs", {}, ("max-autotune-no-cudagraphs", {})),
+    ],
+)
+def test_the_graphed_compile_is_the_configs_without_cuda_graphs(mode, options, expected):
+    assert graphed_compile(mode, options) == expected
+
+
+@pytest.mark.parametrize(
+    "serve, message",
+    [
+        ({"variants": []}, "at least one variant"),
+        ({"variants": ["eager", "eager"]}, "listed twice"),
+        ({"variants": ["fast"]}, "fast"),
+        ({"oversize": "truncate"}, "truncate"),
+    ],
+)
+def test_bad_serve_options_are_refused(serve, message):
+    with pytest.raises(ValueError, match=message):
+        spec(serve=serve)
+
+
+def test_pad_values_must_fit_the_input_dtype_and_are_not_part_of_the_namespace():
+    with pytest.raises(ValueError, match="whole number"):
+        WarmupSpec.model_validate(
+            {
+                "model": {"factory": "m:f"},
+                "inputs": [{"shape": ["batch"], "dtype": "int64", "range": [0, 9], "pad": 0.5}],
+            }
+        )
+    with pytest.raises(ValueError, match="0 or 1"):
+        WarmupSpec.model_validate(
+            {"model": {"factory": "m:f"}, "inputs": [{"shape": ["batch"], "dtype": "bool", "pad": 2}]}
+        )
+    padded = WarmupSpec.model_validate({"model": {"factory": "m:f"}, "inputs": [{"shape": ["batch", 4], "pad": -1}]})
+    assert padded.identity_hash() == spec().identity_hash()
+    assert spec(serve={"variants": ["eager"]}).identity_hash() == spec().identity_hash()
+
+
+def test_plans_are_named_by_content_and_the_newest_per_bucket_is_read(tmp_path):
+    old = BucketResult(bucket=8, variant="compiled", variants={"eager": m(1.0), "compiled": m(0.5)})
+    first = write_plan(tmp_path, spec(), old)
+    assert first.startswith("serving/plan-b8-") and first.endswith(".json")
+    confirmed = BucketResult(bucket=8, variant="compiled", variants={"eager": m(1.1), "compiled": m(0.6)})
+    assert write_plan(tmp_path, spec(), confirmed) is None  # the same choice again: nothing new to publish
+    new = BucketResult(bucket=8, variant="eager", variants={"eager": m(1.0), "compiled": m(1.5)})
+    second = write_plan(tmp_path, spec(), new)
+    other = write_plan(tmp_path, spec(), BucketResult(bucket=1, variant="compiled", variants={"eager": m(1.0)}))
+    assert first and second and other and len({first, second, other}) == 3
+    assert not list(tmp_path.rglob(".*.tmp"))
+    plans = read_plans(tmp_path)
+    assert sorted(plans) == [1, 8]
+    assert plans[8]["variant"] == "eager" and plans[8]["variants"]["compiled"]["ms"] == 1.5
+    assert json.loads((tmp_path / second).read_text())["config_hash"] == spec().identity_hash()
+    assert read_plans(tmp_path / "nothing-here") == {}
