@@ -2,7 +2,8 @@
 
 The public API for serving code is this package's top level:
 
-    from orchestrator import prepare_replica
+    from orchestrator import runtime            # runtime.load(config): the served, bucketed model
+    from orchestrator import prepare_replica    # for servers that keep their own torch.compile
 
 Everything else (`orchestrator.cli`, `orchestrator.jobs`, `orchestrator.cache`, ...) is the tool's
 own and may change. Names are loaded on first use: `import orchestrator` alone does not import torch.
@@ -13,13 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["prepare_replica"]
+__all__ = ["prepare_replica", "runtime"]
 
 if TYPE_CHECKING:
+    from orchestrator import runtime
     from orchestrator.jobs.serving import prepare_replica
 
-# public name -> the module that defines it
-_PUBLIC = {"prepare_replica": "orchestrator.jobs.serving"}
+# public name -> the module that defines it (None: the name is a module of this package)
+_PUBLIC = {"prepare_replica": "orchestrator.jobs.serving", "runtime": None}
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +29,11 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    where = _PUBLIC[name]
+    value = (
+        importlib.import_module(f"orchestrator.{name}")
+        if where is None
+        else getattr(importlib.import_module(where), name)
+    )
     globals()[name] = value  # later lookups skip this function
     return value

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import UserError
+from orchestrator.jobs.records import Remote
 from orchestrator.jobs.spec import WarmupSpec, validate_buckets
 
 DEFAULT_CACHE_ROOT = "~/.cache/orchestrate"
@@ -190,3 +191,22 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def embedded_store(root: Path, allow_unsigned: bool) -> Remote:
+    """The store when none is given: a directory beside the local cache, with a signing key made
+    once and kept there (mode 0600), so the default path is signed and verified like production."""
+    from orchestrator.cache.manifest import KEY_ENV, KEY_FILE_ENV, SigningKey
+
+    store = root / "store"
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"cache directory {root}: cannot create the local store ({exc.strerror}); pass a writable --cache-dir"
+        ) from None
+    if os.environ.get(KEY_ENV) or os.environ.get(KEY_FILE_ENV):
+        return Remote(f"file://{store}", allow_unsigned)
+    key_file = root / ".signing-key"
+    SigningKey.create_file(key_file)
+    return Remote(f"file://{store}", allow_unsigned, str(key_file))

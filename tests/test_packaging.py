@@ -116,6 +116,6 @@ def test_a_servers_own_cache_and_jobs_modules_do_not_collide(tmp_path):
 def test_the_public_api_is_listed_and_unknown_names_fail():
     import orchestrator
 
-    assert orchestrator.__all__ == ["prepare_replica"]
+    assert orchestrator.__all__ == ["prepare_replica", "runtime"]
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         orchestrator.nothing_here  # noqa: B018

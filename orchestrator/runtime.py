@@ -1,0 +1,61 @@
+"""The serving runtime: a replica loads what the fleet warmed and serves every bucket on the
+variant warmup chose for it.
+
+    from orchestrator import runtime
+
+    model = runtime.load("model.yaml", remote="s3://bucket/compile-cache")   # ready when it returns
+    out = model(x)            # any size along the bucket dimension: padded to its bucket, sliced back
+    model.info()              # per bucket: variant, cache hits and misses, load and capture seconds
+
+Requests larger than the largest bucket run in chunks of it (`serve.oversize: split`) or are
+refused (`error`). A bad request raises `BadRequest` naming the input; the model stays usable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from orchestrator.config import cache_root, embedded_store, load_spec_with_overrides
+from orchestrator.jobs.padding import BadRequest
+from orchestrator.jobs.records import Remote
+from orchestrator.jobs.replica import BucketedModel, BucketInfo, NotWarm, ReplicaInfo, load_replica
+from orchestrator.jobs.spec import WarmupSpec
+
+__all__ = ["BadRequest", "BucketInfo", "BucketedModel", "NotWarm", "ReplicaInfo", "load"]
+
+
+def load(
+    config: str | Path | WarmupSpec,
+    cache_dir: Optional[str | Path] = None,
+    remote: Optional[str] = None,
+    buckets: Optional[list[int]] = None,
+    *,
+    device: Optional[str] = None,
+    require_warm: bool = False,
+    allow_unsigned: bool = False,
+) -> BucketedModel:
+    """Build the config's model and load every bucket (`buckets`: a subset) on its chosen variant.
+
+    `remote`: the store to pull the namespace from first (signing key from
+    ORCHESTRATE_CACHE_SIGNING_KEY or ..._FILE). Without one, the local store that `orchestrate
+    warmup` keeps beside the cache is pulled from when it exists, so a replica on the warmup's
+    machine starts from what it published. `require_warm`: a compiled variant that misses the
+    cache raises NotWarm instead of compiling."""
+    if isinstance(config, WarmupSpec):
+        spec = config
+        if device or cache_dir:
+            spec = spec.replaced(**{k: v for k, v in {"device": device, "cache_dir": cache_dir}.items() if v})
+    else:
+        spec = load_spec_with_overrides(
+            config, device=device, cache_dir=None if cache_dir is None else str(Path(cache_dir).resolve())
+        )
+    if buckets is not None:
+        spec = spec.replaced(buckets=buckets)
+    root = cache_root(spec)
+    store: Optional[Remote] = None
+    if remote is not None:
+        store = Remote(remote, allow_unsigned)
+    elif (root / "store").is_dir():
+        store = embedded_store(root, allow_unsigned)
+    return load_replica(spec, root, remote=store, require_warm=require_warm)

@@ -1,0 +1,93 @@
+"""On a CUDA machine: the graphed serving variants are built, checked against eager and timed at
+warmup, and the runtime replays the variant warmup chose. Skipped where torch sees no GPU (CI);
+run on the GPU machine with `pytest tests/test_gpu_serving.py`."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+import torch
+from conftest import orchestrate
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SYNCING_MODEL = """
+import torch
+
+class Syncs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if y.sum().item() > 1e9:  # a host sync: nothing can capture this in a CUDA graph
+            y = y * 2
+        return y
+
+def syncs():
+    return Syncs()
+"""
+
+
+def warmup(config: str, cache, *extra: str) -> dict:
+    proc = orchestrate("warmup", "--no-ray", "--model", config, "--device", "cuda", "--json", *extra, cache_dir=cache)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_graphed_variants_match_eager_and_the_runtime_replays_the_chosen_one(tmp_path):
+    from orchestrator import runtime
+    from orchestrator.config import load_spec_with_overrides
+    from orchestrator.jobs.model import build_model, make_inputs
+
+    report = warmup("examples/mlp.yaml", tmp_path, "--buckets", "1,8")
+    chosen = {}
+    for result in report["results"]:
+        variants = result["variants"]
+        assert list(variants) == ["eager", "compiled", "graphed", "eager-graphed"]
+        for name, measure in variants.items():
+            assert measure["ok"], (name, measure["reason"])
+            assert measure["ms"] > 0 and measure["p90_ms"] >= measure["ms"] and measure["spread_ms"] >= 0
+        assert result["variant"] in variants
+        chosen[result["bucket"]] = result["variant"]
+
+    served = runtime.load("examples/mlp.yaml", cache_dir=tmp_path, buckets=[1, 8], device="cuda")
+    gc.collect()  # the graphs must keep what they read alive: nothing the loader dropped may be reused
+    noise = [torch.randn(1 << 20, device="cuda") for _ in range(64)]  # fresh allocations over freed memory
+    info = served.info()
+    assert {b: i.variant for b, i in info.buckets.items()} == chosen
+    assert all(i.cache_misses == 0 for i in info.buckets.values())
+    spec = load_spec_with_overrides("examples/mlp.yaml", device="cuda")
+    eager = build_model(spec, torch.device("cuda"))
+    for n in (1, 5, 8, 11):  # at a bucket, between buckets, larger than the largest (split)
+        args, _ = make_inputs(spec, n, torch.device("cuda"))
+        got = served(*args)
+        with torch.no_grad():
+            want = eager(*args)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+    del noise
+    (x,), _ = make_inputs(spec, 8, torch.device("cuda"))
+    first = served(x)
+    kept = first.clone()
+    served(x * 2)  # a replay must not reach an earlier output
+    torch.cuda.synchronize()
+    torch.testing.assert_close(first, kept, atol=0, rtol=0)
+
+
+def test_a_model_that_syncs_the_host_serves_without_graphs_and_says_why(tmp_path):
+    (tmp_path / "models.py").write_text(SYNCING_MODEL)
+    (tmp_path / "cfg.yaml").write_text(
+        "model: {factory: models.py:syncs}\ninputs: [{shape: [batch, 16]}]\nbuckets: [1, 4]\n"
+        "compile: {mode: default}\nbench: {iterations: 20, warmup: 3}\n"
+    )
+    report = warmup(str(tmp_path / "cfg.yaml"), tmp_path / "cache")
+    for result in report["results"]:
+        assert result["status"] == "ok", result["error"]
+        for name in ("graphed", "eager-graphed"):
+            measure = result["variants"][name]
+            assert measure["ok"] is False and "CUDA graph" in measure["reason"], measure
+        assert result["variant"] in ("eager", "compiled")

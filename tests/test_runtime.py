@@ -1,0 +1,231 @@
+"""The serving runtime on the CPU: a replica loads what warmup chose per bucket, pads every request
+to its bucket and slices the outputs back, splits oversize requests, refuses bad ones without
+breaking, and may be called from any thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import orchestrate
+
+from orchestrator import runtime
+from orchestrator.config import load_spec
+from orchestrator.jobs.model import build_model, make_inputs
+from orchestrator.jobs.records import BucketResult, VariantMeasure
+from orchestrator.jobs.variants import write_plan
+
+MODELS = """
+import torch
+
+class Rows(torch.nn.Module):
+    # row-independent, so a padded row cannot change another row's output
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+class Tokens(torch.nn.Module):
+    # a sequence bucket: ids [2, seq] and a mask [2, seq]; a dict output with the sequence at dim 1
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 4)
+
+    def forward(self, ids, mask):
+        hidden = self.embed(ids) * mask.unsqueeze(-1)
+        return {"hidden": hidden, "count": mask.sum(), "first": hidden[:, :1]}
+
+def rows():
+    return Rows()
+
+def tokens():
+    return Tokens()
+"""
+
+
+def config(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "models.py").write_text(MODELS)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def rows_config(tmp_path):
+    return config(
+        tmp_path,
+        "model: {factory: models.py:rows}\ninputs: [{shape: [batch, 6]}]\nbuckets: [1, 4]\ndevice: cpu\n"
+        "compile: {mode: default}\nbench: {iterations: 20, warmup: 2}\n",
+    )
+
+
+def eager_of(path: Path, n: int):
+    spec = load_spec(path)
+    model = build_model(spec, torch.device("cpu"))
+    args, kwargs = make_inputs(spec, n, torch.device("cpu"))
+    with torch.no_grad():
+        return args, kwargs, model(*args, **kwargs)
+
+
+def test_without_a_serving_plan_every_bucket_serves_eager_and_says_so(rows_config, tmp_path):
+    served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
+    info = served.info()
+    assert sorted(info.buckets) == [1, 4]
+    for bucket_info in info.buckets.values():
+        assert bucket_info.variant == "eager" and bucket_info.planned is None
+        assert "no serving plan" in bucket_info.reason
+    assert info.ready_seconds > 0 and info.dynamo_frames_compiled == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 9])  # at, between and beyond the buckets (split)
+def test_any_request_size_gives_the_models_own_answer(rows_config, tmp_path, n):
+    served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
+    args, _, want = eager_of(rows_config, n)
+    got = served(*args)
+    assert got.shape == want.shape == (n, 3)
+    torch.testing.assert_close(got, want)
+
+
+def test_oversize_error_refuses_a_request_larger_than_the_largest_bucket(rows_config, tmp_path):
+    text = rows_config.read_text() + "serve: {oversize: error}\n"
+    rows_config.write_text(text)
+    served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
+    with pytest.raises(runtime.BadRequest, match="larger than the largest bucket 4"):
+        served(torch.randn(5, 6))
+    assert served(torch.randn(4, 6)).shape == (4, 3)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, names",
+    [
+        ((), {}, "input"),  # nothing given
+        ((torch.randn(2, 6), torch.randn(2, 6)), {}, "input"),  # one too many
+        ((torch.randn(2, 6).double(),), {}, "float64"),
+        ((torch.randn(2, 6, 1),), {}, "inputs[0]"),  # rank
+        ((torch.randn(2, 5),), {}, "inputs[0]"),  # a fixed dimension of the wrong size
+        (([[0.0] * 6],), {}, "inputs[0]"),  # not a tensor
+        ((torch.randn(0, 6),), {}, "inputs[0]"),  # empty
+        ((torch.randn(2, 6, device="meta"),), {}, "meta"),
+    ],
+)
+def test_a_bad_request_is_refused_in_one_line_and_the_model_stays_usable(rows_config, tmp_path, args, kwargs, names):
+    served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
+    with pytest.raises(runtime.BadRequest) as refused:
+        served(*args, **kwargs)
+    message = str(refused.value)
+    assert names in message and "\n" not in message
+    good, _, want = eager_of(rows_config, 3)
+    torch.testing.assert_close(served(*good), want)
+
+
+def test_a_sequence_bucket_pads_the_sequence_and_slices_dict_outputs(tmp_path):
+    path = config(
+        tmp_path,
+        "model: {factory: models.py:tokens}\nbucket_symbol: seq\nbuckets: [4, 8]\ndevice: cpu\n"
+        "inputs:\n  - {shape: [2, seq], dtype: int64, range: [1, 50], pad: 0}\n"
+        "  - {shape: [2, seq], dtype: float32, pad: 0}\n",
+    )
+    served = runtime.load(path, cache_dir=tmp_path / "cache")
+    ids = torch.randint(1, 50, (2, 6))
+    mask = torch.ones(2, 6)
+    got = served(ids, mask)
+    spec = load_spec(path)
+    with torch.no_grad():
+        want = build_model(spec, torch.device("cpu"))(ids, mask)
+    assert set(got) == {"hidden", "count", "first"}
+    assert got["hidden"].shape == (2, 6, 4)
+    torch.testing.assert_close(got["hidden"], want["hidden"])
+    torch.testing.assert_close(got["first"], want["first"])
+    # the mask's padding is 0: the masked sum over the padded bucket is the request's own
+    torch.testing.assert_close(got["count"], want["count"])
+
+
+def test_calls_from_other_threads_than_the_loaders_are_served(rows_config, tmp_path):
+    served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
+    # references first, in this thread: building a model seeds torch's global generator
+    expected = {n: eager_of(rows_config, n) for n in range(1, 9)}
+    results: dict[int, torch.Tensor] = {}
+    failures: list[BaseException] = []
+
+    def call(n: int) -> None:
+        try:
+            args, _, want = expected[n]
+            got = served(*args)
+            torch.testing.assert_close(got, want)
+            results[n] = got
+        except BaseException as exc:  # reported below, in the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in expected]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and sorted(results) == list(expected)
+
+
+def test_a_planned_compiled_bucket_that_misses_the_cache_is_refused_with_require_warm(rows_config, tmp_path):
+    spec = load_spec(rows_config)
+    served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
+    namespace = tmp_path / "cache" / served.info().namespace
+    planned = {"eager": VariantMeasure(ok=True, ms=1.0), "compiled": VariantMeasure(ok=True, ms=0.5)}
+    write_plan(namespace, spec, BucketResult(bucket=4, variant="compiled", variants=planned))
+    with pytest.raises(runtime.NotWarm, match="bucket 4: variant compiled missed the cache"):
+        runtime.load(rows_config, cache_dir=tmp_path / "cache", require_warm=True)
+
+
+@pytest.mark.slow
+def test_a_replica_serves_what_warmup_chose_from_the_published_store(rows_config, tmp_path, monkeypatch):
+    """Warmup measures and publishes its choice; a replica on an empty cache directory pulls the
+    signed store and loads each bucket on the chosen variant; a compiled one loads from the cache
+    alone (require_warm)."""
+    (tmp_path / "store").mkdir()
+    store = f"file://{tmp_path / 'store'}"
+    key = {"ORCHESTRATE_CACHE_SIGNING_KEY": "k" * 64}
+    proc = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        str(rows_config),
+        "--remote",
+        store,
+        "--json",
+        cache_dir=tmp_path / "warm",
+        env=key,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    chosen = {r["bucket"]: r["variant"] for r in report["results"]}
+    for result in report["results"]:
+        assert list(result["variants"]) == ["eager", "compiled"]
+        assert all(v["ok"] and v["ms"] > 0 for v in result["variants"].values())
+        assert result["variant"] in ("eager", "compiled")
+    monkeypatch.setenv("ORCHESTRATE_CACHE_SIGNING_KEY", key["ORCHESTRATE_CACHE_SIGNING_KEY"])
+    served = runtime.load(rows_config, cache_dir=tmp_path / "replica", remote=store, require_warm=True)
+    info = served.info()
+    assert info.pull is not None and info.pull.files > 0
+    assert {b: i.planned for b, i in info.buckets.items()} == chosen
+    assert {b: i.variant for b, i in info.buckets.items()} == chosen
+    assert all(i.cache_misses == 0 for i in info.buckets.values())
+    args, _, want = eager_of(rows_config, 3)
+    torch.testing.assert_close(served(*args), want)
+
+    # whatever was chosen, the compiled artifacts of every bucket were published: a plan that
+    # says `compiled` loads them with no miss
+    spec = load_spec(rows_config)
+    measured = {"eager": VariantMeasure(ok=True, ms=1.0), "compiled": VariantMeasure(ok=True, ms=0.5)}
+    for bucket in (1, 4):
+        write_plan(
+            tmp_path / "replica" / info.namespace, spec, BucketResult(bucket, variant="compiled", variants=measured)
+        )
+    compiled = runtime.load(rows_config, cache_dir=tmp_path / "replica", require_warm=True)
+    assert {b: i.variant for b, i in compiled.info().buckets.items()} == {1: "compiled", 4: "compiled"}
+    assert all(i.cache_misses == 0 and i.cache_hits > 0 for i in compiled.info().buckets.values())
+    for n in (1, 3, 4, 6):
+        args, _, want = eager_of(rows_config, n)
+        torch.testing.assert_close(compiled(*args), want)
