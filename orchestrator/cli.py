@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -24,7 +25,13 @@ from rich.console import Console
 from orchestrator import __version__
 from orchestrator.cache.manifest import IntegrityError
 from orchestrator.cache.store import StoreError
-from orchestrator.config import cache_root, default_cache_root, load_spec_with_overrides
+from orchestrator.config import (
+    cache_root,
+    default_cache_root,
+    embedded_store,
+    format_buckets,
+    load_spec_with_overrides,
+)
 from orchestrator.errors import (
     EXIT_BUCKET_FAILED,
     EXIT_INTERRUPTED,
@@ -186,7 +193,7 @@ def _on_ray(
     from orchestrator.ray_driver import run_on_ray
     from orchestrator.report import build_fleet_report
 
-    remote_store = remote_store or _embedded_store(cache_root(spec), allow_unsigned)
+    remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned)
     with FleetProgress(err, on_record=observe) as progress:
         fleet = run_on_ray(
             spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh, observer=progress
@@ -205,26 +212,6 @@ def _metrics(spec, port: Optional[int]):
         except OSError as exc:
             raise UserError(f"--metrics-port {port}: cannot listen ({exc.strerror}); pick a free port") from None
     return metrics
-
-
-def _embedded_store(root: Path, allow_unsigned: bool):
-    """The store when none is given: a directory beside the local cache, with a signing key made
-    once and kept there (mode 0600), so the default path is signed and verified like production."""
-    from orchestrator.cache.manifest import KEY_ENV, KEY_FILE_ENV, SigningKey
-    from orchestrator.jobs.records import Remote
-
-    store = root / "store"
-    try:
-        store.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"cache directory {root}: cannot create the local store ({exc.strerror}); pass a writable --cache-dir"
-        ) from None
-    if os.environ.get(KEY_ENV) or os.environ.get(KEY_FILE_ENV):
-        return Remote(f"file://{store}", allow_unsigned)
-    key_file = root / ".signing-key"
-    SigningKey.create_file(key_file)
-    return Remote(f"file://{store}", allow_unsigned, str(key_file))
 
 
 @cli.command()
@@ -292,6 +279,88 @@ def pull(
             "first, or pass --allow-miss to start cold",
             EXIT_MISS,
         )
+
+
+@cli.command()
+@click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config (see examples/).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address Serve's HTTP proxy listens on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Its port.")
+@_buckets_option
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
+@click.option("--cache-dir", metavar="DIR", help="Local cache root the replica loads from (as warmup's).")
+@click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
+@click.option("--require-warm", is_flag=True, help="Fail instead of compiling a bucket that misses the cache.")
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(min=1),
+    help="Requests joined into one call (default: the largest bucket); 1 runs each alone.",
+)
+@_store_options
+def serve(
+    model_path: str,
+    host: str,
+    port: int,
+    buckets: Optional[str],
+    device: Optional[str],
+    cache_dir: Optional[str],
+    ray_address: Optional[str],
+    require_warm: bool,
+    max_batch_size: Optional[int],
+    remote: Optional[str],
+    allow_unsigned: bool,
+    signing_key_file: Optional[str],
+) -> None:
+    """Serve the warmed model over HTTP on Ray Serve until Ctrl-C: POST /predict {"inputs": [...]}.
+
+    One replica loads every bucket from the cache (pulled from --remote, or the store beside the
+    cache, first) before it takes requests; requests that arrive together run as one call."""
+    spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
+    store_url = remote or spec.remote
+    from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.records import Remote
+    from orchestrator.ray_driver import preflight
+    from orchestrator.serve import ServeFailed, block_until_signalled, check_port, run_server
+
+    try:
+        preflight(spec)
+    except SetupError as exc:
+        raise UserError(str(exc)) from None
+    if not ray_address:  # a cluster's proxy listens on its head node, not here
+        problem = check_port(host, port)
+        if problem:
+            raise UserError(problem)
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines would bury the ready line
+    where = f"the Ray cluster at {ray_address}" if ray_address else "a local Ray instance"
+    click.echo(f"orchestrate: loading {spec.label} (buckets {format_buckets(spec.buckets)}) on {where}", err=True)
+
+    def ready(url: str, info: dict[str, Any]) -> None:
+        variants = ", ".join(f"{bucket}: {row['variant']}" for bucket, row in info["buckets"].items())
+        click.echo(
+            f"orchestrate: serving {spec.label} at {url} ({info['device']}; {variants}; "
+            f"ready in {info['ready_seconds']:.1f} s); Ctrl-C stops",
+            err=True,
+        )
+
+    try:
+        run_server(
+            spec,
+            host=host,
+            port=port,
+            ray_address=ray_address,
+            remote=Remote(store_url, allow_unsigned, signing_key_file) if store_url else None,
+            require_warm=require_warm,
+            max_batch_size=max_batch_size,
+            on_ready=ready,
+            until=block_until_signalled,
+        )
+    except SetupError as exc:
+        raise UserError(str(exc)) from None
+    except ServeFailed as exc:
+        # the replica's exception crossed Ray as text: its class name says which exit code it means
+        store = ("StoreError", "StoreUnreachable", "StoreAuthError", "NotFound", "TransientError")
+        code = EXIT_STORE if exc.kind in store else EXIT_UNTRUSTED if exc.kind == "IntegrityError" else EXIT_USAGE
+        _fail(str(exc), code)
+    click.echo("orchestrate: stopped", err=True)
 
 
 @cli.command()

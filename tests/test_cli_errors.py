@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -183,7 +184,8 @@ def test_superscript_buckets(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "command", [("warmup",), ("submit", "--k8s", "--image", "img"), ("render", "k8s", "--image", "img")]
+    "command",
+    [("warmup",), ("submit", "--k8s", "--image", "img"), ("render", "k8s", "--image", "img"), ("serve",)],
 )
 def test_every_command_with_buckets_reads_them_by_one_rule(tmp_path, command):
     help_text = " ".join(orchestrate(*command, "--help", tmp_path=tmp_path).stdout.split())  # unwrapped
@@ -489,3 +491,35 @@ def test_one_failing_bucket_does_not_stop_the_others(tmp_path):
     assert report["summary"]["buckets_ok"] == 2
     assert report["summary"]["buckets_failed"] == 1
     assert str(tmp_path / "cache") in report["cache_dir"]
+
+
+# --- serve: refused before Ray starts -----------------------------------------------------------
+
+
+def test_serve_missing_config_file(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    assert_user_error(orchestrate("serve", "--model", str(missing), tmp_path=tmp_path), str(missing), "no such file")
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "http"])
+def test_serve_port_out_of_range(tmp_path, port):
+    path = config(tmp_path, "factories.py:good")
+    assert_user_error(orchestrate("serve", "--model", str(path), "--port", port, tmp_path=tmp_path), "--port")
+
+
+def test_serve_port_in_use(tmp_path, factories):
+    path = config(tmp_path, "factories.py:good")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_user_error(
+            orchestrate("serve", "--model", str(path), "--port", str(port), tmp_path=tmp_path),
+            f"cannot listen on 127.0.0.1:{port}",
+            "--port",
+        )
+
+
+def test_serve_missing_factory_file(tmp_path):
+    path = config(tmp_path, "nope.py:make")
+    assert_user_error(orchestrate("serve", "--model", str(path), tmp_path=tmp_path), "model.factory", "does not exist")

@@ -1,0 +1,291 @@
+"""`orchestrate serve`: the warmed model behind HTTP on Ray Serve.
+
+    POST /predict   {"inputs": [[...], ...]}   ->  200 {"outputs": ...}
+                                                    400 {"error": "<one line>"}  (the request's fault)
+    GET  /info      the replica's load report (orchestrator.runtime.ReplicaInfo)
+
+One replica (`ModelServer`) loads the model with `runtime.load` in its constructor, so Serve sends
+it nothing before every bucket is loaded. Requests arriving together are batched (`serve.batch`,
+up to the largest bucket's count of requests): their inputs are joined along the bucket
+dimension, the model runs once (padded to a bucket, or in chunks of the largest), and the outputs
+are cut back per request (orchestrator.serve_codec). Joining assumes what `serve.oversize:
+split` assumes: rows along the bucket dimension do not interact; `max_batch_size=1` runs every
+request alone for a model where they do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Optional
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from orchestrator.jobs.errors import brief
+from orchestrator.jobs.records import Remote
+from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.workers import threads_as_a_plain_process
+
+if TYPE_CHECKING:  # torch is imported in the replica, after its thread count is set
+    from orchestrator.serve_codec import Request as Decoded
+
+BATCH_WAIT_SECONDS = 0.005  # how long the first request of a batch waits for others to join it
+ROUTES = "POST /predict, GET /info"
+_RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): (?P<message>.*)$")  # a traceback's last line
+logger = logging.getLogger("ray.serve")
+
+
+# A model that fails to load fails the same way again: report it instead of retrying
+@serve.deployment(max_constructor_retry_count=1)
+class ModelServer:
+    def __init__(
+        self,
+        spec: WarmupSpec,
+        remote: Optional[Remote],
+        require_warm: bool,
+        max_batch_size: int,
+        batch_wait_seconds: float,
+    ) -> None:
+        # Ray starts a replica with OMP_NUM_THREADS set to its CPU share; the warm cache holds CPU
+        # kernels built for the node's default thread count, as a plain process runs them
+        threads_as_a_plain_process()
+        from orchestrator import runtime
+        from orchestrator.cache.manifest import KEY_FILE_ENV
+        from orchestrator.serve_codec import OutputError, RequestCodec, RequestError
+
+        if remote is not None and remote.key_file:  # runtime.load takes the key from the environment
+            os.environ[KEY_FILE_ENV] = remote.key_file
+        self.model = runtime.load(
+            spec,
+            remote=remote.url if remote else None,
+            require_warm=require_warm,
+            allow_unsigned=bool(remote and remote.allow_unsigned),
+        )
+        self.codec = RequestCodec(self.model.spec, self.model.device)
+        self._request_error = RequestError
+        self._client_errors: tuple[type[Exception], ...] = (RequestError, runtime.BadRequest)
+        self._output_error = OutputError
+        batcher: Any = self._predict  # serve.batch's wrapper, which carries its setters
+        batcher.set_max_batch_size(max_batch_size)
+        batcher.set_batch_wait_timeout_s(batch_wait_seconds)
+
+    def info(self) -> dict[str, Any]:
+        """What the replica loaded: per bucket the variant serving it, cache hits, load seconds."""
+        return json.loads(json.dumps(self.model.info().to_dict(), default=str))
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/") or "/"
+        if path == "/predict":
+            if request.method != "POST":
+                return _error(405, "use POST with a JSON body on /predict", headers={"Allow": "POST"})
+            try:
+                decoded = self.codec.decode(await request.body())
+            except self._request_error as exc:
+                return _error(400, str(exc))
+            status, body = await self._predict(decoded)
+            return JSONResponse(body, status_code=status)
+        if path == "/info":
+            if request.method != "GET":
+                return _error(405, "use GET on /info", headers={"Allow": "GET"})
+            return JSONResponse(self.info())
+        return _error(404, f"no route {request.method} {request.url.path}; this server answers {ROUTES}")
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=BATCH_WAIT_SECONDS)
+    async def _predict(self, requests: list[Decoded]) -> list[tuple[int, dict[str, Any]]]:
+        # in a thread: the event loop keeps reading requests, which then form the next batch
+        return await asyncio.get_running_loop().run_in_executor(None, self._answer_all, requests)
+
+    def _answer_all(self, requests: list[Decoded]) -> list[tuple[int, dict[str, Any]]]:
+        answers: list[tuple[int, dict[str, Any]]] = [(500, {})] * len(requests)
+        for group in self.codec.groups(requests):
+            for i, answer in zip(group, self._answer([requests[i] for i in group]), strict=True):
+                answers[i] = answer
+        return answers
+
+    def _answer(self, requests: list[Decoded]) -> list[tuple[int, dict[str, Any]]]:
+        """One model call for these requests; if it fails, each request alone, so that a failure
+        is only the request's own that caused it."""
+        try:
+            args, kwargs = self.codec.join(requests)
+            outputs = self.model(*args, **kwargs)
+            return [(200, {"outputs": out}) for out in self.codec.split(outputs, [r.size for r in requests])]
+        except Exception as exc:
+            if len(requests) > 1:
+                return [answer for request in requests for answer in self._answer([request])]
+            if isinstance(exc, self._client_errors):
+                return [(400, {"error": str(exc)})]
+            if isinstance(exc, self._output_error):
+                return [(500, {"error": f"the model's output cannot be sent as JSON: {exc}"})]
+            logger.exception("predict failed")
+            return [(500, {"error": f"the model failed on this request: {brief(exc)}"})]
+
+
+def _error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class ServeFailed(Exception):
+    """The application did not start; `kind` names the replica's exception where Ray reported it."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def check_port(host: str, port: int) -> Optional[str]:
+    """Why Serve's proxy could not listen on host:port on this machine, or None. The proxy
+    itself only says so in its logs, while the application waits for it."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"--host {host}: {exc.strerror}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy's server sets it
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
+    return None
+
+
+def app_name(spec: WarmupSpec) -> str:
+    return f"orchestrate-{spec.label}"
+
+
+def run_server(
+    spec: WarmupSpec,
+    *,
+    host: str,
+    port: int,
+    ray_address: Optional[str] = None,
+    remote: Optional[Remote] = None,
+    require_warm: bool = False,
+    max_batch_size: Optional[int] = None,
+    batch_wait_seconds: float = BATCH_WAIT_SECONDS,
+    on_ready: Callable[[str, dict[str, Any]], None] = lambda url, info: None,
+    until: Callable[[], None] = lambda: None,
+) -> None:
+    """Start Ray (a local instance, or join `ray_address`), deploy the model (the caller checked that
+    its factory is there: ray_driver.preflight), call `on_ready` with
+    the predict URL and the replica's info, then `until()` (the caller blocks there); on return or
+    an exception, remove what this call started. ServeFailed when the application fails."""
+    import ray
+
+    from orchestrator.job_env import job_env_vars
+    from orchestrator.ray_driver import _join, _probe
+
+    env = job_env_vars()
+    owns_cluster = not ray.is_initialized() and ray_address is None
+    if ray_address and ray_address != "auto":
+        _probe(ray_address)
+    _join(ray, ray_address, env)
+    name = app_name(spec)
+    deployed = ready = False
+    try:
+        batch = max_batch_size or max(spec.buckets)
+        serve.start(http_options={"host": host, "port": port})
+        deployment: Any = ModelServer  # a serve Deployment; its stubs keep the class's type
+        app = deployment.options(
+            ray_actor_options={"num_gpus": _gpus(spec, ray.cluster_resources()), "runtime_env": {"env_vars": env}},
+            # room for a batch being run, the next one filling, and requests being decoded
+            max_ongoing_requests=max(4 * batch, 16),
+        ).bind(spec, remote, require_warm, batch, batch_wait_seconds)
+        deployed = True
+        try:
+            handle = serve.run(app, name=name, route_prefix="/", blocking=False)
+        except RuntimeError as exc:
+            raise _failure(_deployment_message(name) or str(exc)) from None
+        info = handle.info.remote().result()
+        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        ready = True
+        on_ready(f"http://{_bracketed(shown_host)}:{port}/predict", info)
+        until()
+    finally:
+        _shut_down(owns_cluster, name if deployed else None, drain=ready)
+
+
+def _gpus(spec: WarmupSpec, resources: dict[str, float]) -> int:
+    from orchestrator.jobs.errors import SetupError
+
+    if spec.device == "cpu":
+        return 0
+    if resources.get("GPU", 0) >= 1:
+        return 1  # the replica sees one GPU, as cuda:0: where warmup's artifacts were built
+    if spec.device == "cuda":
+        raise SetupError("device 'cuda' was requested but the Ray cluster has no GPUs")
+    return 0
+
+
+def _deployment_message(name: str) -> str:
+    """Why the application's deployment failed, with the replica's traceback: the application's
+    own message only names the deployment."""
+    try:
+        application = serve.status().applications[name]
+    except Exception:  # the message is a better error, not a condition of one
+        return ""
+    return "\n".join(d.message for d in application.deployments.values() if d.message)
+
+
+def _failure(message: str) -> ServeFailed:
+    """Serve's 'Deploying application ... failed' with the replica's traceback, as one line: the
+    exception the constructor raised."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or [message]
+    raised = [match for match in map(_RAISED.match, lines) if match]
+    if not raised:
+        return ServeFailed(f"the model server did not start: {lines[-1]}")
+    kind = raised[-1]["type"].rsplit(".", 1)[-1]
+    return ServeFailed(f"the model server did not start: {kind}: {raised[-1]['message']}", kind)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _shut_down(owns_cluster: bool, name: Optional[str], drain: bool) -> None:
+    """Remove our application; with our own Ray instance, Ray too, after Serve has let requests
+    under way finish (`drain`; a server that never became ready has none)."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    try:
+        if owns_cluster and drain:
+            serve.shutdown()
+        elif not owns_cluster and name:
+            serve.delete(name)
+    finally:
+        if owns_cluster:
+            ray.shutdown()
+
+
+def block_until_signalled(poll_seconds: float = 1.0) -> None:
+    """Sleep until Ctrl-C or SIGTERM (a supervisor's stop), then return normally."""
+    with _sigterm_interrupts():
+        try:
+            while True:
+                time.sleep(poll_seconds)
+        except KeyboardInterrupt:
+            return
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,321 @@
+"""What `orchestrate serve` does with a request between HTTP and the model: JSON in, tensors
+checked against the config's inputs, several requests joined into one call along the bucket
+dimension, the call's outputs cut back per request and turned into JSON.
+
+    codec = RequestCodec(spec, device)
+    request = codec.decode(body)                         # RequestError: the client's fault, HTTP 400
+    args, kwargs = codec.join([request, other])          # one call for both
+    first, second = codec.split(model(*args, **kwargs), [request.size, other.size])
+
+A request is checked completely before it joins others, so one malformed request never fails
+the requests batched with it. The checks are the config's: count and names of the inputs, rank,
+fixed dimensions, one size along the bucket dimension, values the input's dtype can hold, and
+integer inputs within their `range` (an out-of-range token id would index past an embedding).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Optional
+
+import torch
+
+from orchestrator.jobs.spec import FLOAT_DTYPES, InputSpec, WarmupSpec
+
+
+class RequestError(ValueError):
+    """A request the client has to fix: one line naming the input and what is wrong."""
+
+
+class OutputError(ValueError):
+    """Model outputs that JSON cannot carry (NaN, Inf, complex numbers, other objects)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One decoded request: the model's arguments as tensors on its device, and its size along
+    the bucket dimension."""
+
+    args: tuple[torch.Tensor, ...]
+    kwargs: dict[str, torch.Tensor]
+    size: int
+
+
+@dataclass(frozen=True)
+class _Input:
+    spec: InputSpec
+    label: str
+    dtype: torch.dtype
+    bucket_dims: tuple[int, ...]
+
+
+class RequestCodec:
+    """Decodes requests for one model config and shapes batches of them."""
+
+    def __init__(self, spec: WarmupSpec, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.symbol = spec.bucket_symbol
+        self.largest_bucket = max(spec.buckets)
+        self.oversize = spec.serve.oversize
+        self._inputs = [
+            _Input(
+                spec=item,
+                label=f"inputs[{i}]" + (f" ({item.name})" if item.name else ""),
+                dtype=getattr(torch, item.dtype),
+                bucket_dims=tuple(d for d, dim in enumerate(item.shape) if dim == spec.bucket_symbol),
+            )
+            for i, item in enumerate(spec.inputs)
+        ]
+        # Requests join along the bucket dimension: possible where every input has exactly one.
+        # An input without one (the same for every row) or with several (a [seq, seq] mask) makes
+        # each request a call of its own.
+        self.joinable = all(len(entry.bucket_dims) == 1 for entry in self._inputs)
+        # The dimension outputs most likely share with the inputs, for an output tensor with
+        # several dimensions of the batch's size
+        self._preferred_dim = next(entry.bucket_dims[0] for entry in self._inputs if entry.bucket_dims)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def decode(self, body: bytes | str) -> Request:
+        """A request body, `{"inputs": [...]}` in config order or `{"inputs": {name: ...}}`, as
+        tensors on the model's device; RequestError for anything the config does not accept."""
+        try:
+            data = json.loads(body, parse_constant=_refuse_constant)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(f"the body is not valid JSON: {_first_line(exc)}") from None
+        if not isinstance(data, dict):
+            raise RequestError(f'the body is a JSON {_json_type(data)}; send an object {{"inputs": [...]}}')
+        if "inputs" not in data:
+            raise RequestError('the body has no "inputs": send {"inputs": [...]}, one array per config input')
+        unknown = sorted(set(data) - {"inputs"})
+        if unknown:
+            raise RequestError(f'unknown key {unknown[0]!r} in the body; it takes "inputs" only')
+        values = self._by_input(data["inputs"])
+        tensors = [self._tensor(entry, value) for entry, value in zip(self._inputs, values, strict=True)]
+        size = self._size(tensors)
+        if self.oversize == "error" and size > self.largest_bucket:
+            raise RequestError(
+                f"a request of {size} is larger than the largest bucket {self.largest_bucket} "
+                "(serve.oversize: error); send at most that many"
+            )
+        args = tuple(t for entry, t in zip(self._inputs, tensors, strict=True) if not entry.spec.name)
+        kwargs = {entry.spec.name: t for entry, t in zip(self._inputs, tensors, strict=True) if entry.spec.name}
+        return Request(args, kwargs, size)
+
+    def _by_input(self, inputs: Any) -> list[Any]:
+        expected = len(self._inputs)
+        if isinstance(inputs, list):
+            if len(inputs) != expected:
+                labels = ", ".join(entry.label for entry in self._inputs)
+                raise RequestError(f'"inputs" has {len(inputs)} arrays, the model takes {expected}: {labels}')
+            return inputs
+        if isinstance(inputs, dict):
+            unnamed = [entry.label for entry in self._inputs if not entry.spec.name]
+            if unnamed:
+                raise RequestError(f'{unnamed[0]} has no name in the config; send "inputs" as a list in config order')
+            names = [entry.spec.name for entry in self._inputs]
+            for key in inputs:
+                if key not in names:
+                    raise RequestError(
+                        f'unknown input {key!r} in "inputs"; the config names {", ".join(map(str, names))}'
+                    )
+            for entry in self._inputs:
+                if entry.spec.name not in inputs:
+                    raise RequestError(f'"inputs" lacks {entry.label}')
+            return [inputs[name] for name in names]
+        raise RequestError(f'"inputs" is a JSON {_json_type(inputs)}; send a list with one array per config input')
+
+    def _tensor(self, entry: _Input, value: Any) -> torch.Tensor:
+        """`value` as the input's tensor: shape first, then what its values are."""
+        if isinstance(value, (dict, str)) or value is None:
+            raise RequestError(f"{entry.label} is a JSON {_json_type(value)}, not an array of numbers")
+        try:
+            # floats parse as float64, which JSON's numbers are: a float16 input is rounded once
+            tensor = torch.tensor(value, dtype=torch.float64 if entry.spec.dtype in FLOAT_DTYPES else None)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            odd = _non_number(value)
+            if odd is not None:
+                where, leaf = odd
+                raise RequestError(f"{entry.label}{where} is {leaf}, not a number") from None
+            raise RequestError(f"{entry.label} is not a rectangular array of numbers: {_first_line(exc)}") from None
+        shape = entry.spec.shape
+        shown = "[" + ", ".join(map(str, shape)) + "]"
+        if tensor.dim() != len(shape):
+            raise RequestError(
+                f"{entry.label} has {tensor.dim()} dimensions {list(tensor.shape)}, expected {len(shape)}: {shown}"
+            )
+        for dim, want in enumerate(shape):
+            if isinstance(want, int) and tensor.shape[dim] != want:
+                raise RequestError(f"{entry.label} has size {tensor.shape[dim]} at dim {dim}, expected {want}: {shown}")
+        if tensor.numel() == 0:
+            raise RequestError(f"{entry.label} is empty; a request needs at least one row")
+        return self._values(entry, tensor, value).to(self.device)
+
+    def _values(self, entry: _Input, tensor: torch.Tensor, value: Any) -> torch.Tensor:
+        dtype = entry.spec.dtype
+        if dtype in FLOAT_DTYPES:
+            converted = tensor.to(entry.dtype)
+            if not torch.isfinite(converted).all():
+                raise RequestError(f"{entry.label} holds values too large for {dtype}")
+            return converted
+        if dtype == "bool":
+            if tensor.dtype != torch.bool and (tensor.is_floating_point() or ((tensor != 0) & (tensor != 1)).any()):
+                raise RequestError(f"{entry.label} is bool: send true/false (or 0/1)")
+            return tensor.to(torch.bool)
+        if tensor.dtype == torch.bool:
+            raise RequestError(f"{entry.label} holds true/false; it is {dtype}: send whole numbers")
+        if tensor.is_floating_point():
+            # parsed again as float64: float32, torch's guess, is exact only up to 2**24
+            tensor = torch.tensor(value, dtype=torch.float64)
+            if (tensor != tensor.round()).any():
+                raise RequestError(f"{entry.label} holds numbers with a fraction; it is {dtype}: send whole numbers")
+        assert entry.spec.range is not None  # the spec requires a range for integer inputs
+        info = torch.iinfo(entry.dtype)
+        low, high = max(entry.spec.range[0], info.min), min(entry.spec.range[1], info.max + 1)
+        outside = (tensor < low) | (tensor >= high)
+        if outside.any():
+            raise RequestError(f"{entry.label} holds {tensor[outside][0].item():g}, outside its range [{low}, {high})")
+        return tensor.to(entry.dtype)
+
+    def _size(self, tensors: Sequence[torch.Tensor]) -> int:
+        size: Optional[int] = None
+        first = ""
+        for entry, tensor in zip(self._inputs, tensors, strict=True):
+            for dim in entry.bucket_dims:
+                if size is None:
+                    size, first = tensor.shape[dim], entry.label
+                elif tensor.shape[dim] != size:
+                    raise RequestError(
+                        f"{entry.label} has {tensor.shape[dim]} at dim {dim} ({self.symbol}) where {first} has "
+                        f"{size}; every input needs the same {self.symbol}"
+                    )
+        assert size is not None  # the spec requires an input with the bucket symbol
+        return size
+
+    # -- batches ----------------------------------------------------------------------------------
+
+    def groups(self, requests: Sequence[Request]) -> list[list[int]]:
+        """Which requests run as one call (indices, in order). All of them where they can be
+        joined; with `serve.oversize: error`, as many consecutive ones as fit the largest bucket,
+        since the model refuses a call larger than it."""
+        if not self.joinable:
+            return [[i] for i in range(len(requests))]
+        limit = self.largest_bucket if self.oversize == "error" else math.inf
+        out: list[list[int]] = []
+        rows = 0
+        for i, request in enumerate(requests):
+            if out and rows + request.size <= limit:
+                out[-1].append(i)
+                rows += request.size
+            else:
+                out.append([i])
+                rows = request.size
+        return out
+
+    def join(self, requests: Sequence[Request]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+        """The model's arguments for these requests as one call: each input concatenated along
+        its bucket dimension, in request order."""
+        if len(requests) == 1:
+            return requests[0].args, requests[0].kwargs
+        if not self.joinable:
+            raise ValueError("these inputs cannot be joined: an input has no bucket dimension, or several")
+        positional = [entry for entry in self._inputs if not entry.spec.name]
+        named = [entry for entry in self._inputs if entry.spec.name]
+        args = tuple(
+            torch.cat([r.args[i] for r in requests], dim=entry.bucket_dims[0]) for i, entry in enumerate(positional)
+        )
+        kwargs = {
+            str(entry.spec.name): torch.cat(
+                [r.kwargs[str(entry.spec.name)] for r in requests], dim=entry.bucket_dims[0]
+            )
+            for entry in named
+        }
+        return args, kwargs
+
+    def split(self, outputs: Any, sizes: Sequence[int]) -> list[Any]:
+        """Outputs of one call for requests of these sizes, as each request's JSON value. A
+        tensor is cut along its dimension of the call's total size (the inputs' bucket dimension
+        where several match); a tensor without one, and any other leaf, goes whole to every
+        request. OutputError for what JSON cannot carry."""
+        total = sum(sizes)
+        if len(sizes) == 1:
+            return [to_json(outputs)]
+        answers = []
+        offset = 0
+        for size in sizes:
+            answers.append(to_json(outputs, lambda t, start=offset, length=size: self._cut(t, total, start, length)))
+            offset += size
+        return answers
+
+    def _cut(self, tensor: torch.Tensor, total: int, start: int, length: int) -> torch.Tensor:
+        dims = [d for d, size in enumerate(tensor.shape) if size == total]
+        if not dims:
+            return tensor
+        dim = self._preferred_dim if self._preferred_dim in dims else dims[0]
+        return tensor.narrow(dim, start, length)
+
+
+def to_json(node: Any, cut: Any = None, path: str = "output") -> Any:
+    """Model outputs as JSON values: tensors as nested lists (`cut` applied to each first),
+    tuples and lists as lists, mappings (HF ModelOutput too), named tuples and dataclasses as
+    objects, None/bool/int/float/str as they are."""
+    if isinstance(node, torch.Tensor):
+        tensor = (cut(node) if cut else node).detach()
+        if tensor.is_complex():
+            raise OutputError(f"{path} is a complex tensor, which JSON cannot carry")
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise OutputError(f"{path} holds NaN or Inf, which JSON cannot carry")
+        return tensor.cpu().tolist()
+    if isinstance(node, Mapping):
+        return {str(key): to_json(value, cut, f"{path}.{key}") for key, value in node.items()}
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return {name: to_json(getattr(node, name), cut, f"{path}.{name}") for name in node._fields}
+    if is_dataclass(node) and not isinstance(node, type):
+        return {f.name: to_json(getattr(node, f.name), cut, f"{path}.{f.name}") for f in fields(node)}
+    if isinstance(node, (list, tuple)):
+        return [to_json(value, cut, f"{path}[{i}]") for i, value in enumerate(node)]
+    if isinstance(node, float) and not math.isfinite(node):
+        raise OutputError(f"{path} is {node}, which JSON cannot carry")
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    raise OutputError(f"{path} is a {type(node).__name__}, which JSON cannot carry")
+
+
+def _non_number(value: Any, where: str = "") -> Optional[tuple[str, str]]:
+    """Where a nested list holds something other than a number or a boolean, and what, as JSON."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _non_number(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, (bool, int, float)):
+        return None
+    shown = json.dumps(value)
+    return where, shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

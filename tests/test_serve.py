@@ -1,0 +1,189 @@
+"""`orchestrate serve` for real: examples/mlp.yaml warmed on buckets 1 and 8, served by a subprocess
+on its own local Ray instance, asked over HTTP; every answer is checked against the model run
+eagerly on the same input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, orchestrate
+
+from orchestrator.config import load_spec
+from orchestrator.jobs.model import build_model
+
+pytestmark = pytest.mark.slow
+
+CONFIG = "examples/mlp.yaml"
+READY = "orchestrate: serving mlp at "
+START_SECONDS = 240  # Ray, Serve and a replica that loads both buckets from the cache
+STOP_SECONDS = 60
+
+
+class Server:
+    """The `orchestrate serve` subprocess: its own session, so that its Ray processes are its
+    group and can be ended with it, never anyone else's."""
+
+    def __init__(self, cache: Path, log: Path) -> None:
+        with socket.socket() as probe:  # a free port, not Serve's default
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("ORCHESTRATE_CACHE_DIR", None)
+        env.pop("RAY_ADDRESS", None)  # its own instance, whatever this shell points at
+        self.log = log
+        self._stderr = log.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8", "--device", "cpu"]
+            + ["--cache-dir", str(cache), "--port", str(self.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+        self.url = ""
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            for line in self.log.read_text().splitlines():
+                if line.startswith(READY):
+                    self.url = line[len(READY) :].split()[0]
+                    return
+            if self.process.poll() is not None:
+                pytest.fail(f"orchestrate serve exited {self.process.returncode}:\n{self.log.read_text()}")
+            time.sleep(0.5)
+        pytest.fail(f"orchestrate serve not ready after {START_SECONDS} s:\n{self.log.read_text()}")
+
+    def stop(self) -> int:
+        """SIGTERM, as a supervisor stops it; the whole group is killed if it does not stop in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._stderr.close()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("serve") / "cache"
+    warm = orchestrate("warmup", "--no-ray", "--model", CONFIG, "--buckets", "1,8", "--device", "cpu", cache_dir=cache)
+    assert warm.returncode == 0, warm.stderr
+    running = Server(cache, tmp_path_factory.mktemp("serve-log") / "serve.err")
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def eager():
+    model = build_model(load_spec(ROOT / CONFIG), torch.device("cpu"))
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model(x)
+
+    return run
+
+
+def post(url: str, body: bytes | str) -> tuple[int, dict]:
+    data = body.encode() if isinstance(body, str) else body
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def predict(server: Server, x: torch.Tensor) -> tuple[int, dict]:
+    return post(server.url, json.dumps({"inputs": [x.tolist()]}))
+
+
+def assert_answers(status: int, answer: dict, x: torch.Tensor, eager) -> None:
+    assert status == 200, answer
+    outputs = torch.tensor(answer["outputs"])
+    expected = eager(x)
+    assert outputs.shape == expected.shape
+    torch.testing.assert_close(outputs, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_server_reports_what_it_loaded(server):
+    with urllib.request.urlopen(server.url.replace("/predict", "/info"), timeout=30) as response:
+        info = json.loads(response.read())
+    assert info["device"] == "cpu"
+    assert sorted(info["buckets"]) == ["1", "8"]
+    for row in info["buckets"].values():
+        assert row["variant"] in ("eager", "compiled"), row
+        assert row["cache_misses"] == 0, row  # loaded what warmup compiled, compiled nothing
+
+
+@pytest.mark.parametrize("size", [1, 5, 8, 13])  # 13: more than the largest bucket, run in chunks of 8
+def test_any_request_size_answers_as_eager(server, eager, size):
+    x = torch.randn(size, 256, generator=torch.Generator().manual_seed(size))
+    assert_answers(*predict(server, x), x, eager)
+
+
+def test_concurrent_requests_of_mixed_sizes_are_each_answered_right(server, eager):
+    generator = torch.Generator().manual_seed(7)
+    inputs = [torch.randn(size, 256, generator=generator) for size in [1, 3, 5, 8, 13, 2, 1, 7] * 4]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda x: predict(server, x), inputs))
+    for x, (status, answer) in zip(inputs, answers, strict=True):
+        assert_answers(status, answer, x, eager)
+
+
+ROW = [0.5] * 256
+BAD = {
+    "invalid JSON": ('{"inputs": [[', "not valid JSON"),
+    "no inputs": (json.dumps({"input": [[ROW]]}), 'no "inputs"'),
+    "two inputs": (json.dumps({"inputs": [[ROW], [ROW]]}), '"inputs" has 2 arrays, the model takes 1'),
+    "inner dimension": (json.dumps({"inputs": [[ROW[:255]]]}), "inputs[0] has size 255 at dim 1, expected 256"),
+    "not a number": (json.dumps({"inputs": [[ROW[:100] + ["x"] + ROW[101:]]]}), 'inputs[0][0][100] is "x"'),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_bad_request_is_a_400_with_one_line(server, case):
+    body, message = BAD[case]
+    status, answer = post(server.url, body)
+    assert status == 400, answer
+    assert list(answer) == ["error"] and message in answer["error"], answer
+    assert "\n" not in answer["error"]
+
+
+def test_bad_requests_among_good_ones_fail_alone(server, eager):
+    """Sent together, so that they share batches: the bad ones get their 400, the good ones their outputs."""
+    generator = torch.Generator().manual_seed(11)
+    good = [torch.randn(size, 256, generator=generator) for size in (2, 6, 1, 9)]
+    bodies = [json.dumps({"inputs": [x.tolist()]}) for x in good] + [body for body, _ in BAD.values()]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda body: post(server.url, body), bodies))
+    for x, (status, answer) in zip(good, answers, strict=False):
+        assert_answers(status, answer, x, eager)
+    assert [status for status, _ in answers[len(good) :]] == [400] * len(BAD)
+    x = torch.randn(4, 256, generator=generator)
+    assert_answers(*predict(server, x), x, eager)  # and the replica serves on
+
+
+def test_sigterm_stops_the_server_cleanly(server):
+    assert server.stop() == 0, server.log.read_text()
+    assert server.log.read_text().splitlines()[-1] == "orchestrate: stopped"

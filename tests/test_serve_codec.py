@@ -1,0 +1,252 @@
+"""orchestrate serve's request handling without Ray: JSON to checked tensors, requests joined into
+one call and the call's outputs cut back per request (orchestrator.serve_codec), and the replica
+answering a batch whose joined call fails (orchestrator.serve.ModelServer, its class run directly)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.serve_codec import OutputError, RequestCodec, RequestError, to_json
+
+Pair = namedtuple("Pair", "left right")
+
+
+def make_spec(inputs: list[dict], **extra) -> WarmupSpec:
+    return WarmupSpec.model_validate(
+        {"model": {"factory": "models.py:mlp"}, "inputs": inputs, "buckets": [1, 8], **extra}
+    )
+
+
+FEATURES = {"shape": ["batch", 4], "dtype": "float32"}
+IDS = {"shape": ["batch"], "dtype": "int64", "range": [0, 10], "name": "ids"}
+
+
+@pytest.fixture
+def codec() -> RequestCodec:
+    return RequestCodec(make_spec([FEATURES, IDS]), "cpu")
+
+
+def body(*inputs) -> str:
+    return json.dumps({"inputs": list(inputs)})
+
+
+def rows(n: int, start: float = 0.0) -> list[list[float]]:
+    return [[start + i + j / 4 for j in range(4)] for i in range(n)]
+
+
+def test_a_request_becomes_the_models_arguments(codec):
+    request = codec.decode(body(rows(3), [1, 2, 3]))
+    assert request.size == 3
+    (features,) = request.args
+    assert features.dtype == torch.float32 and features.shape == (3, 4)
+    assert torch.equal(features, torch.tensor(rows(3)))
+    assert request.kwargs["ids"].dtype == torch.int64 and request.kwargs["ids"].tolist() == [1, 2, 3]
+
+
+def test_named_inputs_may_be_given_by_name():
+    named = RequestCodec(make_spec([{**FEATURES, "name": "x"}, IDS]), "cpu")
+    request = named.decode(json.dumps({"inputs": {"ids": [4], "x": rows(1)}}))
+    assert request.args == () and set(request.kwargs) == {"x", "ids"} and request.size == 1
+
+
+def test_whole_floats_are_accepted_for_integer_inputs_exactly():
+    spec = make_spec([FEATURES, {**IDS, "range": [0, 2**40]}])
+    request = RequestCodec(spec, "cpu").decode(body(rows(2), [2.0**25 + 1, 3]))
+    assert request.kwargs["ids"].tolist() == [2**25 + 1, 3]
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("{", "the body is not valid JSON"),
+        ("[1]", "the body is a JSON array"),
+        ('{"input": []}', 'the body has no "inputs"'),
+        (json.dumps({"inputs": [rows(1), [1]], "extra": 1}), "unknown key 'extra'"),
+        (body(rows(1)), '"inputs" has 1 arrays, the model takes 2: inputs[0], inputs[1] (ids)'),
+        (json.dumps({"inputs": {"ids": [1]}}), "inputs[0] has no name in the config"),
+        (body([[1.0, 2.0, 3.0]], [1]), "inputs[0] has size 3 at dim 1, expected 4: [batch, 4]"),
+        (body([1.0, 2.0, 3.0, 4.0], [1]), "inputs[0] has 1 dimensions [4], expected 2: [batch, 4]"),
+        (body([[1.0, "a", 3.0, 4.0]], [1]), 'inputs[0][0][1] is "a", not a number'),
+        (body([[1.0, None, 3.0, 4.0]], [1]), "inputs[0][0][1] is null, not a number"),
+        (body([[1.0, 2.0, 3.0, 4.0], [1.0]], [1, 2]), "inputs[0] is not a rectangular array of numbers"),
+        ('{"inputs": [[[NaN, 1, 2, 3]], [1]]}', "NaN is not a JSON number"),
+        (body([], []), "inputs[0] has 1 dimensions [0], expected 2"),
+        (body([[1e39, 0, 0, 0]], [1]), "inputs[0] holds values too large for float32"),
+        (body(rows(2), [1]), "inputs[1] (ids) has 1 at dim 0 (batch) where inputs[0] has 2"),
+        (body(rows(1), [1.5]), "inputs[1] (ids) holds numbers with a fraction; it is int64"),
+        (body(rows(1), [True]), "inputs[1] (ids) holds true/false; it is int64"),
+        (body(rows(2), [3, 10]), "inputs[1] (ids) holds 10, outside its range [0, 10)"),
+        (body(rows(1), [-1]), "inputs[1] (ids) holds -1, outside its range [0, 10)"),
+    ],
+)
+def test_a_bad_request_is_one_line_naming_what_to_fix(codec, raw, message):
+    with pytest.raises(RequestError) as caught:
+        codec.decode(raw)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_oversize_error_refuses_what_the_model_would_refuse():
+    spec = make_spec([FEATURES], serve={"oversize": "error"})
+    codec = RequestCodec(spec, "cpu")
+    with pytest.raises(RequestError, match="larger than the largest bucket 8"):
+        codec.decode(body(rows(9)))
+    assert codec.decode(body(rows(8))).size == 8
+
+
+def test_joined_requests_answer_as_each_alone(codec):
+    """One call for three requests, cut back: each request's answer is what a call of its own gives."""
+
+    def model(x, ids):
+        return {
+            "scaled": x * 2,
+            "pair": Pair(x.sum(dim=1), ids + 1),
+            "seq": [x[:, :2], x.t()],  # x.t(): the batch in dim 1
+            "total": x.sum(),  # no batch dimension: every request gets the call's value
+            "label": "mlp",
+        }
+
+    requests = [codec.decode(body(rows(n, 10.0 * n), list(range(n)))) for n in (1, 5, 2)]
+    assert codec.groups(requests) == [[0, 1, 2]]
+    args, kwargs = codec.join(requests)
+    assert args[0].shape == (8, 4) and kwargs["ids"].shape == (8,)
+    answers = codec.split(model(*args, **kwargs), [r.size for r in requests])
+    for request, answer in zip(requests, answers, strict=True):
+        alone = to_json(model(*request.args, **request.kwargs))
+        alone["total"] = answers[0]["total"]
+        assert _close(answer, alone), (answer, alone)
+    assert answers[1]["pair"]["right"] == [1, 2, 3, 4, 5]
+    assert answers[2]["label"] == "mlp"
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return a == pytest.approx(b)
+
+
+def test_an_output_square_in_the_batch_is_cut_along_the_inputs_bucket_dimension(codec):
+    square = torch.arange(16.0).reshape(4, 4)  # two requests of 2: both dimensions have the call's size
+    first, second = codec.split(square, [2, 2])
+    assert first == square[:2].tolist() and second == square[2:].tolist()
+
+
+def test_groups_fit_the_largest_bucket_when_the_model_refuses_larger_calls():
+    codec = RequestCodec(make_spec([FEATURES], serve={"oversize": "error"}), "cpu")
+    requests = [codec.decode(body(rows(n))) for n in (3, 4, 2, 8, 1)]
+    assert codec.groups(requests) == [[0, 1], [2], [3], [4]]
+
+
+def test_inputs_without_one_bucket_dimension_run_each_request_alone():
+    spec = make_spec([FEATURES, {"shape": [4], "dtype": "float32"}])
+    codec = RequestCodec(spec, "cpu")
+    assert not codec.joinable
+    requests = [codec.decode(body(rows(1), [0, 0, 0, 0])) for _ in range(3)]
+    assert codec.groups(requests) == [[0], [1], [2]]
+
+
+@pytest.mark.parametrize(
+    "outputs, message",
+    [
+        (torch.tensor([1.0, float("nan")]), "output holds NaN or Inf"),
+        ({"a": [torch.tensor([1j])]}, "output.a[0] is a complex tensor"),
+        ((1, object()), "output[1] is a object"),
+        (float("inf"), "output is inf"),
+    ],
+)
+def test_outputs_json_cannot_carry_are_refused(outputs, message):
+    with pytest.raises(OutputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        to_json(outputs)
+
+
+PICKY = """\
+import torch
+from torch import nn
+
+
+class Picky(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if (x > 1000).any():
+            raise ValueError("a value above 1000\\nsecond line")
+        if (x < -1000).any():
+            return self.linear(x) * float("nan")
+        return self.linear(x)
+
+
+def picky():
+    return Picky()
+"""
+
+
+def test_a_request_that_fails_the_joined_call_fails_alone(tmp_path: Path, monkeypatch):
+    """The replica's own class, outside Ray, on a model that refuses some rows and answers NaN for
+    others: the call joining four requests fails, each is then run alone, and only the ones at
+    fault get an error."""
+    from orchestrator.config import load_spec
+    from orchestrator.serve import ModelServer
+
+    (tmp_path / "picky.py").write_text(PICKY)
+    (tmp_path / "picky.yaml").write_text(
+        textwrap.dedent(
+            """\
+            model: {factory: picky.py:picky}
+            inputs: [{shape: [batch, 4]}]
+            device: cpu
+            buckets: [1, 8]
+            """
+        )
+    )
+    spec = load_spec(tmp_path / "picky.yaml").replaced(cache_dir=str(tmp_path / "cache"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the constructor sets the replica's own
+    server = ModelServer.func_or_class(spec, None, False, 8, 0.005)
+    good, poison, nan = rows(2), [[1.0, 2.0, 3000.0, 4.0]], [[-3000.0, 0.0, 0.0, 0.0]]
+    requests = [server.codec.decode(body(x)) for x in (good, poison, good, nan)]
+    assert server.codec.groups(requests) == [[0, 1, 2, 3]]
+    answers = server._answer_all(requests)
+    assert [status for status, _ in answers] == [200, 500, 200, 500]
+    assert answers[1][1] == {"error": "the model failed on this request: ValueError: a value above 1000"}
+    assert answers[3][1] == {
+        "error": "the model's output cannot be sent as JSON: output holds NaN or Inf, which JSON cannot carry"
+    }
+    expected = to_json(server.model(torch.tensor(good)))
+    assert answers[0][1] == answers[2][1] == {"outputs": expected}
+    assert json.dumps(server.info())  # the load report as JSON: GET /info
+
+
+TRACEBACK = """The deployment failed to start 1 times in a row. See controller logs for details. Error:
+ray::ServeReplica:orchestrate-mlp:ModelServer.initialize_and_get_metadata() (pid=1, ip=127.0.0.1)
+  File "/venv/lib/python3.11/site-packages/ray/serve/_private/replica.py", line 1928, in initialize
+    raise RuntimeError(traceback.format_exc()) from None
+RuntimeError: Traceback (most recent call last):
+  File "/src/orchestrator/cache/store.py", line 80, in get
+orchestrator.cache.store.StoreUnreachable: s3://bucket/cache: connection refused
+after 3 attempts: retries exhausted
+"""
+
+
+@pytest.mark.parametrize(
+    "message, line, kind",
+    [
+        (TRACEBACK, "StoreUnreachable: s3://bucket/cache: connection refused", "StoreUnreachable"),
+        ("Deploying application x failed: no replica", "Deploying application x failed: no replica", ""),
+        ("the replica died", "the replica died", ""),
+    ],
+)
+def test_a_replica_that_fails_to_load_is_one_line_naming_its_exception(message, line, kind):
+    from orchestrator.serve import _failure
+
+    failure = _failure(message)
+    assert str(failure) == f"the model server did not start: {line}" and failure.kind == kind
