@@ -150,5 +150,25 @@ def test_plans_are_named_by_content_and_the_newest_per_bucket_is_read(tmp_path):
     plans = read_plans(tmp_path)
     assert sorted(plans) == [1, 8]
     assert plans[8]["variant"] == "eager" and plans[8]["variants"]["compiled"]["ms"] == 1.5
-    assert json.loads((tmp_path / second).read_text())["config_hash"] == spec().identity_hash()
+    written = json.loads((tmp_path / second).read_text())
+    assert written["config_hash"] == spec().identity_hash()
+    assert written["measured_at"].endswith("+00:00")  # UTC: plans from any machine compare by time
+    # a plan of another format (a newer tool's) is left alone, and the others are still read
+    (tmp_path / "serving" / "plan-b0-aaaa.json").write_text(json.dumps({"format": 99, "bucket": 8}))
+    assert read_plans(tmp_path)[8]["variant"] == "eager"
     assert read_plans(tmp_path / "nothing-here") == {}
+
+
+def test_among_the_others_the_fastest_is_tried_first():
+    # both graphed variants clearly beat eager and lie within each other's noise: the faster one
+    # serves, whatever order they were measured in
+    measured = {"eager": m(1.0), "graphed": m(0.45, 0.05), "eager-graphed": m(0.50, 0.05)}
+    assert choose(measured) == "graphed"
+    assert choose(dict(reversed(list(measured.items())))) == "graphed"
+
+
+def test_equal_latencies_are_not_clearly_faster_and_a_missing_spread_counts_as_none():
+    assert not clearly_faster(m(1.0, 0.0), m(1.0, 0.0))
+    assert clearly_faster(VariantMeasure(ok=True, ms=0.9), VariantMeasure(ok=True, ms=1.0))  # no spreads recorded
+    assert not clearly_faster(VariantMeasure(ok=True, ms=0.9), VariantMeasure(ok=True, ms=1.0, spread_ms=0.2))
+    assert not clearly_faster(VariantMeasure(ok=True, ms=0.9, spread_ms=0.2), VariantMeasure(ok=True, ms=1.0))
