@@ -47,7 +47,7 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
     Remote,
     VariantMeasure,
 )
-from orchestrator.jobs.spec import VARIANTS, WarmupSpec
+from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
 from orchestrator.jobs.timing import Clock, median, p90, process_age_seconds
 from orchestrator.jobs.variants import choose, graphed_compile, serving_candidates, spread, write_plan
 
@@ -492,7 +492,7 @@ class _BucketWork:
         """Capture each graphed serving variant and check a first replay and a second against
         eager. One that cannot be built, captured or checked is recorded as unavailable with its
         reason, and what it compiled is deleted (it must not be published)."""
-        graphed = [name for name in self.session.candidates if name in ("graphed", "eager-graphed")]
+        graphed = [name for name in self.session.candidates if name in GRAPHED_VARIANTS]
         if not graphed:
             return
         self.enter("graph variants")

@@ -27,7 +27,7 @@ from orchestrator.cache.manifest import SigningKey
 from orchestrator.cache.namespace import namespace
 from orchestrator.cache.store import open_store
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs.engine import point_caches_at
+from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.graphs import GraphedCall
@@ -37,8 +37,6 @@ from orchestrator.jobs.records import Remote
 from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.jobs.timing import process_age_seconds
 from orchestrator.jobs.variants import graphed_compile, read_plans
-
-GRAPH_RECORD_CALLS = 2  # cudagraph trees: warm-up run, then recording; replays from the next call
 
 
 class NotWarm(SetupError):
