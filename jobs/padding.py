@@ -91,7 +91,7 @@ class RequestShaper:
         if not buckets or any(bucket < 1 for bucket in buckets):
             raise ValueError(f"buckets {list(buckets)} must be one or more positive sizes")
         self.buckets: list[int] = sorted(set(buckets))
-        self.device = torch.device(device)
+        self.device = _resolved(torch.device(device))
         self.oversize = oversize
         self.symbol = spec.bucket_symbol
         self._positional: list[_Input] = []
@@ -117,6 +117,31 @@ class RequestShaper:
                 self._named[item.name] = entry
             else:
                 self._positional.append(entry)
+        # a request already shaped exactly as a bucket (the common case behind a batcher) is
+        # recognised by one lookup instead of the checks `size` makes input by input
+        self._exact: dict[tuple[Any, ...], int] = {self._bucket_shapes(b): b for b in self.buckets}
+
+    def exact_bucket(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
+        """The bucket whose shapes the request has exactly (every input of the right dtype, on
+        the right device, its bucket dimensions of that bucket's size), else None: then `size`
+        checks it. Keywords count in the config's order only; any other order takes `size`."""
+        try:
+            key = (
+                *((a.shape, a.dtype, a.device) for a in args),
+                *((k, v.shape, v.dtype, v.device) for k, v in kwargs.items()),
+            )
+        except AttributeError:  # not a tensor: `size` names it
+            return None
+        return self._exact.get(key)
+
+    def _bucket_shapes(self, bucket: int) -> tuple[Any, ...]:
+        def shape(entry: _Input) -> torch.Size:
+            return torch.Size(bucket if dim == self.symbol else int(dim) for dim in entry.shape)
+
+        return (
+            *((shape(e), e.dtype, self.device) for e in self._positional),
+            *((name, shape(e), e.dtype, self.device) for name, e in self._named.items()),
+        )
 
     # -- checking -------------------------------------------------------------------------------
 
@@ -318,12 +343,21 @@ def output_bucket_dims(outputs_by_bucket: Mapping[int, Any], input_dim: int) -> 
 def copy_out(outputs: Any) -> Any:
     """`outputs` with every tensor copied: what a caller may keep while the next replay
     overwrites the buffers (CUDA graphs) the outputs were read from."""
+    if type(outputs) is torch.Tensor:  # the usual single output, without walking a tree
+        return outputs.clone()
     return _map(outputs, "output", lambda _, leaf: leaf.clone() if isinstance(leaf, torch.Tensor) else leaf)
 
 
 def same_device(actual: torch.device, expected: torch.device) -> bool:
     """Whether two devices are one: "cuda" is the current CUDA device, "cpu" is "cpu:0"."""
     return actual.type == expected.type and _index(actual) == _index(expected)
+
+
+def _resolved(device: torch.device) -> torch.device:
+    """`device` with its index: what a tensor on it reports as its `.device`."""
+    if device.type != "cuda" or device.index is not None or not torch.cuda.is_available():
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _index(device: torch.device) -> int:

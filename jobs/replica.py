@@ -36,7 +36,7 @@ from orchestrator.jobs.padding import RequestShaper, copy_out, output_bucket_dim
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.jobs.timing import process_age_seconds
-from orchestrator.jobs.variants import graphed_compile, read_plans
+from orchestrator.jobs.variants import graphed_compile, read_plans, replays_into_buffers
 
 
 class NotWarm(SetupError):
@@ -141,11 +141,18 @@ class BucketedModel:
         self.model = model
         self.spec, self.device, self._runners, self._variants = spec, device, runners, variants
         self._shaper, self._dims, self._info = shaper, dims, info
+        # replays write their outputs into the same buffers: the caller gets copies
+        self._copies = {bucket: replays_into_buffers(variant, spec) for bucket, variant in variants.items()}
         self._lock = threading.Lock()
+        self._no_grad = torch.no_grad()  # one for every call: calls are serialized by the lock
         self.buckets = sorted(runners)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lock, torch.no_grad():
+        with self._lock, self._no_grad:
+            exact = self._shaper.exact_bucket(args, kwargs)
+            if exact is not None:  # a bucket's own shapes: nothing to check, pad or cut
+                outputs = self._runners[exact](*args, **kwargs)
+                return copy_out(outputs) if self._copies[exact] else outputs
             n = self._shaper.size(args, kwargs)  # BadRequest before anything runs
             if n <= self.buckets[-1]:
                 return self._run(args, kwargs, n)
@@ -160,8 +167,7 @@ class BucketedModel:
         outputs = self._runners[bucket](*padded_args, **padded_kwargs)
         if n < bucket:
             outputs = self._shaper.unpad(outputs, n, self._dims)
-        # replays write their outputs into the same buffers: the caller gets copies
-        return outputs if self._variants[bucket] == "eager" else copy_out(outputs)
+        return copy_out(outputs) if self._copies[bucket] else outputs
 
     def variant(self, bucket: int) -> str:
         return self._variants[bucket]

@@ -87,6 +87,20 @@ def graphed_compile(mode: Optional[str], options: Mapping[str, Any]) -> tuple[Op
     return without.get(mode or "", mode), {k: v for k, v in options.items() if k != "triton.cudagraphs"}
 
 
+def replays_into_buffers(variant: str, spec: WarmupSpec) -> bool:
+    """Whether a variant's outputs live in CUDA-graph buffers that its next call overwrites: a
+    server copies those out before answering, and warmup times the copy with the call. Unknown
+    backends are taken to replay (an extra copy is safe, a missing one is not)."""
+    if variant in GRAPHED_VARIANTS:
+        return True
+    if variant != "compiled":
+        return False
+    options = spec.compile
+    if options.backend == "inductor":
+        return bool(options.options.get("triton.cudagraphs", options.mode in ("reduce-overhead", "max-autotune")))
+    return options.backend not in ("eager", "aot_eager")
+
+
 def write_plan(directory: Path, spec: WarmupSpec, result: BucketResult) -> Optional[str]:
     """Write the bucket's serving plan into the namespace directory; its path relative to it,
     or None where the newest plan there already chose the same variant (a warm rerun that

@@ -607,3 +607,29 @@ def test_output_bucket_dims_refuses_outputs_whose_tensors_differ_between_buckets
         output_bucket_dims({1: {"a": torch.zeros(1)}, 8: {"a": torch.zeros(8), "extra": torch.zeros(8)}}, 0)
     with pytest.raises(ValueError, match="at one bucket at least"):
         output_bucket_dims({}, 0)
+
+
+def test_a_request_of_a_buckets_exact_shapes_is_recognised_and_anything_else_is_left_to_size():
+    shaper = RequestShaper(
+        spec_of([{"shape": ["batch", 4]}, {"shape": ["batch"], "dtype": "int64", "range": [0, 9], "name": "ids"}]),
+        [1, 8],
+        CPU,
+    )
+    ids = {"ids": torch.zeros(8, dtype=torch.int64)}
+    assert shaper.exact_bucket((torch.zeros(8, 4),), ids) == 8
+    assert shaper.exact_bucket((torch.zeros(1, 4),), {"ids": torch.zeros(1, dtype=torch.int64)}) == 1
+    for args, kwargs in [
+        ((torch.zeros(5, 4),), {"ids": torch.zeros(5, dtype=torch.int64)}),  # between buckets: padded
+        ((torch.zeros(8, 4, dtype=torch.float64),), ids),  # wrong dtype
+        ((torch.zeros(8, 4, device="meta"),), ids),  # another device
+        ((torch.zeros(8, 5),), ids),  # a fixed dimension off
+        ((torch.zeros(8, 4),), {}),  # a keyword missing
+        (([[0.0] * 4] * 8,), ids),  # not a tensor
+        ((torch.zeros(8, 4), torch.zeros(8)), {}),  # the keyword input passed by position
+    ]:
+        assert shaper.exact_bucket(args, kwargs) is None
+        if args[0].__class__ is torch.Tensor and args[0].shape[0] == 5:
+            assert shaper.size(args, kwargs) == 5
+        else:
+            with pytest.raises(BadRequest):
+                shaper.size(args, kwargs)

@@ -229,3 +229,6 @@ def test_a_replica_serves_what_warmup_chose_from_the_published_store(rows_config
     for n in (1, 3, 4, 6):
         args, _, want = eager_of(rows_config, n)
         torch.testing.assert_close(compiled(*args), want)
+    # a bucket-shaped request of the wrong dtype is not taken for the bucket: refused in one line
+    with pytest.raises(runtime.BadRequest, match="float64, expected float32"):
+        compiled(torch.zeros(4, 6, dtype=torch.float64))

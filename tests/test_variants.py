@@ -14,6 +14,7 @@ from orchestrator.jobs.variants import (
     clearly_faster,
     graphed_compile,
     read_plans,
+    replays_into_buffers,
     serving_candidates,
     spread,
     write_plan,
@@ -172,3 +173,24 @@ def test_equal_latencies_are_not_clearly_faster_and_a_missing_spread_counts_as_n
     assert clearly_faster(VariantMeasure(ok=True, ms=0.9), VariantMeasure(ok=True, ms=1.0))  # no spreads recorded
     assert not clearly_faster(VariantMeasure(ok=True, ms=0.9), VariantMeasure(ok=True, ms=1.0, spread_ms=0.2))
     assert not clearly_faster(VariantMeasure(ok=True, ms=0.9, spread_ms=0.2), VariantMeasure(ok=True, ms=1.0))
+
+
+@pytest.mark.parametrize(
+    "variant, compile_options, replays",
+    [
+        ("eager", {"mode": "reduce-overhead"}, False),
+        ("graphed", {"mode": "default"}, True),
+        ("eager-graphed", {}, True),
+        ("compiled", {"mode": "reduce-overhead"}, True),
+        ("compiled", {"mode": "max-autotune"}, True),
+        ("compiled", {"mode": "default"}, False),
+        ("compiled", {"mode": "max-autotune-no-cudagraphs"}, False),
+        ("compiled", {"mode": "default", "options": {"triton.cudagraphs": True}}, True),
+        ("compiled", {"mode": "reduce-overhead", "options": {"triton.cudagraphs": False}}, False),
+        ("compiled", {"backend": "aot_eager"}, False),
+        ("compiled", {"backend": "cudagraphs"}, True),
+        ("compiled", {"backend": "someone_elses"}, True),  # unknown: copied, which is always safe
+    ],
+)
+def test_outputs_are_copied_out_of_exactly_the_variants_that_replay_into_buffers(variant, compile_options, replays):
+    assert replays_into_buffers(variant, spec(compile=compile_options)) is replays
