@@ -1,14 +1,15 @@
 """The serving runtime against plain PyTorch, on a GPU (numbers go to docs/performance.md).
 
-    python bench/serving.py OUT_DIR [example ...]      # default: mlp resnet18 transformer
+    python bench/serving.py OUT_DIR [--starts N] [example ...]   # default: mlp resnet18 transformer
 
 Per example (buckets from its config, 1,8,32 unless it says otherwise):
   1. `orchestrate warmup --no-ray --device cuda` into a fresh cache: the report's chosen variant
      and its latency per bucket.
   2. A fresh process loads the runtime from that cache and times, interleaved in one process with
-     CUDA events (each call on an idle device): the runtime's call at request size = bucket, eager,
-     and plain `torch.compile(mode="reduce-overhead")` (same cache); then request sizes between the
-     buckets: the runtime's padded call against eager at that exact size.
+     CUDA events (each call on an idle device): the runtime's call at request size = bucket, the
+     bucket's chosen variant called alone as warmup timed it (what the report's figure is of),
+     eager, and plain `torch.compile(mode="reduce-overhead")` (same cache); then request sizes
+     between the buckets: the runtime's padded call against eager at that exact size.
   3. Replica start, fresh processes alternating: spawn to `runtime.load()` returned, against the
      eager floor (spawn, import, build, one eager call per bucket).
 Everything is written to OUT_DIR/serving-<example>.json; a summary table goes to stdout.
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-START_RUNS = 3  # fresh processes of each kind, alternating
+START_RUNS = 3  # fresh processes of each kind, alternating (--starts N to change, 0 to skip)
 
 TIMING = r"""
 import json, statistics, sys, torch
@@ -33,7 +34,8 @@ from orchestrator.config import load_spec_with_overrides
 from orchestrator.jobs.model import build_model, make_inputs
 from orchestrator.jobs.timing import Clock, median, p90
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs.variants import spread
+from orchestrator.jobs.padding import copy_out
+from orchestrator.jobs.variants import replays_into_buffers, spread
 
 config, cache = sys.argv[1], sys.argv[2]
 served = runtime.load(config, cache_dir=cache, device="cuda")
@@ -52,8 +54,12 @@ with torch.no_grad():
         def plain_call():
             ti.mark_step()
             return plain(*args, **kwargs)
-        variants = {"runtime": lambda: served(*args, **kwargs), "eager": lambda: eager(*args, **kwargs),
-                    "reduce-overhead": plain_call}
+        runner = served._runners[bucket]
+        def variant_call():  # the chosen variant alone, as warmup timed it: what the report's figure is of
+            outputs = runner(*args, **kwargs)
+            return copy_out(outputs) if replays_into_buffers(served.variant(bucket), spec) else outputs
+        variants = {"runtime": lambda: served(*args, **kwargs), "alone": variant_call,
+                    "eager": lambda: eager(*args, **kwargs), "reduce-overhead": plain_call}
         samples = clock.interleaved(variants, 200, 20)
         out["buckets"][bucket] = {"variant": served.variant(bucket), **{k: row(v) for k, v in samples.items()}}
     sizes = sorted({(a + b) // 2 for a, b in zip([0, *spec.buckets], spec.buckets) if (a + b) // 2 not in spec.buckets and (a + b) // 2 > 0})
@@ -101,7 +107,7 @@ def run_python(code: str, *args: str, timeout: int = 600) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench(example: str, out_dir: Path) -> dict:
+def bench(example: str, out_dir: Path, starts: int = START_RUNS) -> dict:
     config = ROOT / "examples" / f"{example}.yaml"
     cache = Path(tempfile.mkdtemp(prefix=f"serving-{example}-"))
     warmup = subprocess.run(
@@ -121,7 +127,7 @@ def bench(example: str, out_dir: Path) -> dict:
         "timing": run_python(TIMING, str(config), str(cache)),
     }
     starts: dict[str, list[float]] = {"runtime": [], "floor": []}
-    for _ in range(START_RUNS):
+    for _ in range(starts):
         starts["runtime"].append(run_python(READY, str(config), str(cache))["ready_from_spawn"])
         starts["floor"].append(run_python(FLOOR, str(config))["ready_from_spawn"])
     result["start"] = starts
@@ -137,6 +143,7 @@ def summary(example: str, result: dict) -> list[str]:
         report_ms = (reported.get("variants") or {}).get(chosen, {}).get("ms")
         lines.append(
             f"bucket {bucket}: runtime {row['runtime']['ms']:.3f}±{row['runtime']['spread_ms']:.3f} ms ({row['variant']}), "
+            f"{row['variant']} alone {row['alone']['ms']:.3f}±{row['alone']['spread_ms']:.3f}, "
             f"eager {row['eager']['ms']:.3f}±{row['eager']['spread_ms']:.3f}, "
             f"reduce-overhead {row['reduce-overhead']['ms']:.3f}±{row['reduce-overhead']['spread_ms']:.3f}; "
             f"report said {chosen} {report_ms if report_ms is None else round(report_ms, 3)} ms"
@@ -144,6 +151,8 @@ def summary(example: str, result: dict) -> list[str]:
     for n, row in result["timing"]["between"].items():
         lines.append(f"size {n}: runtime (padded) {row['runtime']['ms']:.3f} ms, eager {row['eager']['ms']:.3f} ms")
     runtime, floor = result["start"]["runtime"], result["start"]["floor"]
+    if not runtime:
+        return lines
     lines.append(
         f"start from spawn: runtime {statistics.median(runtime):.2f} s {sorted(runtime)}, "
         f"eager floor {statistics.median(floor):.2f} s {sorted(floor)}, "
@@ -155,11 +164,15 @@ def summary(example: str, result: dict) -> list[str]:
 def main() -> int:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    examples = sys.argv[2:] or ["mlp", "resnet18", "transformer"]
+    args = sys.argv[2:]
+    starts = START_RUNS
+    if args[:1] == ["--starts"]:
+        starts, args = int(args[1]), args[2:]
+    examples = args or ["mlp", "resnet18", "transformer"]
     lines = []
     for example in examples:
         try:
-            lines += summary(example, bench(example, out_dir))
+            lines += summary(example, bench(example, out_dir, starts))
         except Exception as exc:  # one example's failure must not lose the others' numbers
             lines.append(f"## {example}: FAILED {exc}")
         print("\n".join(lines[-12:]), flush=True)
