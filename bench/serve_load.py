@@ -3,20 +3,23 @@ largest bucket) for a fixed time, against the same deployment serving eager (num
 docs/performance.md).
 
     python bench/serve_load.py OUT_DIR [--model examples/mlp.yaml] [--device cuda]
-                               [--clients 32] [--seconds 30] [--rounds 2]
+                               [--clients 32] [--seconds 30] [--rounds 2] [--wire json,npz]
 
 1. `orchestrate warmup --no-ray` into a fresh cache: the plan per bucket.
 2. Two deployments, one at a time, each `orchestrate serve` on its own local Ray: "planned" on the
    warmed cache (every bucket on its chosen variant) and "eager" on an empty cache directory (no
    plan: every bucket eager). The same load runs against each, alternating for `--rounds` rounds
    so drift hits both.
-3. Per round and deployment: requests answered per second, rows per second, p50 and p99 latency
-   (client side: send to full answer), errors. Written to OUT_DIR/serve-load.json.
+3. Per round, deployment and wire format (`--wire json,npz`: JSON bodies, and numpy.savez
+   bodies with .npz answers), the load in turn: requests answered per second, rows per second,
+   p50 and p99 latency (client side: send to full answer), errors. Written to
+   OUT_DIR/serve-load.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -79,26 +82,40 @@ class Deployment:
         self._log.close()
 
 
-def load(url: str, width: list[int], largest: int, clients: int, seconds: float, seed: int) -> dict:
+def bodies_for(wire: str, width: list[int], largest: int, seed: int) -> dict[int, bytes]:
+    """One body per size, made before the clock starts: the clients' encoding is not the
+    server's time (the clients share one interpreter)."""
+    values = random.Random(seed)
+    out = {}
+    for n in range(1, largest + 1):
+        inputs = [[[values.random() for _ in range(w)] for _ in range(n)] for w in width]
+        if wire == "json":
+            out[n] = json.dumps({"inputs": inputs}).encode()
+        else:
+            import numpy as np
+
+            buffer = io.BytesIO()
+            np.savez(buffer, *(np.asarray(x, dtype=np.float32) for x in inputs))
+            out[n] = buffer.getvalue()
+    return out
+
+
+CONTENT_TYPES = {"json": "application/json", "npz": "application/x-npz"}
+
+
+def load(url: str, wire: str, bodies: dict[int, bytes], clients: int, seconds: float, seed: int) -> dict:
     """`clients` threads, each sending one request at a time, sizes uniform in 1..largest."""
     latencies: list[float] = []
     rows = [0]
     errors = [0]
     lock = threading.Lock()
-
-    # one body per size, made before the clock starts: the clients' JSON encoding is not the
-    # server's time (the clients share one interpreter)
-    values = random.Random(seed)
-    bodies = {
-        n: json.dumps({"inputs": [[[values.random() for _ in range(w)] for _ in range(n)] for w in width]}).encode()
-        for n in range(1, largest + 1)
-    }
+    largest = max(bodies)
 
     def client(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
         while time.monotonic() < stop:
             n = rng.randint(1, largest)
-            request = urllib.request.Request(url, bodies[n], {"Content-Type": "application/json"})
+            request = urllib.request.Request(url, bodies[n], {"Content-Type": CONTENT_TYPES[wire]})
             started = time.perf_counter()
             try:
                 with urllib.request.urlopen(request, timeout=60) as answer:
@@ -142,6 +159,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--wire", default="json,npz", help="request formats to load with, in turn")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
@@ -165,6 +183,7 @@ def main() -> int:
     )
     (args.out / "serve-load-warmup.log").write_text(warmup.stderr)
     plan = {r["bucket"]: r["variant"] for r in json.loads(warmup.stdout)["results"]} if warmup.stdout else {}
+    wires = args.wire.split(",")
     results: dict = {"plan": plan, "clients": args.clients, "seconds": args.seconds, "rounds": []}
     for round_ in range(args.rounds):
         row = {}
@@ -172,10 +191,13 @@ def main() -> int:
             deployment = Deployment(args.model, args.device, cache, args.out / f"serve-{name}-{round_}.log")
             try:
                 url = deployment.wait_ready()
-                row[name] = load(url, width, largest, args.clients, args.seconds, seed=round_)
+                for wire in wires if round_ % 2 == 0 else wires[::-1]:
+                    bodies = bodies_for(wire, width, largest, seed=round_)
+                    key = f"{name} {wire}"
+                    row[key] = load(url, wire, bodies, args.clients, args.seconds, seed=round_)
+                    print(f"round {round_} {key}: {json.dumps(row[key])}", flush=True)
             finally:
                 deployment.stop()
-            print(f"round {round_} {name}: {json.dumps(row[name])}", flush=True)
         results["rounds"].append(row)
     (args.out / "serve-load.json").write_text(json.dumps(results, indent=2))
     return 0

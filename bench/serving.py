@@ -107,7 +107,7 @@ def run_python(code: str, *args: str, timeout: int = 600) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench(example: str, out_dir: Path, starts: int = START_RUNS) -> dict:
+def bench(example: str, out_dir: Path, start_runs: int = START_RUNS) -> dict:
     config = ROOT / "examples" / f"{example}.yaml"
     cache = Path(tempfile.mkdtemp(prefix=f"serving-{example}-"))
     warmup = subprocess.run(
@@ -127,7 +127,7 @@ def bench(example: str, out_dir: Path, starts: int = START_RUNS) -> dict:
         "timing": run_python(TIMING, str(config), str(cache)),
     }
     starts: dict[str, list[float]] = {"runtime": [], "floor": []}
-    for _ in range(starts):
+    for _ in range(start_runs):
         starts["runtime"].append(run_python(READY, str(config), str(cache))["ready_from_spawn"])
         starts["floor"].append(run_python(FLOOR, str(config))["ready_from_spawn"])
     result["start"] = starts

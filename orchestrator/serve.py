@@ -1,6 +1,7 @@
 """`orchestrate serve`: the warmed model behind HTTP on Ray Serve.
 
     POST /predict   {"inputs": [[...], ...]}   ->  200 {"outputs": ...}
+                    (Content-Type application/x-npz: numpy.savez arrays in, an .npz out)
                                                     400 {"error": "<one line>"}  (the request's fault)
     GET  /info      the replica's load report (orchestrator.runtime.ReplicaInfo)
 
@@ -37,6 +38,7 @@ from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.jobs.workers import threads_as_a_plain_process
 
 if TYPE_CHECKING:  # torch is imported in the replica, after its thread count is set
+    from orchestrator.serve_codec import Answer
     from orchestrator.serve_codec import Request as Decoded
 
 BATCH_WAIT_SECONDS = 0.005  # how long the first request of a batch waits for others to join it
@@ -61,7 +63,7 @@ class ModelServer:
         threads_as_a_plain_process()
         from orchestrator import runtime
         from orchestrator.cache.manifest import KEY_FILE_ENV
-        from orchestrator.serve_codec import OutputError, RequestCodec, RequestError
+        from orchestrator.serve_codec import Answer, OutputError, RequestCodec, RequestError
 
         if remote is not None and remote.key_file:  # runtime.load takes the key from the environment
             os.environ[KEY_FILE_ENV] = remote.key_file
@@ -72,6 +74,7 @@ class ModelServer:
             allow_unsigned=bool(remote and remote.allow_unsigned),
         )
         self.codec = RequestCodec(self.model.spec, self.model.device)
+        self._answer_type = Answer
         self._request_error = RequestError
         self._client_errors: tuple[type[Exception], ...] = (RequestError, runtime.BadRequest)
         self._output_error = OutputError
@@ -88,12 +91,15 @@ class ModelServer:
         if path == "/predict":
             if request.method != "POST":
                 return _error(405, "use POST with a JSON body on /predict", headers={"Allow": "POST"})
-            try:
-                decoded = self.codec.decode(await request.body())
+            wire = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+            body = await request.body()
+            loop = asyncio.get_running_loop()
+            try:  # in a thread: decoding a large body must not hold up the requests behind it
+                decoded = await loop.run_in_executor(None, self.codec.decode, body, wire)
             except self._request_error as exc:
                 return _error(400, str(exc))
-            status, body = await self._predict(decoded)
-            return JSONResponse(body, status_code=status)
+            answer = await self._predict(decoded)
+            return Response(answer.body, status_code=answer.status, media_type=answer.media_type)
         if path == "/info":
             if request.method != "GET":
                 return _error(405, "use GET on /info", headers={"Allow": "GET"})
@@ -101,33 +107,33 @@ class ModelServer:
         return _error(404, f"no route {request.method} {request.url.path}; this server answers {ROUTES}")
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=BATCH_WAIT_SECONDS)
-    async def _predict(self, requests: list[Decoded]) -> list[tuple[int, dict[str, Any]]]:
+    async def _predict(self, requests: list[Decoded]) -> list[Answer]:
         # in a thread: the event loop keeps reading requests, which then form the next batch
         return await asyncio.get_running_loop().run_in_executor(None, self._answer_all, requests)
 
-    def _answer_all(self, requests: list[Decoded]) -> list[tuple[int, dict[str, Any]]]:
-        answers: list[tuple[int, dict[str, Any]]] = [(500, {})] * len(requests)
+    def _answer_all(self, requests: list[Decoded]) -> list[Answer]:
+        answers: list[Any] = [None] * len(requests)
         for group in self.codec.groups(requests):
             for i, answer in zip(group, self._answer([requests[i] for i in group]), strict=True):
                 answers[i] = answer
         return answers
 
-    def _answer(self, requests: list[Decoded]) -> list[tuple[int, dict[str, Any]]]:
+    def _answer(self, requests: list[Decoded]) -> list[Answer]:
         """One model call for these requests; if it fails, each request alone, so that a failure
         is only the request's own that caused it."""
         try:
             args, kwargs = self.codec.join(requests)
             outputs = self.model(*args, **kwargs)
-            return [(200, {"outputs": out}) for out in self.codec.split(outputs, [r.size for r in requests])]
+            return self.codec.split(outputs, requests)
         except Exception as exc:
             if len(requests) > 1:
                 return [answer for request in requests for answer in self._answer([request])]
             if isinstance(exc, self._client_errors):
-                return [(400, {"error": str(exc)})]
+                return [self._answer_type.error(400, str(exc))]
             if isinstance(exc, self._output_error):
-                return [(500, {"error": f"the model's output cannot be sent as JSON: {exc}"})]
+                return [self._answer_type.error(500, f"the model's output cannot be sent: {exc}")]
             logger.exception("predict failed")
-            return [(500, {"error": f"the model failed on this request: {brief(exc)}"})]
+            return [self._answer_type.error(500, f"the model failed on this request: {brief(exc)}")]
 
 
 def _error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> JSONResponse:

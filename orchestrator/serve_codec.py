@@ -1,11 +1,17 @@
-"""What `orchestrate serve` does with a request between HTTP and the model: JSON in, tensors
+"""What `orchestrate serve` does with a request between HTTP and the model: a body in, tensors
 checked against the config's inputs, several requests joined into one call along the bucket
-dimension, the call's outputs cut back per request and turned into JSON.
+dimension, the call's outputs cut back per request and encoded as the request was.
 
     codec = RequestCodec(spec, device)
-    request = codec.decode(body)                         # RequestError: the client's fault, HTTP 400
+    request = codec.decode(body, NPZ if npz else JSON)   # RequestError: the client's fault, HTTP 400
     args, kwargs = codec.join([request, other])          # one call for both
-    first, second = codec.split(model(*args, **kwargs), [request.size, other.size])
+    first, second = codec.split(model(*args, **kwargs), [request, other])   # Answer per request
+
+Two wire formats. JSON (`{"inputs": [...]}` in, `{"outputs": ...}` out) is the one any client
+can send; for tensors of thousands of numbers its text dominates a fast model's time. NumPy's
+`.npz` (`numpy.savez`: one array per input, named by the config's input name or `arr_<i>` in
+config order) carries the bytes as they are; its answer is an `.npz` with one array per output
+tensor, named by its path in the output tree (`output`, `output.logits`, `output[0]`).
 
 A request is checked completely before it joins others, so one malformed request never fails
 the requests batched with it. The checks are the config's: count and names of the inputs, rank,
@@ -31,7 +37,28 @@ class RequestError(ValueError):
 
 
 class OutputError(ValueError):
-    """Model outputs that JSON cannot carry (NaN, Inf, complex numbers, other objects)."""
+    """Model outputs that the wire format cannot carry (in JSON: NaN, Inf, complex numbers, other
+    objects; in .npz: anything but tensors and numbers)."""
+
+
+JSON = "application/json"
+NPZ = "application/x-npz"
+WIRES = (JSON, NPZ)
+# an .npz may be compressed: what its arrays unpack to is bounded before any is read
+MAX_NPZ_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request's HTTP answer: status, body and its media type."""
+
+    status: int
+    body: bytes
+    media_type: str
+
+    @classmethod
+    def error(cls, status: int, message: str) -> Answer:
+        return cls(status, _json_bytes({"error": message}), JSON)
 
 
 @dataclass(frozen=True)
@@ -42,6 +69,7 @@ class Request:
     args: tuple[torch.Tensor, ...]
     kwargs: dict[str, torch.Tensor]
     size: int
+    wire: str = JSON  # how it came, and how its answer goes
 
 
 @dataclass(frozen=True)
@@ -79,9 +107,27 @@ class RequestCodec:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def decode(self, body: bytes | str) -> Request:
-        """A request body, `{"inputs": [...]}` in config order or `{"inputs": {name: ...}}`, as
-        tensors on the model's device; RequestError for anything the config does not accept."""
+    def decode(self, body: bytes | str, wire: str = JSON) -> Request:
+        """A request body as tensors on the model's device; RequestError for anything the config
+        does not accept. JSON: `{"inputs": [...]}` in config order or `{"inputs": {name: ...}}`;
+        NPZ: one array per input (see the module's docstring)."""
+        if wire == NPZ:
+            tensors = self._npz_tensors(body)
+        elif wire == JSON:
+            tensors = self._json_tensors(body)
+        else:
+            raise RequestError(f"Content-Type {wire!r} is not served; send {JSON} or {NPZ}")
+        size = self._size(tensors)
+        if self.oversize == "error" and size > self.largest_bucket:
+            raise RequestError(
+                f"a request of {size} is larger than the largest bucket {self.largest_bucket} "
+                "(serve.oversize: error); send at most that many"
+            )
+        args = tuple(t for entry, t in zip(self._inputs, tensors, strict=True) if not entry.spec.name)
+        kwargs = {entry.spec.name: t for entry, t in zip(self._inputs, tensors, strict=True) if entry.spec.name}
+        return Request(args, kwargs, size, wire)
+
+    def _json_tensors(self, body: bytes | str) -> list[torch.Tensor]:
         try:
             data = json.loads(body, parse_constant=_refuse_constant)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -94,16 +140,53 @@ class RequestCodec:
         if unknown:
             raise RequestError(f'unknown key {unknown[0]!r} in the body; it takes "inputs" only')
         values = self._by_input(data["inputs"])
-        tensors = [self._tensor(entry, value) for entry, value in zip(self._inputs, values, strict=True)]
-        size = self._size(tensors)
-        if self.oversize == "error" and size > self.largest_bucket:
+        return [
+            self._checked(entry, self._from_json(entry, value))
+            for entry, value in zip(self._inputs, values, strict=True)
+        ]
+
+    def _npz_tensors(self, body: bytes | str) -> list[torch.Tensor]:
+        import io
+        import zipfile
+
+        import numpy as np
+
+        data = body.encode() if isinstance(body, str) else body
+        try:
+            archive = zipfile.ZipFile(io.BytesIO(data))
+            unpacked = sum(info.file_size for info in archive.infolist())
+        except (zipfile.BadZipFile, ValueError) as exc:
+            raise RequestError(f"the body is not an .npz (numpy.savez) archive: {_first_line(exc)}") from None
+        if unpacked > MAX_NPZ_BYTES:
             raise RequestError(
-                f"a request of {size} is larger than the largest bucket {self.largest_bucket} "
-                "(serve.oversize: error); send at most that many"
+                f"the .npz unpacks to {unpacked} bytes, more than {MAX_NPZ_BYTES}; send smaller requests"
             )
-        args = tuple(t for entry, t in zip(self._inputs, tensors, strict=True) if not entry.spec.name)
-        kwargs = {entry.spec.name: t for entry, t in zip(self._inputs, tensors, strict=True) if entry.spec.name}
-        return Request(args, kwargs, size)
+        try:
+            arrays = np.load(io.BytesIO(data), allow_pickle=False)
+            names = list(arrays.files)
+        except (ValueError, OSError, zipfile.BadZipFile) as exc:
+            raise RequestError(f"the body is not an .npz (numpy.savez) archive: {_first_line(exc)}") from None
+        wanted = [entry.spec.name or f"arr_{i}" for i, entry in enumerate(self._inputs)]
+        for name in names:
+            if name not in wanted:
+                raise RequestError(
+                    f"unknown array {name!r} in the .npz; send {', '.join(wanted)} "
+                    "(the config's input names, arr_<i> for unnamed inputs)"
+                )
+        tensors = []
+        for entry, name in zip(self._inputs, wanted, strict=True):
+            if name not in names:
+                raise RequestError(f"the .npz lacks {entry.label} (array {name!r})")
+            try:
+                array = arrays[name]
+            except ValueError as exc:  # object arrays need pickle, which is refused
+                raise RequestError(f"{entry.label} cannot be read: {_first_line(exc)}") from None
+            if array.dtype.kind not in "biuf" or array.dtype.itemsize > 8:
+                raise RequestError(f"{entry.label} is an array of {array.dtype}; send numbers")
+            if not array.dtype.isnative:
+                array = array.astype(array.dtype.newbyteorder("="))
+            tensors.append(self._checked(entry, torch.tensor(array)))
+        return tensors
 
     def _by_input(self, inputs: Any) -> list[Any]:
         expected = len(self._inputs)
@@ -128,19 +211,26 @@ class RequestCodec:
             return [inputs[name] for name in names]
         raise RequestError(f'"inputs" is a JSON {_json_type(inputs)}; send a list with one array per config input')
 
-    def _tensor(self, entry: _Input, value: Any) -> torch.Tensor:
-        """`value` as the input's tensor: shape first, then what its values are."""
+    def _from_json(self, entry: _Input, value: Any) -> torch.Tensor:
+        """A JSON array as a tensor that holds its numbers exactly, as float64 where any is not
+        whole (JSON's numbers are doubles: a float16 input is rounded once, from them)."""
         if isinstance(value, (dict, str)) or value is None:
             raise RequestError(f"{entry.label} is a JSON {_json_type(value)}, not an array of numbers")
         try:
-            # floats parse as float64, which JSON's numbers are: a float16 input is rounded once
             tensor = torch.tensor(value, dtype=torch.float64 if entry.spec.dtype in FLOAT_DTYPES else None)
+            if tensor.is_floating_point() and tensor.dtype != torch.float64:
+                # torch's guess for mixed numbers is float32, exact only up to 2**24
+                tensor = torch.tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             odd = _non_number(value)
             if odd is not None:
                 where, leaf = odd
                 raise RequestError(f"{entry.label}{where} is {leaf}, not a number") from None
             raise RequestError(f"{entry.label} is not a rectangular array of numbers: {_first_line(exc)}") from None
+        return tensor
+
+    def _checked(self, entry: _Input, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` as the input's tensor on the model's device: shape first, then its values."""
         shape = entry.spec.shape
         shown = "[" + ", ".join(map(str, shape)) + "]"
         if tensor.dim() != len(shape):
@@ -152,9 +242,9 @@ class RequestCodec:
                 raise RequestError(f"{entry.label} has size {tensor.shape[dim]} at dim {dim}, expected {want}: {shown}")
         if tensor.numel() == 0:
             raise RequestError(f"{entry.label} is empty; a request needs at least one row")
-        return self._values(entry, tensor, value).to(self.device)
+        return self._values(entry, tensor).to(self.device)
 
-    def _values(self, entry: _Input, tensor: torch.Tensor, value: Any) -> torch.Tensor:
+    def _values(self, entry: _Input, tensor: torch.Tensor) -> torch.Tensor:
         dtype = entry.spec.dtype
         if dtype in FLOAT_DTYPES:
             converted = tensor.to(entry.dtype)
@@ -168,8 +258,6 @@ class RequestCodec:
         if tensor.dtype == torch.bool:
             raise RequestError(f"{entry.label} holds true/false; it is {dtype}: send whole numbers")
         if tensor.is_floating_point():
-            # parsed again as float64: float32, torch's guess, is exact only up to 2**24
-            tensor = torch.tensor(value, dtype=torch.float64)
             if (tensor != tensor.round()).any():
                 raise RequestError(f"{entry.label} holds numbers with a fraction; it is {dtype}: send whole numbers")
         assert entry.spec.range is not None  # the spec requires a range for integer inputs
@@ -235,19 +323,20 @@ class RequestCodec:
         }
         return args, kwargs
 
-    def split(self, outputs: Any, sizes: Sequence[int]) -> list[Any]:
-        """Outputs of one call for requests of these sizes, as each request's JSON value. A
-        tensor is cut along its dimension of the call's total size (the inputs' bucket dimension
-        where several match); a tensor without one, and any other leaf, goes whole to every
-        request. OutputError for what JSON cannot carry."""
-        total = sum(sizes)
-        if len(sizes) == 1:
-            return [to_json(outputs)]
+    def split(self, outputs: Any, requests: Sequence[Request]) -> list[Answer]:
+        """Outputs of one call for these requests, as each request's answer in its own wire
+        format. A tensor is cut along its dimension of the call's total size (the inputs' bucket
+        dimension where several match); a tensor without one, and any other leaf, goes whole to
+        every request. OutputError for what a request's format cannot carry."""
+        total = sum(request.size for request in requests)
         answers = []
         offset = 0
-        for size in sizes:
-            answers.append(to_json(outputs, lambda t, start=offset, length=size: self._cut(t, total, start, length)))
-            offset += size
+        for request in requests:
+            cut = None
+            if len(requests) > 1:
+                cut = lambda t, start=offset, length=request.size: self._cut(t, total, start, length)  # noqa: E731
+            answers.append(encode(outputs, request.wire, cut))
+            offset += request.size
         return answers
 
     def _cut(self, tensor: torch.Tensor, total: int, start: int, length: int) -> torch.Tensor:
@@ -256,6 +345,55 @@ class RequestCodec:
             return tensor
         dim = self._preferred_dim if self._preferred_dim in dims else dims[0]
         return tensor.narrow(dim, start, length)
+
+
+def encode(outputs: Any, wire: str, cut: Any = None) -> Answer:
+    """A 200 answer carrying `outputs` (each tensor `cut` first) in the wire format."""
+    if wire == NPZ:
+        return Answer(200, to_npz(outputs, cut), NPZ)
+    return Answer(200, _json_bytes({"outputs": to_json(outputs, cut)}), JSON)
+
+
+def to_npz(outputs: Any, cut: Any = None) -> bytes:
+    """Model outputs as an .npz: one array per tensor or number, named by its path in the tree."""
+    import io
+
+    import numpy as np
+
+    arrays: dict[str, Any] = {}
+
+    def collect(node: Any, path: str) -> None:
+        if isinstance(node, torch.Tensor):
+            tensor = (cut(node) if cut else node).detach().cpu()
+            if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16; float32 holds it exactly
+                tensor = tensor.float()
+            arrays[path] = tensor.numpy()
+        elif isinstance(node, (bool, int, float)):
+            arrays[path] = np.asarray(node)
+        elif isinstance(node, Mapping):
+            for key, value in node.items():
+                collect(value, f"{path}.{key}")
+        elif isinstance(node, tuple) and hasattr(node, "_fields"):
+            for name in node._fields:
+                collect(getattr(node, name), f"{path}.{name}")
+        elif is_dataclass(node) and not isinstance(node, type):
+            for f in fields(node):
+                collect(getattr(node, f.name), f"{path}.{f.name}")
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                collect(value, f"{path}[{i}]")
+        else:
+            raise OutputError(f"{path} is a {type(node).__name__}, which an .npz cannot carry; ask for JSON")
+
+    collect(outputs, "output")
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _json_bytes(value: Any) -> bytes:
+    # as starlette's JSONResponse renders: compact, UTF-8, NaN refused
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def to_json(node: Any, cut: Any = None, path: str = "output") -> Any:

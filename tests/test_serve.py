@@ -4,6 +4,7 @@ eagerly on the same input."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, orchestrate
@@ -182,6 +184,30 @@ def test_bad_requests_among_good_ones_fail_alone(server, eager):
     assert [status for status, _ in answers[len(good) :]] == [400] * len(BAD)
     x = torch.randn(4, 256, generator=generator)
     assert_answers(*predict(server, x), x, eager)  # and the replica serves on
+
+
+def post_npz(url: str, data: bytes) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/x-npz"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read()
+
+
+@pytest.mark.parametrize("size", [3, 8, 13])
+def test_npz_requests_are_answered_in_npz_as_eager(server, eager, size):
+    x = torch.randn(size, 256, generator=torch.Generator().manual_seed(100 + size))
+    buffer = io.BytesIO()
+    np.savez(buffer, x.numpy())
+    status, media_type, answer = post_npz(server.url, buffer.getvalue())
+    assert status == 200 and media_type == "application/x-npz", answer[:200]
+    outputs = np.load(io.BytesIO(answer), allow_pickle=False)
+    assert outputs.files == ["output"]
+    torch.testing.assert_close(torch.from_numpy(outputs["output"]), eager(x), atol=1e-4, rtol=1e-4)
+    status, media_type, answer = post_npz(server.url, b"not an archive")
+    assert status == 400 and media_type == "application/json"
+    assert "not an .npz" in json.loads(answer)["error"]
 
 
 def test_sigterm_stops_the_server_cleanly(server):

@@ -4,16 +4,18 @@ answering a batch whose joined call fails (orchestrator.serve.ModelServer, its c
 
 from __future__ import annotations
 
+import io
 import json
 import textwrap
 from collections import namedtuple
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.serve_codec import OutputError, RequestCodec, RequestError, to_json
+from orchestrator.serve_codec import JSON, NPZ, OutputError, RequestCodec, RequestError, to_json
 
 Pair = namedtuple("Pair", "left right")
 
@@ -117,7 +119,7 @@ def test_joined_requests_answer_as_each_alone(codec):
     assert codec.groups(requests) == [[0, 1, 2]]
     args, kwargs = codec.join(requests)
     assert args[0].shape == (8, 4) and kwargs["ids"].shape == (8,)
-    answers = codec.split(model(*args, **kwargs), [r.size for r in requests])
+    answers = [json.loads(a.body)["outputs"] for a in codec.split(model(*args, **kwargs), requests)]
     for request, answer in zip(requests, answers, strict=True):
         alone = to_json(model(*request.args, **request.kwargs))
         alone["total"] = answers[0]["total"]
@@ -136,7 +138,8 @@ def _close(a, b) -> bool:
 
 def test_an_output_square_in_the_batch_is_cut_along_the_inputs_bucket_dimension(codec):
     square = torch.arange(16.0).reshape(4, 4)  # two requests of 2: both dimensions have the call's size
-    first, second = codec.split(square, [2, 2])
+    requests = [codec.decode(body(rows(2), [0, 1])) for _ in range(2)]
+    first, second = (json.loads(a.body)["outputs"] for a in codec.split(square, requests))
     assert first == square[:2].tolist() and second == square[2:].tolist()
 
 
@@ -216,13 +219,13 @@ def test_a_request_that_fails_the_joined_call_fails_alone(tmp_path: Path, monkey
     requests = [server.codec.decode(body(x)) for x in (good, poison, good, nan)]
     assert server.codec.groups(requests) == [[0, 1, 2, 3]]
     answers = server._answer_all(requests)
-    assert [status for status, _ in answers] == [200, 500, 200, 500]
-    assert answers[1][1] == {"error": "the model failed on this request: ValueError: a value above 1000"}
-    assert answers[3][1] == {
-        "error": "the model's output cannot be sent as JSON: output holds NaN or Inf, which JSON cannot carry"
-    }
+    assert [a.status for a in answers] == [200, 500, 200, 500]
+    assert {a.media_type for a in answers} == {JSON}
+    bodies = [json.loads(a.body) for a in answers]
+    assert bodies[1] == {"error": "the model failed on this request: ValueError: a value above 1000"}
+    assert bodies[3] == {"error": "the model's output cannot be sent: output holds NaN or Inf, which JSON cannot carry"}
     expected = to_json(server.model(torch.tensor(good)))
-    assert answers[0][1] == answers[2][1] == {"outputs": expected}
+    assert bodies[0] == bodies[2] == {"outputs": expected}
     assert json.dumps(server.info())  # the load report as JSON: GET /info
 
 
@@ -250,3 +253,81 @@ def test_a_replica_that_fails_to_load_is_one_line_naming_its_exception(message, 
 
     failure = _failure(message)
     assert str(failure) == f"the model server did not start: {line}" and failure.kind == kind
+
+
+def npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_an_npz_request_holds_the_same_request_as_its_json(codec):
+    x = np.asarray(rows(3), dtype=np.float32)
+    from_npz = codec.decode(npz(arr_0=x, ids=np.array([1, 2, 3])), NPZ)
+    from_json = codec.decode(body(rows(3), [1, 2, 3]))
+    assert from_npz.wire == NPZ and from_json.wire == JSON and from_npz.size == 3
+    assert torch.equal(from_npz.args[0], from_json.args[0]) and from_npz.args[0].dtype == torch.float32
+    assert torch.equal(from_npz.kwargs["ids"], from_json.kwargs["ids"])
+    # float64 and big-endian arrays are numbers too: converted as JSON's doubles are
+    other = codec.decode(npz(arr_0=x.astype(">f8"), ids=np.array([1, 2, 3], dtype=">i4")), NPZ)
+    assert torch.equal(other.args[0], from_json.args[0]) and torch.equal(other.kwargs["ids"], from_json.kwargs["ids"])
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: b"not a zip", "not an .npz"),
+        (lambda: npz(arr_0=np.zeros((2, 4), np.float32)), "lacks inputs[1] (ids) (array 'ids')"),
+        (lambda: npz(arr_0=np.zeros((2, 4)), ids=np.zeros(2, np.int64), x=np.zeros(1)), "unknown array 'x'"),
+        (lambda: npz(arr_0=np.zeros((2, 5)), ids=np.zeros(2, np.int64)), "inputs[0] has size 5 at dim 1"),
+        (lambda: npz(arr_0=np.zeros((2, 4)), ids=np.array([0, 10])), "inputs[1] (ids) holds 10, outside its range"),
+        (lambda: npz(arr_0=np.zeros((2, 4)), ids=np.array([0.5, 1.0])), "numbers with a fraction"),
+        (lambda: npz(arr_0=np.array([["a"] * 4]), ids=np.zeros(1, np.int64)), "is an array of <U1; send numbers"),
+        (lambda: npz(arr_0=np.zeros((2, 4)), ids=np.zeros(3, np.int64)), "inputs[1] (ids) has 3 at dim 0"),
+    ],
+)
+def test_a_bad_npz_is_one_line_naming_what_to_fix(codec, make, message):
+    with pytest.raises(RequestError) as caught:
+        codec.decode(make(), NPZ)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_npz_that_would_unpack_past_the_limit_is_refused_before_reading(codec, monkeypatch):
+    import orchestrator.serve_codec as serve_codec
+
+    monkeypatch.setattr(serve_codec, "MAX_NPZ_BYTES", 100)
+    with pytest.raises(RequestError, match="unpacks to .* bytes, more than 100"):
+        codec.decode(npz(arr_0=np.zeros((8, 4), np.float32), ids=np.zeros(8, np.int64)), NPZ)
+
+
+def test_an_unknown_content_type_is_refused(codec):
+    with pytest.raises(RequestError, match="Content-Type 'text/csv' is not served"):
+        codec.decode(b"1,2,3", "text/csv")
+
+
+def test_npz_answers_carry_each_output_tensor_by_its_path(codec):
+    def model(x, ids):
+        return {"scaled": x * 2, "pair": Pair(x.sum(dim=1), ids + 1), "half": x.to(torch.bfloat16), "n": 3}
+
+    requests = [codec.decode(npz(arr_0=np.asarray(rows(n, n), np.float32), ids=np.arange(n)), NPZ) for n in (1, 3)] + [
+        codec.decode(body(rows(2), [0, 1]))
+    ]
+    args, kwargs = codec.join(requests)
+    answers = codec.split(model(*args, **kwargs), requests)
+    assert [a.media_type for a in answers] == [NPZ, NPZ, JSON]
+    for request, answer in zip(requests[:2], answers, strict=False):
+        got = np.load(io.BytesIO(answer.body), allow_pickle=False)
+        alone = model(*request.args, **request.kwargs)
+        assert sorted(got.files) == [
+            "output.half",
+            "output.n",
+            "output.pair.left",
+            "output.pair.right",
+            "output.scaled",
+        ]
+        np.testing.assert_array_equal(got["output.scaled"], alone["scaled"].numpy())
+        np.testing.assert_array_equal(got["output.pair.right"], alone["pair"].right.numpy())
+        assert got["output.half"].dtype == np.float32 and int(got["output.n"]) == 3
+    assert json.loads(answers[2].body)["outputs"]["pair"]["right"] == [1, 2]
+    with pytest.raises(OutputError, match="output.label is a str, which an .npz cannot carry"):
+        codec.split({"label": "mlp"}, requests[:1])
