@@ -9,7 +9,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from conftest import orchestrate
 
 from orchestrator.schemas import DIRECTORY, REGENERATE, config_schema, rendered, report_schema
 
@@ -56,18 +55,3 @@ def test_synthetic_reports_satisfy_the_report_schema():
     del broken["summary"]["cache_state"]
     with pytest.raises(jsonschema.ValidationError):
         check.validate(broken)
-
-
-@pytest.mark.slow
-def test_a_real_report_satisfies_the_report_schema(tmp_path):
-    config = yaml.safe_load((ROOT / "examples" / "mlp.yaml").read_text())
-    config["model"]["factory"] = f"{ROOT / 'examples' / 'models.py'}:mlp"
-    config["bench"] = {"iterations": 5, "warmup": 1}
-    path = tmp_path / "mlp.yaml"
-    path.write_text(yaml.safe_dump(config))
-    run = orchestrate(
-        "warmup", "--no-ray", "--model", str(path), "--buckets", "1", "--device", "cpu", "--json",
-        cache_dir=tmp_path / "cache",
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    validator(report_schema()).validate(json.loads(run.stdout))

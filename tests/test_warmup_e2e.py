@@ -2,8 +2,11 @@
 
 import json
 
+import jsonschema
 import pytest
 from conftest import assert_measured, orchestrate
+
+from orchestrator.schemas import report_schema
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +55,13 @@ def runs(tmp_path_factory):
     warm = warmup(cache_dir, "--report", str(out / "warm.json"))
     fresh = warmup(cache_dir, "--fresh", "--json")
     return {"cold": cold, "warm": warm, "fresh": fresh, "out": out, "cache_dir": cache_dir}
+
+
+def test_real_reports_satisfy_the_report_schema(runs):
+    schema = report_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for report in (json.loads(runs["cold"].stdout), json.loads((runs["out"] / "warm.json").read_text())):
+        jsonschema.Draft202012Validator(schema).validate(report)
 
 
 def test_cold_run_reports_the_contract(runs):
