@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import struct
@@ -479,6 +480,7 @@ class FaultProxy:
         self._upstream_timeout = upstream_timeout
         self._lock = threading.Lock()
         self._faults: deque = deque()
+        self._share: tuple[random.Random, float, float] | None = None
         self._requests = 0
         self._forwarded = 0
         self._connections = 0
@@ -516,6 +518,12 @@ class FaultProxy:
         """The next ``n`` requests are held for ``seconds`` before being forwarded."""
         with self._lock:
             self._faults.extend([("stall", float(seconds))] * n)
+
+    def fault_share(self, share: float, seconds: float = 1.0, seed: int = 0) -> None:
+        """From now on, each request that finds no queued fault gets one with probability
+        ``share``: a 503, a reset or a stall of ``seconds``, in equal parts (``share=0`` stops it)."""
+        with self._lock:
+            self._share = (random.Random(seed), share, seconds) if share > 0 else None
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -610,6 +618,17 @@ class FaultProxy:
         with self._lock:
             self.history.append((method, target, outcome))
 
+    def _random_fault(self) -> tuple | None:
+        if self._share is None:
+            return None
+        rng, share, seconds = self._share
+        if rng.random() >= share:
+            return None
+        kind = rng.choice(("fail", "reset", "stall"))
+        if kind == "fail":
+            return ("fail", 503, *_ERROR_CODES[503])
+        return ("reset",) if kind == "reset" else ("stall", seconds)
+
     def _handle_one(self, conn: socket.socket, rfile) -> bool:
         """Serve one request. Returns whether the connection may be reused."""
         head = _read_head(rfile)
@@ -622,7 +641,7 @@ class FaultProxy:
         method, target, version = parts
         with self._lock:
             self._requests += 1
-            fault = self._faults.popleft() if self._faults else None
+            fault = self._faults.popleft() if self._faults else self._random_fault()
 
         conn_hdr = (_header(headers, "connection") or "").lower()
         keep_alive = version == "HTTP/1.1" and "close" not in conn_hdr

@@ -4,6 +4,8 @@ injected by a proxy in front of it: what production's boto3 path meets."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from test_cache_protocol import ARTIFACTS, KEY, NS, check_consistent, make_cache, publish_concurrently, tree
@@ -129,3 +131,43 @@ def test_missing_credentials_name_the_fix(s3_env, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(StoreAuthError, match="no AWS credentials found; set AWS_ACCESS_KEY_ID"):
         sync.pull(open_store(url), NS, tmp_path / "b", KEY, allow_unsigned=False)
+
+
+PULLER = """
+import sys
+from pathlib import Path
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import SigningKey
+from orchestrator.cache.store import open_store
+sync.pull(open_store(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), SigningKey(b"k" * 32), allow_unsigned=False)
+"""
+
+
+@pytest.mark.slow
+def test_a_fleet_pulling_through_faults_ends_verified_or_failed_with_nothing_partial(
+    s3_env, fault_proxy, tmp_path, monkeypatch
+):
+    """Twelve replicas pull one namespace at once while the proxy faults a share of requests
+    (503s, resets, stalls past the read timeout): each ends with the published files, or with an
+    error line and no directory at all."""
+    point_at, url = s3_env
+    files = {f"inductor/fxgraph/{i:02x}/entry": os.urandom(2000 + 997 * i) for i in range(40)}
+    sync.publish(open_store(url), make_cache(tmp_path / "src", files), NS, KEY, allow_unsigned=False)
+    point_at(fault_proxy.url)
+    monkeypatch.setenv("ORCHESTRATE_STORE_ATTEMPTS", "3")
+    fault_proxy.fault_share(0.3, seconds=1.5, seed=3)  # stalls outlast the 1 s read timeout
+    targets = [tmp_path / f"replica-{i}" / NS for i in range(12)]
+    pullers = [
+        subprocess.Popen([sys.executable, "-c", PULLER, url, NS, str(target)], stderr=subprocess.PIPE, text=True)
+        for target in targets
+    ]
+    outcomes = [(puller.wait(timeout=300), puller.stderr.read() if puller.stderr else "") for puller in pullers]
+    fault_proxy.fault_share(0)
+    assert any(outcome != "forwarded" for _, _, outcome in fault_proxy.history), "no fault was injected"
+    for target, (code, stderr) in zip(targets, outcomes, strict=True):
+        if code == 0:
+            assert tree(target) == files
+        else:
+            assert "StoreUnreachable" in stderr.strip().splitlines()[-1], stderr[-2000:]
+            assert not target.exists() and not list(target.parent.glob(".incoming-*"))
+    assert sum(code == 0 for code, _ in outcomes) >= 1
