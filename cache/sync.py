@@ -10,25 +10,32 @@ race re-reads the winner, merges (a path already published keeps its first bytes
 next generation. So every generation is complete, none is ever overwritten, and concurrent
 publishers' files all end up in the newest one.
 
-Pull: newest manifest -> signature -> download missing shards in parallel into a staging
-directory on the same filesystem -> sha256 of every shard and file -> rename into place, code
-files before the index entries that point to them, so a compiler process reading the directory
-meanwhile finds either nothing or a complete entry.
+Pull: newest manifest -> signature -> every entry's path checked -> a staging directory beside the
+target on the same filesystem, holding the files already there that still match (hard links)
+and the missing shards' files, downloaded in parallel with the sha256 of every shard and file
+checked -> swapped for the target in one step. A kill leaves the old directory or the new one,
+never a mix; a reader sees one or the other. Pulls into one directory take turns (a lock file
+beside it); the one holding the lock removes what a killed pull left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
 import hashlib
 import io
 import os
 import re
 import shutil
 import socket
+import stat
 import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -45,8 +52,6 @@ MAX_PUBLISH_RACES = 20
 APPLIED_MARKER = ".orchestrate-manifest.json"
 # Files that are process-local state, not artifacts
 _SKIP = re.compile(r"(^|/)(locks/|\.tmp|tmp[^/]*$|[^/]*\.lock$|" + re.escape(APPLIED_MARKER) + ")")
-# Index entries point at code; they are placed last (see module doc)
-_INDEX = re.compile(r"^inductor/(fxgraph|aotautograd)/|/__grp__[^/]*\.json$")
 _GEN = re.compile(r"gen-(\d+)\.json$")
 
 
@@ -223,25 +228,175 @@ def _sha256(data: bytes) -> str:
 def pull(
     store: Store, namespace: str, directory: Path, key: Optional[SigningKey], *, allow_unsigned: bool
 ) -> Optional[Transfer]:
-    """Bring `directory` up to the newest published state. None when the namespace is absent."""
+    """Bring `directory` to the newest published state at once. None when the namespace is absent.
+    Local files the manifest does not name stay; symlinks inside the directory are never followed
+    (and do not survive a pull that changes anything)."""
     started = time.perf_counter()
-    manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
-    if manifest is None:
-        return None
-    needed = {rel: entry for rel, entry in manifest.files.items() if not _matches(directory / rel, entry)}
-    transfer = Transfer(generation=manifest.generation, files=len(needed))
-    if needed:
-        directory.parent.mkdir(parents=True, exist_ok=True)  # the directory itself appears only when verified
-        staging = directory.parent / f".incoming-{directory.name}-{uuid.uuid4().hex[:8]}"
+    if directory.is_symlink():  # a target that is a link to the real directory: work beside that
+        directory = directory.resolve()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _turn(directory):
+        _recover(directory)
+        manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+        if manifest is None:
+            return None
+        check_paths(manifest)
+        present = _regular_files(directory)
+        needed = {
+            rel: entry
+            for rel, entry in manifest.files.items()
+            if rel not in present or not _matches(present[rel], entry)
+        }
+        transfer = Transfer(generation=manifest.generation, files=len(needed))
+        marker = f'{{"generation": {manifest.generation}}}\n'
         try:
-            _fetch(store, manifest, needed, staging, transfer)
-            _place(staging, directory, needed)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / APPLIED_MARKER).write_text(f'{{"generation": {manifest.generation}}}\n')
+            if not needed:
+                directory.mkdir(exist_ok=True)
+                _write_atomically(directory / APPLIED_MARKER, marker)
+            else:
+                staging = directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
+                try:
+                    _fetch(store, manifest, needed, staging, transfer)
+                    _carry_over(present, manifest, needed, staging)
+                    (staging / APPLIED_MARKER).write_text(marker)
+                    _swap_in(staging, directory)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(
+                    f"no space left on the device of {directory.parent} while pulling {namespace} "
+                    f"(its files take {sum(e.size for e in manifest.files.values()) / 1e6:.1f} MB); "
+                    "free space there or pull to a larger disk; the directory is unchanged"
+                ) from None
+            raise
     transfer.seconds = time.perf_counter() - started
     return transfer
+
+
+class DiskFull(StoreError):
+    """The local disk filled up during a pull: the directory is as it was before."""
+
+
+_STAGING_PREFIX = ".incoming-"
+_PREVIOUS_PREFIX = ".previous-"
+
+
+def check_paths(manifest: Manifest) -> None:
+    """Every path a manifest names is a plain relative path inside its directory, none is a
+    directory of another, and none is process-local state: checked for all entries before a pull
+    reads or writes anything."""
+    where = manifest.namespace
+    for rel in manifest.files:
+        parts = rel.split("/")
+        if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in rel:
+            raise IntegrityError(f"manifest of {where} names an unsafe path {rel!r}; refusing it")
+        if _SKIP.search(rel):  # process-local state, never published
+            raise IntegrityError(f"manifest of {where} names an unsafe path {rel!r}; refusing it")
+    names = set(manifest.files)
+    for rel in manifest.files:
+        parts = rel.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent in names:
+                raise IntegrityError(
+                    f"manifest of {where} names {parent!r} as a file and as the directory of {rel!r}; refusing it"
+                )
+
+
+@contextlib.contextmanager
+def _turn(directory: Path) -> Iterator[None]:
+    """Pulls into one directory take turns: two replicas on a node may start together."""
+    with open(directory.parent / f".{directory.name}.pull-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _recover(directory: Path) -> None:
+    """Finish or undo what a killed pull left: its staging goes; a directory moved aside by a
+    swap without an atomic exchange comes back unless the new one is in place."""
+    for stale in directory.parent.glob(f"{_STAGING_PREFIX}{directory.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    previous = directory.parent / f"{_PREVIOUS_PREFIX}{directory.name}"
+    if previous.exists():
+        if directory.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+        else:
+            os.rename(previous, directory)
+
+
+def _regular_files(directory: Path) -> dict[str, Path]:
+    """The directory's regular files by relative path, found without following any symlink."""
+    found: dict[str, Path] = {}
+    if not directory.is_dir():
+        return found
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        base = Path(root)
+        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
+        for name in files:
+            path = base / name
+            if stat.S_ISREG(path.lstat().st_mode):
+                found[path.relative_to(directory).as_posix()] = path
+    return found
+
+
+def _carry_over(present: dict[str, Path], manifest: Manifest, needed: dict[str, FileEntry], staging: Path) -> None:
+    """Link into staging the files already in place: those that match the manifest, and local
+    ones it does not name (unless one would stand where the manifest needs a directory)."""
+    published_dirs = {"/".join(rel.split("/")[:d]) for rel in manifest.files for d in range(1, rel.count("/") + 1)}
+    for rel, path in present.items():
+        if rel in needed or rel == APPLIED_MARKER or rel in published_dirs:
+            continue
+        if rel not in manifest.files and any(
+            "/".join(rel.split("/")[:d]) in manifest.files for d in range(1, rel.count("/") + 1)
+        ):
+            continue  # under a path the manifest names as a file
+        target = staging / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            shutil.copy2(path, target)  # a filesystem without hard links
+
+
+def _swap_in(staging: Path, directory: Path) -> None:
+    """Put `staging` where `directory` is, in one step where the kernel can exchange the two."""
+    if not directory.exists():
+        os.rename(staging, directory)
+        return
+    if _exchange(staging, directory):
+        return  # staging now holds the old directory; the caller removes it
+    previous = directory.parent / f"{_PREVIOUS_PREFIX}{directory.name}"
+    os.rename(directory, previous)  # a kill from here on is undone by _recover
+    os.rename(staging, directory)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """renameat2(RENAME_EXCHANGE): swap two paths atomically. False where the C library or the
+    filesystem cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    scratch.write_text(text)
+    os.replace(scratch, path)
 
 
 def _matches(path: Path, entry: FileEntry) -> bool:
@@ -250,10 +405,9 @@ def _matches(path: Path, entry: FileEntry) -> bool:
 
 def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], staging: Path, transfer: Transfer) -> None:
     """Download the shards holding `needed` files, verify shard and file hashes, extract to staging."""
+    check_paths(manifest)
     by_shard: dict[str, list[str]] = {}
     for rel, entry in needed.items():
-        if rel.startswith("/") or ".." in Path(rel).parts or _SKIP.search(rel):
-            raise IntegrityError(f"manifest of {manifest.namespace} names an unsafe path {rel!r}; refusing it")
         by_shard.setdefault(entry.shard, []).append(rel)
     (staging / ".shards").mkdir(parents=True)
 
@@ -290,14 +444,8 @@ def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], stagi
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         sizes = list(pool.map(fetch_one, sorted(by_shard)))
+    (staging / ".shards").rmdir()
     transfer.shards, transfer.bytes = len(sizes), sum(sizes)
-
-
-def _place(staging: Path, directory: Path, needed: dict[str, FileEntry]) -> None:
-    for rel in sorted(needed, key=lambda r: (bool(_INDEX.search(r)), r)):
-        target = directory / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging / rel, target)
 
 
 # --- inspection and maintenance -------------------------------------------------------------

@@ -529,21 +529,137 @@ def test_pull_creates_a_nested_directory_even_for_an_empty_namespace(store, tmp_
     assert tree(tmp_path / "p" / "q" / "node") == ARTIFACTS
 
 
-def test_index_entries_are_placed_after_the_code_they_point_to(store, tmp_path, monkeypatch):
-    """A compiler process reading the directory during a pull must never find an index entry
-    (fxgraph, aotautograd, Triton's __grp__ files) whose code is not there yet."""
+def test_a_pull_that_fails_midway_leaves_the_directory_as_it_was(store, tmp_path, monkeypatch):
+    """Generation 2 adds files; the pull fails after half of them are unpacked: the node keeps
+    generation 1 whole, and no staging is left."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
-    node, placed, replace = tmp_path / "node", [], os.replace
-
-    def recording_replace(src, dst):
-        if Path(dst).is_relative_to(node):
-            placed.append(Path(dst).relative_to(node).as_posix())
-        return replace(src, dst)
-
-    monkeypatch.setattr(sync.os, "replace", recording_replace)
+    node = tmp_path / "node"
     sync.pull(store, NS, node, KEY, allow_unsigned=False)
-    index = ["inductor/aotautograd/aq/entry", "inductor/fxgraph/ab/fabc/entry", "triton/HASH/__grp__kernel.json"]
-    assert placed == ["inductor/pr/cprf.py", "triton/HASH/kernel.cubin", *index]
+    more = {f"inductor/fxgraph/zz/new{i}": f"entry {i}".encode() for i in range(6)}
+    sync.publish(store, make_cache(tmp_path / "b", {**ARTIFACTS, **more}), NS, KEY, allow_unsigned=False)
+    written, write_bytes = [], Path.write_bytes
+
+    def fail_halfway(self, data):
+        if len(written) == 3:
+            raise ConnectionResetError("connection lost")
+        written.append(self)
+        return write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", fail_halfway)
+    with pytest.raises(ConnectionResetError):
+        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    monkeypatch.undo()
+    assert written and tree(node) == ARTIFACTS and no_staging_left(tmp_path)
+    assert sync.pull(store, NS, node, KEY, allow_unsigned=False).files == len(more)
+    assert tree(node) == {**ARTIFACTS, **more}
+
+
+def test_a_kill_between_the_two_renames_is_undone_by_the_next_pull(store, tmp_path, monkeypatch):
+    """Where the kernel cannot exchange two directories, the swap is two renames: a kill between
+    them leaves the old directory moved aside, which the next pull puts back before its own."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    sync.publish(
+        store, make_cache(tmp_path / "b", {**ARTIFACTS, "inductor/new.py": b"new"}), NS, KEY, allow_unsigned=False
+    )
+    monkeypatch.setattr(sync, "_exchange", lambda a, b: False)
+    rename, calls = os.rename, []
+
+    def killed_after_first(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies here
+        return rename(src, dst)
+
+    monkeypatch.setattr(sync.os, "rename", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    monkeypatch.setattr(sync.os, "rename", rename)
+    assert not node.exists() and (tmp_path / f".previous-{node.name}").is_dir()
+    sync._recover(node)  # what the next pull does first
+    assert tree(node) == ARTIFACTS and not (tmp_path / f".previous-{node.name}").exists()
+    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    assert tree(node) == {**ARTIFACTS, "inductor/new.py": b"new"} and no_staging_left(tmp_path)
+
+
+def test_the_swap_is_an_atomic_exchange_where_the_kernel_offers_one(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "which").write_text("a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "which").write_text("b")
+    if not sync._exchange(tmp_path / "a", tmp_path / "b"):
+        pytest.skip("this kernel or filesystem has no renameat2(RENAME_EXCHANGE)")
+    assert (tmp_path / "a" / "which").read_text() == "b" and (tmp_path / "b" / "which").read_text() == "a"
+
+
+def test_what_a_killed_pull_left_is_removed_and_local_files_stay(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    (node / "local").mkdir(parents=True)
+    (node / "local" / "only-here.txt").write_text("mine")
+    stale = tmp_path / f".incoming-{node.name}-deadbeef"
+    (stale / "inductor").mkdir(parents=True)
+    (stale / "inductor" / "half").write_bytes(b"half a file")
+    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    assert not stale.exists() and no_staging_left(tmp_path)
+    assert tree(node) == {**ARTIFACTS, "local/only-here.txt": b"mine"}
+
+
+def test_a_symlink_inside_the_target_is_never_followed(store, tmp_path):
+    """A directory inside the target that links elsewhere: the pull writes nothing there and
+    reads nothing from there; the target ends with real directories."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "pr").mkdir(parents=True)
+    (elsewhere / "pr" / "cprf.py").write_bytes(ARTIFACTS["inductor/pr/cprf.py"])  # the listed bytes
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "inductor").symlink_to(elsewhere, target_is_directory=True)
+    pulled = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    assert pulled.files == len(ARTIFACTS)  # nothing counted as present through the link
+    assert sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*")) == ["pr", "pr/cprf.py"]
+    assert not (node / "inductor").is_symlink() and tree(node) == ARTIFACTS
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (["", "x"], "names an unsafe path ''"),
+        (["inductor//x.py"], "names an unsafe path 'inductor//x.py'"),
+        (["inductor/./x.py"], "names an unsafe path 'inductor/./x.py'"),
+        (["inductor/pr", "inductor/pr/cprf.py"], "names 'inductor/pr' as a file and as the directory of"),
+    ],
+)
+def test_empty_and_clashing_names_are_refused_before_anything_is_written(store, tmp_path, names, message):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    body = envelope(store, NS, 1)["body"]
+    body["generation"] = 2
+    for name in names:
+        body["files"].setdefault(name, body["files"]["inductor/pr/cprf.py"])
+    write_signed(store, NS, body)
+    node = tmp_path / "node"
+    with pytest.raises(IntegrityError, match=re.escape(message)):
+        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    assert not node.exists() and no_staging_left(tmp_path)
+
+
+def test_a_full_disk_is_one_line_and_leaves_the_directory_unchanged(store, tmp_path, monkeypatch):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    (node / "local").mkdir(parents=True)
+    (node / "local" / "keep").write_text("k")
+
+    def no_space(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", no_space)
+    with pytest.raises(StoreError) as caught:
+        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    monkeypatch.undo()
+    assert isinstance(caught.value, sync.DiskFull)
+    assert "no space left on the device" in str(caught.value) and "\n" not in str(caught.value)
+    assert tree(node) == {"local/keep": b"k"} and no_staging_left(tmp_path)
 
 
 @pytest.mark.parametrize("path", ["/etc/cron.d/evil", "inductor/../../evil.py", "inductor/x.lock", sync.APPLIED_MARKER])
