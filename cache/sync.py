@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import tarfile
 import tempfile
 import time
@@ -148,23 +147,14 @@ def publish(
         if head is not None and not new_paths and set(buckets) <= set(head.buckets):
             transfer.generation = head.generation  # nothing new: publishing again would change nothing
             break
-        generation = (head.generation if head else 0) + 1
         files = dict(head.files) if head else {}
         files.update(new_paths)
         shards = dict(head.shards) if head else {}
         shards.update({entry.shard: shard_sizes[entry.shard] for entry in new_paths.values()})
-        manifest = Manifest(
-            namespace=namespace,
-            generation=generation,
-            files=files,
-            shards=shards,
-            buckets=sorted(set(head.buckets if head else []) | set(buckets)),
-            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            publisher=f"{socket.gethostname()}/{os.getpid()}",
-            meta=meta or {},
-        )
-        if store.create(_manifest_key(namespace, generation), encode(manifest, key)):
-            transfer.generation = generation
+        all_buckets = sorted(set(head.buckets if head else []) | set(buckets))
+        manifest = _next_manifest(head, namespace, files, shards, all_buckets, meta or {})
+        if _create_manifest(store, manifest, key):
+            transfer.generation = manifest.generation
             break
         transfer.races += 1  # another publisher took this generation: merge onto theirs
         head = newest(store, namespace, key, allow_unsigned=allow_unsigned)
@@ -172,6 +162,40 @@ def publish(
         raise StoreError(f"publish {namespace}: lost {MAX_PUBLISH_RACES} races for the next manifest generation")
     transfer.seconds = time.perf_counter() - started
     return transfer
+
+
+def _next_manifest(
+    head: Optional[Manifest],
+    namespace: str,
+    files: dict[str, FileEntry],
+    shards: dict[str, int],
+    buckets: Iterable[int],
+    meta: dict[str, Any],
+) -> Manifest:
+    return Manifest(
+        namespace=namespace,
+        generation=(head.generation if head else 0) + 1,
+        files=files,
+        shards=shards,
+        buckets=sorted(set(buckets)),
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        publisher=f"{socket.gethostname()}/{os.getpid()}",
+        meta=meta,
+    )
+
+
+def _create_manifest(store: Store, manifest: Manifest, key: Optional[SigningKey]) -> bool:
+    """Create the manifest's generation, first writer wins; whether this one won. A create whose
+    answer was lost and whose retry found the object is this writer's own when the bytes are
+    (a manifest names its publisher and time): that is a win, not a lost race."""
+    data = encode(manifest, key)
+    name = _manifest_key(manifest.namespace, manifest.generation)
+    if store.create(name, data):
+        return True
+    try:
+        return store.read(name) == data
+    except NotFound:
+        return False
 
 
 def _upload_shards(
@@ -241,7 +265,7 @@ def pull(
         if manifest is None:
             return None
         check_paths(manifest)
-        present = _regular_files(directory)
+        present = {rel: path for rel, (path, _) in scan(directory).items()}  # symlinks neither followed nor listed
         needed = {
             rel: entry
             for rel, entry in manifest.files.items()
@@ -328,27 +352,12 @@ def _recover(directory: Path) -> None:
             os.rename(previous, directory)
 
 
-def _regular_files(directory: Path) -> dict[str, Path]:
-    """The directory's regular files by relative path, found without following any symlink."""
-    found: dict[str, Path] = {}
-    if not directory.is_dir():
-        return found
-    for root, dirs, files in os.walk(directory, followlinks=False):
-        base = Path(root)
-        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
-        for name in files:
-            path = base / name
-            if stat.S_ISREG(path.lstat().st_mode):
-                found[path.relative_to(directory).as_posix()] = path
-    return found
-
-
 def _carry_over(present: dict[str, Path], manifest: Manifest, needed: dict[str, FileEntry], staging: Path) -> None:
     """Link into staging the files already in place: those that match the manifest, and local
     ones it does not name (unless one would stand where the manifest needs a directory)."""
     published_dirs = {"/".join(rel.split("/")[:d]) for rel in manifest.files for d in range(1, rel.count("/") + 1)}
     for rel, path in present.items():
-        if rel in needed or rel == APPLIED_MARKER or rel in published_dirs:
+        if rel in needed or rel in published_dirs:
             continue
         if rel not in manifest.files and any(
             "/".join(rel.split("/")[:d]) in manifest.files for d in range(1, rel.count("/") + 1)
@@ -403,6 +412,14 @@ def _matches(path: Path, entry: FileEntry) -> bool:
     return path.is_file() and path.stat().st_size == entry.size and sha256_file(path) == entry.sha256
 
 
+SHARD_ATTEMPTS = 3  # a shard whose bytes differ from its name is fetched again: transfers can corrupt
+REPAIR_HINT = "`orchestrate cache repair` (or `warmup --fresh`) replaces it"
+
+
+class BadShard(IntegrityError):
+    """A shard the manifest names is missing from the store, or holds other bytes than it promises."""
+
+
 def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], staging: Path, transfer: Transfer) -> None:
     """Download the shards holding `needed` files, verify shard and file hashes, extract to staging."""
     check_paths(manifest)
@@ -410,34 +427,15 @@ def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], stagi
     for rel, entry in needed.items():
         by_shard.setdefault(entry.shard, []).append(rel)
     (staging / ".shards").mkdir(parents=True)
+    where = f"namespace {manifest.namespace} (generation {manifest.generation})"
 
     def fetch_one(shard: str) -> int:
         path = staging / ".shards" / shard
-        store.download(_object_key(shard), path)
-        if sha256_file(path) != shard:
-            raise IntegrityError(
-                f"{store.url}: shard {shard[:16]}... does not match its sha256 (corrupt or "
-                "tampered); refusing it, the local cache is untouched"
-            )
-        wanted = set(by_shard[shard])
-        with tarfile.open(path) as tar:
-            for member in tar:
-                if member.name not in wanted:
-                    continue
-                if not member.isfile():
-                    raise IntegrityError(f"shard {shard[:16]}...: {member.name} is not a regular file; refusing it")
-                extracted = tar.extractfile(member)
-                if extracted is None:  # isfile() above: not reached
-                    raise IntegrityError(f"shard {shard[:16]}...: {member.name} has no content; refusing it")
-                data = extracted.read()
-                if _sha256(data) != needed[member.name].sha256:
-                    raise IntegrityError(f"shard {shard[:16]}...: {member.name} does not match its sha256; refusing it")
-                target = staging / member.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-                wanted.discard(member.name)
-        if wanted:
-            raise IntegrityError(f"shard {shard[:16]}... lacks {len(wanted)} files its manifest promises; refusing it")
+        files = _checked_shard(store, shard, {rel: needed[rel] for rel in by_shard[shard]}, path, where)
+        for rel, data in files.items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
         size = path.stat().st_size
         path.unlink()
         return size
@@ -446,6 +444,40 @@ def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], stagi
         sizes = list(pool.map(fetch_one, sorted(by_shard)))
     (staging / ".shards").rmdir()
     transfer.shards, transfer.bytes = len(sizes), sum(sizes)
+
+
+def _checked_shard(store: Store, shard: str, entries: dict[str, FileEntry], path: Path, where: str) -> dict[str, bytes]:
+    """The shard downloaded to `path` and the bytes of `entries` read from it, every hash checked;
+    BadShard naming the object when the store lacks it or it holds other bytes."""
+    key = _object_key(shard)
+    for _ in range(SHARD_ATTEMPTS):
+        try:
+            store.download(key, path)
+        except NotFound:
+            raise BadShard(f"{store.url}: {where} names {key}, which the store lacks; {REPAIR_HINT}") from None
+        if sha256_file(path) == shard:
+            break
+    else:
+        raise BadShard(
+            f"{store.url}: {where}: {key} does not match its sha256 (corrupt or tampered); refusing it, "
+            f"the local cache is untouched; {REPAIR_HINT}"
+        )
+    wanted = dict(entries)
+    found: dict[str, bytes] = {}
+    with tarfile.open(path) as tar:
+        for member in tar:
+            if member.name not in wanted:
+                continue
+            extracted = tar.extractfile(member) if member.isfile() else None
+            if extracted is None:
+                raise BadShard(f"{store.url}: {where}: {key}: {member.name} is not a regular file; refusing it")
+            data = extracted.read()
+            if _sha256(data) != wanted.pop(member.name).sha256:
+                raise BadShard(f"{store.url}: {where}: {key}: {member.name} does not match its sha256; refusing it")
+            found[member.name] = data
+    if wanted:
+        raise BadShard(f"{store.url}: {where}: {key} lacks {len(wanted)} files its manifest promises; refusing it")
+    return found
 
 
 # --- inspection and maintenance -------------------------------------------------------------
@@ -513,13 +545,135 @@ def listing(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) ->
 
 
 def verify(store: Store, namespace: str, key: Optional[SigningKey], *, allow_unsigned: bool) -> Manifest:
-    """Check the newest manifest's signature and every shard and file hash it names."""
-    manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
-    if manifest is None:
+    """Check every generation's manifest (signature, paths) and every shard and file hash any of
+    them names, each shard once; the newest manifest."""
+    numbers = generations(store, namespace)
+    if not numbers:
         raise NotFound(f"{store.url}: namespace {namespace} was never published")
+    checked: set[tuple[str, str, str]] = set()  # (shard, path, sha256): what was read and matched
+    manifest: Optional[Manifest] = None
     with tempfile.TemporaryDirectory(prefix="orchestrate-verify-") as tmp:
-        _fetch(store, manifest, manifest.files, Path(tmp) / "staging", Transfer())
+        for generation in numbers:
+            manifest = decode(
+                store.read(_manifest_key(namespace, generation)),
+                key,
+                allow_unsigned=allow_unsigned,
+                where=f"{namespace} generation {generation}",
+            )
+            check_paths(manifest)
+            unchecked = {rel: e for rel, e in manifest.files.items() if (e.shard, rel, e.sha256) not in checked}
+            by_shard: dict[str, dict[str, FileEntry]] = {}
+            for rel, entry in unchecked.items():
+                by_shard.setdefault(entry.shard, {})[rel] = entry
+            where = f"namespace {namespace} (generation {generation})"
+            for shard, entries in sorted(by_shard.items()):
+                _checked_shard(store, shard, entries, Path(tmp) / shard, where)
+                checked |= {(shard, rel, e.sha256) for rel, e in entries.items()}
+    assert manifest is not None
     return manifest
+
+
+@dataclass
+class Repair:
+    """What `repair` found and did to one namespace."""
+
+    namespace: str
+    shards: int = 0  # shards any generation names, each checked once
+    bad: list[str] = field(default_factory=list)  # their store keys: missing, or other bytes
+    restored: int = 0  # bad shards uploaded again with their own bytes, packed from local files
+    moved: int = 0  # files packed into new shards (their old shard could not be rebuilt as it was)
+    dropped: list[str] = field(default_factory=list)  # files no local copy restores: compiled again later
+    generation: Optional[int] = None  # the manifest published to point past bad shards, if one was
+    retired: list[int] = field(default_factory=list)  # older generations deleted: they named bad shards
+
+
+def repair(
+    store: Store, namespace: str, directory: Optional[Path], key: Optional[SigningKey], *, allow_unsigned: bool
+) -> Repair:
+    """Make the namespace verify again. Every shard of every generation is checked once; a bad
+    one that the newest generation names is uploaded again from the local files in `directory`
+    where they rebuild it byte for byte, and otherwise its files move to new shards (from local
+    copies) or leave the manifest (none), in a new generation. Older generations that still name
+    a bad shard are deleted, and so are the bad objects: content addressing never keeps a corrupt
+    object, and the next publish of a dropped file uploads it again."""
+    for _ in range(MAX_PUBLISH_RACES):
+        numbers = generations(store, namespace)
+        if not numbers:
+            raise NotFound(f"{store.url}: namespace {namespace} was never published")
+        manifests = {
+            g: decode(
+                store.read(_manifest_key(namespace, g)),
+                key,
+                allow_unsigned=allow_unsigned,
+                where=f"{namespace} generation {g}",
+            )
+            for g in numbers
+        }
+        head = manifests[numbers[-1]]
+        for manifest in manifests.values():
+            check_paths(manifest)
+        result = Repair(namespace)
+        bad = _bad_shards(store, namespace, manifests.values())
+        result.shards = len({e.shard for m in manifests.values() for e in m.files.values()})
+        result.bad = [_object_key(shard) for shard in sorted(bad)]
+        if not bad:
+            return result
+        local = scan(directory) if directory is not None else {}
+        in_head: dict[str, dict[str, FileEntry]] = {}
+        for rel, entry in head.files.items():
+            if entry.shard in bad:
+                in_head.setdefault(entry.shard, {})[rel] = entry
+        moved: dict[str, tuple[Path, int]] = {}
+        with tempfile.TemporaryDirectory(prefix="orchestrate-repair-") as tmp:
+            for shard, entries in sorted(in_head.items()):
+                have = {
+                    rel: local[rel]
+                    for rel, entry in entries.items()
+                    if rel in local and local[rel][1] == entry.size and sha256_file(local[rel][0]) == entry.sha256
+                }
+                if len(have) == len(entries):
+                    rebuilt = Path(tmp) / f"rebuilt-{shard}"
+                    _write_tar(rebuilt, {rel: path for rel, (path, _) in have.items()})
+                    if sha256_file(rebuilt) == shard:
+                        store.upload(_object_key(shard), rebuilt)
+                        bad.discard(shard)
+                        result.restored += 1
+                        continue
+                moved.update(have)
+                result.dropped += sorted(rel for rel in entries if rel not in have)
+        if moved or result.dropped:
+            new_entries, new_sizes = _upload_shards(store, moved, Transfer()) if moved else ({}, {})
+            result.moved = len(new_entries)
+            files = {rel: entry for rel, entry in head.files.items() if rel not in result.dropped}
+            files.update(new_entries)
+            kept = {entry.shard for entry in files.values()}
+            shards = {shard: size for shard, size in head.shards.items() if shard in kept}
+            shards.update(new_sizes)
+            manifest = _next_manifest(head, namespace, files, shards, head.buckets, head.meta)
+            if not _create_manifest(store, manifest, key):
+                continue  # a publisher came first: check again from its generation
+            result.generation = manifest.generation
+        result.retired = [g for g, m in manifests.items() if any(e.shard in bad for e in m.files.values())]
+        store.delete([_manifest_key(namespace, g) for g in result.retired])
+        store.delete([_object_key(shard) for shard in sorted(bad)])
+        return result
+    raise StoreError(f"repair {namespace}: lost {MAX_PUBLISH_RACES} races for the next manifest generation")
+
+
+def _bad_shards(store: Store, namespace: str, manifests: Iterable[Manifest]) -> set[str]:
+    """The shards that any of the manifests names and that are missing or do not hold what they promise."""
+    wanted: dict[str, dict[str, FileEntry]] = {}
+    for manifest in manifests:
+        for rel, entry in manifest.files.items():
+            wanted.setdefault(entry.shard, {})[rel] = entry
+    bad: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="orchestrate-check-") as tmp:
+        for shard, entries in sorted(wanted.items()):
+            try:
+                _checked_shard(store, shard, entries, Path(tmp) / "shard", f"namespace {namespace}")
+            except BadShard:
+                bad.add(shard)
+    return bad
 
 
 def gc(

@@ -168,6 +168,8 @@ class Session:
         self.pulls: list[sync.Transfer] = []
         self.published: Optional[sync.Transfer] = None
         self.publish_error: Optional[str] = None
+        self.repaired: Optional[sync.Repair] = None
+        self.fresh = fresh
         if remote and not fresh:  # --fresh means a cold compile: the store must not warm us
             self.pull()
         self.model = build_model(spec, self.device)
@@ -290,6 +292,18 @@ class Session:
             return
         self.progress.step(f"publish {self.local.namespace} to {self.remote.url}")
         try:
+            if self.fresh and sync.generations(self.store, self.local.namespace):
+                # a cold compile's files are what publishing would skip as known: a damaged shard
+                # the store holds for them is replaced first, or it would outlive this run
+                self.repaired = sync.repair(
+                    self.store,
+                    self.local.namespace,
+                    self.local.path,
+                    self.key,
+                    allow_unsigned=self.remote.allow_unsigned,
+                )
+                if self.repaired.bad:
+                    self.event(f"repaired {len(self.repaired.bad)} damaged shards")
             self.published = sync.publish(
                 self.store,
                 self.local.path,

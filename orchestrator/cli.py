@@ -557,6 +557,56 @@ def cache_verify(
         _fail(f"{bad} namespace(s) failed verification", EXIT_UNTRUSTED)
 
 
+@cache.command("repair")
+@click.option("--namespace", "names", multiple=True, help="Only these namespaces (default: all).")
+@click.option(
+    "--cache-dir",
+    metavar="DIR",
+    help="Local cache root whose files rebuild damaged shards (default $ORCHESTRATE_CACHE_DIR, then ~/.cache/orchestrate).",
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
+@_store_options
+def cache_repair(
+    names: tuple[str, ...],
+    cache_dir: Optional[str],
+    as_json: bool,
+    remote: Optional[str],
+    allow_unsigned: bool,
+    signing_key_file: Optional[str],
+) -> None:
+    """Make a damaged store verify again: shards that are missing or hold other bytes are uploaded
+    again from this node's cache where its files rebuild them; files nothing rebuilds leave the
+    manifest (the next warmup compiles and publishes them again); older generations that name a
+    damaged shard are deleted. Needs the signing key: it publishes."""
+    from orchestrator.cache import sync
+    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.store import open_store
+
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
+    url, key_file = remote, signing_key_file
+    if not url:  # the store warmup uses when it is given none
+        embedded = embedded_store(root, allow_unsigned)
+        url, key_file = embedded.url, key_file or embedded.key_file
+    store, key = open_store(url), SigningKey.from_env(key_file)
+    results = []
+    for namespace in names or sync.namespaces(store):
+        done = sync.repair(store, namespace, root / namespace, key, allow_unsigned=allow_unsigned)
+        results.append(asdict(done))
+        if not as_json:
+            if not done.bad:
+                click.echo(f"ok        {namespace}: {done.shards} shards verify")
+                continue
+            change = f", generation {done.generation} published" if done.generation else ""
+            retired = f", generations {', '.join(map(str, done.retired))} deleted" if done.retired else ""
+            click.echo(
+                f"repaired  {namespace}: {len(done.bad)} of {done.shards} shards damaged; {done.restored} uploaded "
+                f"again, {done.moved} files moved, {len(done.dropped)} dropped (compiled again by the next "
+                f"warmup){change}{retired}"
+            )
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+
+
 @cache.command("gc")
 @click.option("--keep", type=click.IntRange(min=1), required=True, help="Namespaces to keep per model.")
 @click.option(

@@ -79,7 +79,8 @@ def test_a_file_whose_shard_is_valid_but_holds_other_bytes_is_refused(store, tmp
     write_signed(store, NS, body)
 
     with pytest.raises(
-        IntegrityError, match=f"shard {their_shard[:16]}...: {SHARED} does not match its sha256; refusing it"
+        IntegrityError,
+        match=re.escape(f"{sync._object_key(their_shard)}: {SHARED} does not match its sha256; refusing it"),
     ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
@@ -96,8 +97,8 @@ def test_a_shard_with_bytes_appended_is_refused_by_the_shard_hash(store, tmp_pat
     with pytest.raises(
         IntegrityError,
         match=re.escape(
-            f"{store.url}: shard {shard.name[:16]}... does not match its sha256 (corrupt or tampered); refusing it, "
-            "the local cache is untouched"
+            f"{store.url}: namespace {NS} (generation 1): {sync._object_key(shard.name)} does not match its "
+            "sha256 (corrupt or tampered); refusing it, the local cache is untouched; `orchestrate cache repair`"
         ),
     ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
@@ -139,8 +140,7 @@ def test_a_shard_missing_a_promised_file_is_refused(store, tmp_path):
     _point_manifest_at(store, shard, short)
     with pytest.raises(
         IntegrityError,
-        match=rf"shard {short[:16]}\.\.\. lacks 1 files its manifest promises; "
-        "refusing it",
+        match=re.escape(f"{sync._object_key(short)} lacks 1 files its manifest promises; refusing it"),
     ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
@@ -165,8 +165,7 @@ def test_a_promised_file_that_is_a_link_in_its_shard_is_refused(store, tmp_path)
     _point_manifest_at(store, shard, linked)
     with pytest.raises(
         IntegrityError,
-        match=rf"shard {linked[:16]}\.\.\.: inductor/pr/cprf.py is not a regular "
-        "file; refusing it",
+        match=re.escape(f"{sync._object_key(linked)}: inductor/pr/cprf.py is not a regular file; refusing it"),
     ):
         sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
@@ -875,3 +874,100 @@ def test_gc_of_an_unsigned_store_with_allow_unsigned(store, tmp_path, clock, gc_
     assert sync.gc(store, 1, None, allow_unsigned=True) == {"manifests_deleted": 1, "objects_deleted": 1}
     assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222"]
     sync.verify(store, "mlp-torch2.13.0-x-2222", None, allow_unsigned=True)
+
+
+# --- repair, every generation verified, transient corruption, lost create answers -------------------
+
+
+def _shard_paths(store) -> list[Path]:
+    return sorted(p for p in (Path(store.root) / "v1" / "objects").rglob("*") if p.is_file())
+
+
+def test_repair_uploads_a_damaged_shard_again_from_local_files(store, tmp_path):
+    source = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, source, NS, KEY, allow_unsigned=False)
+    [shard] = _shard_paths(store)
+    shard.write_bytes(b"garbage")
+    with pytest.raises(sync.BadShard, match="does not match its sha256"):
+        sync.verify(store, NS, KEY, allow_unsigned=False)
+    done = sync.repair(store, NS, source, KEY, allow_unsigned=False)
+    assert (done.bad, done.restored, done.moved, done.dropped, done.generation, done.retired) == (
+        [sync._object_key(shard.name)],
+        1,
+        0,
+        [],
+        None,
+        [],
+    )
+    sync.verify(store, NS, KEY, allow_unsigned=False)
+    assert sync.repair(store, NS, source, KEY, allow_unsigned=False).bad == []  # nothing left to do
+
+
+def test_repair_without_local_files_drops_them_and_the_next_publish_brings_them_back(store, tmp_path):
+    source = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, source, NS, KEY, allow_unsigned=False)
+    [shard] = _shard_paths(store)
+    shard.unlink()
+    with pytest.raises(sync.BadShard, match="which the store lacks"):
+        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    partial = make_cache(tmp_path / "partial", {"inductor/pr/cprf.py": ARTIFACTS["inductor/pr/cprf.py"]})
+    done = sync.repair(store, NS, partial, KEY, allow_unsigned=False)
+    assert done.moved == 1 and sorted(done.dropped) == sorted(set(ARTIFACTS) - {"inductor/pr/cprf.py"})
+    assert done.generation == 2 and done.retired == [1]  # generation 1 names the lost shard
+    sync.verify(store, NS, KEY, allow_unsigned=False)
+    pulled = sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert pulled.generation == 2 and tree(tmp_path / "node") == {
+        "inductor/pr/cprf.py": ARTIFACTS["inductor/pr/cprf.py"]
+    }
+    sync.publish(store, source, NS, KEY, allow_unsigned=False)  # a later warmup publishes the rest again
+    sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert tree(tmp_path / "node") == ARTIFACTS
+
+
+def test_verify_checks_every_generation(store, tmp_path):
+    """Generation 1's own shard is damaged; generation 2 names other files as well: verify reads
+    both generations and finds it, naming the generation."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    [first] = _shard_paths(store)
+    sync.publish(
+        store, make_cache(tmp_path / "b", {**ARTIFACTS, "inductor/new.py": b"new"}), NS, KEY, allow_unsigned=False
+    )
+    first.write_bytes(b"garbage")
+    with pytest.raises(sync.BadShard, match=re.escape(f"namespace {NS} (generation 1)")):
+        sync.verify(store, NS, KEY, allow_unsigned=False)
+    done = sync.repair(store, NS, None, KEY, allow_unsigned=False)  # no local files: generation 2 drops them
+    assert done.generation == 3 and done.retired == [1, 2] and sync.generations(store, NS) == [3]
+    assert sync.verify(store, NS, KEY, allow_unsigned=False).files.keys() == {"inductor/new.py"}
+
+
+def test_a_shard_corrupted_in_transit_is_fetched_again(store, tmp_path, monkeypatch):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    download, calls = type(store).download, []
+
+    def flaky(self, key, path):
+        download(self, key, path)
+        calls.append(key)
+        if len(calls) == 1:  # the first transfer of a shard arrives with a flipped byte
+            data = bytearray(path.read_bytes())
+            data[100] ^= 0xFF
+            path.write_bytes(bytes(data))
+
+    monkeypatch.setattr(type(store), "download", flaky)
+    sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    assert len(calls) == 2 and tree(tmp_path / "node") == ARTIFACTS
+
+
+def test_a_create_whose_answer_was_lost_is_the_publishers_own_win(store, tmp_path, monkeypatch):
+    """The manifest's create reached the store but its answer did not: the retried create finds
+    the object. It holds this publisher's bytes, so the publish succeeded: no lost race, no
+    second generation."""
+    create = type(store).create
+
+    def answer_lost(self, key, data):
+        create(self, key, data)
+        return False  # what a retry after a dropped response sees: the object exists
+
+    monkeypatch.setattr(type(store), "create", answer_lost)
+    published = sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    assert published.generation == 1 and published.races == 0
+    assert sync.generations(store, NS) == [1]

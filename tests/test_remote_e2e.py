@@ -1,6 +1,7 @@
 """Node A compiles and publishes; node B and a serving replica's init container start warm."""
 
 import json
+import shutil
 
 import pytest
 from conftest import orchestrate
@@ -163,3 +164,40 @@ def test_unreachable_store_fails_fast_with_one_line(tmp_path):
     assert "gave up after 3 attempts" in line and "127.0.0.1:9" in line
     assert "secret" not in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_damaged_store_is_refused_with_exit_4_and_repaired(fleet, tmp_path):
+    """A shard of the published namespace holds other bytes: warmup refuses it (exit 4, naming
+    the namespace and the object, the local cache untouched) and so does verify; `cache repair`
+    uploads it again from node A's files; and `warmup --fresh` replaces a damaged shard too."""
+    store = tmp_path / "store"
+    shutil.copytree(fleet["base"] / "store", store)
+    remote = f"file://{store}"
+    namespace = json.loads(fleet["a"].stdout)["namespace"]
+
+    def damage() -> str:
+        shard = max((p for p in (store / "v1" / "objects").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+        shard.write_bytes(shard.read_bytes()[:-1] + b"!")
+        return f"v1/objects/{shard.name[:2]}/{shard.name}"
+
+    warm = ["warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu"]
+    damaged = damage()
+    refused = orchestrate(*warm, "--remote", remote, cache_dir=tmp_path / "node-c", env=SIGNED)
+    assert refused.returncode == 4, refused.stderr
+    line = one_error_line(refused)
+    assert namespace in line and damaged in line and "orchestrate cache repair" in line
+    left = [p.name for p in (tmp_path / "node-c").rglob("*") if p.is_file()]
+    assert all(name == ".signing-key" or name.endswith(".pull-lock") for name in left), left  # nothing pulled
+    assert orchestrate("cache", "verify", "--remote", remote, env=SIGNED).returncode == 4
+
+    repaired = orchestrate("cache", "repair", "--remote", remote, cache_dir=fleet["base"] / "node-a", env=SIGNED)
+    assert repaired.returncode == 0, repaired.stderr
+    assert repaired.stdout.startswith(f"repaired  {namespace}: 1 of") and "1 uploaded again" in repaired.stdout
+    verified = orchestrate("cache", "verify", "--remote", remote, env=SIGNED)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    damage()
+    fresh = orchestrate(*warm, "--fresh", "--remote", remote, "--json", cache_dir=tmp_path / "node-d", env=SIGNED)
+    assert fresh.returncode == 0, fresh.stderr
+    verified = orchestrate("cache", "verify", "--remote", remote, env=SIGNED)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
