@@ -74,6 +74,11 @@ class Store(Protocol):
 
     def delete(self, keys: builtins.list[str]) -> None: ...
 
+    def abort_uploads(self, older_than: float, *, dry_run: bool = False) -> int:
+        """Abort uploads begun before `older_than` (seconds since the epoch) and never finished,
+        whose parts the store keeps (and bills) until then; how many. Stores without them: 0."""
+        ...
+
 
 def open_store(url: str) -> Store:
     scheme = urlparse(url).scheme
@@ -234,6 +239,23 @@ class S3Store:
             batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
             self._call("delete", lambda: self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch}))
 
+    def abort_uploads(self, older_than: float, *, dry_run: bool = False) -> int:
+        def abort() -> int:
+            count = 0
+            paginator = self._client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key("")):
+                for upload in page.get("Uploads", []):
+                    if upload["Initiated"].timestamp() >= older_than:
+                        continue
+                    count += 1
+                    if not dry_run:
+                        self._client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+            return count
+
+        return self._call("abort uploads", abort)
+
 
 class LocalStore:
     """A directory (`file:///srv/cache` or a plain path): tests, single hosts, shared filesystems.
@@ -296,6 +318,14 @@ class LocalStore:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
 
+    def abort_uploads(self, older_than: float, *, dry_run: bool = False) -> int:
+        """A write killed midway leaves its temporary file: removed once older than `older_than`."""
+        stale = [p for p in self.root.rglob(".tmp-*") if p.is_file() and p.stat().st_mtime < older_than]
+        if not dry_run:
+            for path in stale:
+                path.unlink(missing_ok=True)
+        return len(stale)
+
 
 class FsspecStore:
     """Any other fsspec URL (gs://, az://, ...). Exclusive create is check-then-write here, so
@@ -356,3 +386,6 @@ class FsspecStore:
     def delete(self, keys: builtins.list[str]) -> None:
         if keys:
             self._call("delete", lambda: self.fs.rm([self._path(k) for k in keys]))
+
+    def abort_uploads(self, older_than: float, *, dry_run: bool = False) -> int:
+        return 0  # fsspec writes whole objects here: nothing is left half-uploaded

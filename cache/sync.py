@@ -676,44 +676,76 @@ def _bad_shards(store: Store, namespace: str, manifests: Iterable[Manifest]) -> 
     return bad
 
 
+@dataclass
+class Collection:
+    """What `gc` deleted, or would delete with dry_run."""
+
+    namespaces: int = 0  # namespaces found
+    manifests: list[str] = field(default_factory=list)  # store keys of generations deleted
+    retired_namespaces: list[str] = field(default_factory=list)  # namespaces deleted whole (unused_days)
+    objects: list[str] = field(default_factory=list)  # store keys of shards no kept generation names
+    bytes_freed: int = 0
+    uploads_aborted: int = 0
+    unverified: list[str] = field(default_factory=list)  # namespaces whose kept manifests did not verify
+    dry_run: bool = False
+
+
 def gc(
-    store: Store, keep: int, key: Optional[SigningKey], *, allow_unsigned: bool, grace_seconds: float = 3600.0
-) -> dict[str, int]:
-    """Keep the `keep` newest namespaces of each model (and the two newest generations of each);
-    delete the rest, then shards no kept manifest names that are older than `grace_seconds`
-    (a publisher uploads shards before its manifest exists: the grace protects it)."""
-    infos = describe(store, key, allow_unsigned=allow_unsigned)
-    by_model: dict[str, list[NamespaceInfo]] = {}
-    for info in infos:
-        model = (info.manifest.meta.get("model") if info.manifest else None) or info.namespace.split("-torch")[0]
-        by_model.setdefault(model, []).append(info)
-    doomed_manifests: list[str] = []
-    referenced: set[str] = set()
-    for group in by_model.values():
-        group.sort(key=lambda i: i.manifest.created_at if i.manifest else "", reverse=True)
-        for rank, info in enumerate(group):
-            gens = generations(store, info.namespace)
-            if rank < keep and info.manifest is not None:
-                doomed_manifests += [_manifest_key(info.namespace, g) for g in gens[:-2]]
-                for generation in gens[-2:]:
-                    kept = decode(
-                        store.read(_manifest_key(info.namespace, generation)),
-                        key,
-                        allow_unsigned=allow_unsigned,
-                        where=info.namespace,
-                    )
-                    referenced |= set(kept.shards)
-            elif rank >= keep:
-                doomed_manifests += [_manifest_key(info.namespace, g) for g in gens]
-            else:
-                # an unverifiable newest manifest: keep everything it might need, delete nothing
-                referenced |= {o.key.rsplit("/", 1)[-1] for o in store.list(f"{PREFIX}/objects/")}
+    store: Store,
+    keep: int,
+    key: Optional[SigningKey],
+    *,
+    allow_unsigned: bool,
+    grace_seconds: float = 3600.0,
+    unused_days: Optional[float] = None,
+    dry_run: bool = False,
+) -> Collection:
+    """Per namespace, keep its `keep` newest generations and delete the older ones; never judge
+    one namespace by another (two models may share a name). With `unused_days`, a namespace whose
+    newest generation is older than that goes whole. Then delete shards that no kept generation
+    names and that are older than `grace_seconds` (a publisher uploads shards before its manifest
+    exists: the grace protects it), and abort uploads abandoned for as long. A namespace whose
+    kept generations do not verify might need any shard: then no shard is deleted."""
+    if keep < 1:
+        raise ValueError("gc keeps at least the newest generation of every namespace")
     now = time.time()
-    doomed_objects = [
-        o.key
-        for o in store.list(f"{PREFIX}/objects/")
-        if o.key.rsplit("/", 1)[-1] not in referenced and now - o.modified > grace_seconds
-    ]
-    store.delete(doomed_manifests)
-    store.delete(doomed_objects)
-    return {"manifests_deleted": len(doomed_manifests), "objects_deleted": len(doomed_objects)}
+    done = Collection(dry_run=dry_run)
+    referenced: set[str] = set()
+    keep_every_shard = False
+    names = namespaces(store)
+    done.namespaces = len(names)
+    for namespace in names:
+        numbers = generations(store, namespace)
+        if not numbers:
+            continue
+        if unused_days is not None:
+            written = [o.modified for o in store.list(f"{PREFIX}/namespaces/{namespace}/")]
+            if written and now - max(written) > unused_days * 86400:
+                done.retired_namespaces.append(namespace)
+                done.manifests += [_manifest_key(namespace, g) for g in numbers]
+                continue
+        kept, older = numbers[-keep:], numbers[:-keep]
+        done.manifests += [_manifest_key(namespace, g) for g in older]
+        for generation in kept:
+            try:
+                manifest = decode(
+                    store.read(_manifest_key(namespace, generation)),
+                    key,
+                    allow_unsigned=allow_unsigned,
+                    where=f"{namespace} generation {generation}",
+                )
+            except IntegrityError:
+                done.unverified.append(namespace)
+                keep_every_shard = True
+                break
+            referenced |= set(manifest.shards) | {entry.shard for entry in manifest.files.values()}
+    if not keep_every_shard:
+        for item in store.list(f"{PREFIX}/objects/"):
+            if item.key.rsplit("/", 1)[-1] not in referenced and now - item.modified > grace_seconds:
+                done.objects.append(item.key)
+                done.bytes_freed += item.size
+    done.uploads_aborted = store.abort_uploads(now - grace_seconds, dry_run=dry_run)
+    if not dry_run:
+        store.delete(done.manifests)
+        store.delete(done.objects)
+    return done

@@ -608,33 +608,67 @@ def cache_repair(
 
 
 @cache.command("gc")
-@click.option("--keep", type=click.IntRange(min=1), required=True, help="Namespaces to keep per model.")
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Generations to keep per namespace (a replica may still be pulling the one before the newest).",
+)
+@click.option(
+    "--unused-days",
+    type=click.FloatRange(min=0),
+    help="Also delete whole namespaces nothing has published to for this many days.",
+)
 @click.option(
     "--grace-seconds",
     type=float,
     default=3600.0,
     show_default=True,
-    help="Never delete shards younger than this (a publish may be under way).",
+    help="Never delete shards or abort uploads younger than this (a publish may be under way).",
 )
+@click.option("--dry-run", is_flag=True, help="Say what would go; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
 @_store_options
 def cache_gc(
-    keep: int, grace_seconds: float, remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
+    keep: int,
+    unused_days: Optional[float],
+    grace_seconds: float,
+    dry_run: bool,
+    as_json: bool,
+    remote: Optional[str],
+    allow_unsigned: bool,
+    signing_key_file: Optional[str],
 ) -> None:
-    """Delete all but the newest namespaces of each model, and shards nothing references."""
+    """Per namespace, delete all but its newest generations; then shards no kept generation names
+    and uploads abandoned midway. One namespace is never judged by another."""
     from orchestrator.cache import sync
     from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
 
     if not remote:
         raise UserError("cache gc needs --remote URL")
-    result = sync.gc(
+    done = sync.gc(
         open_store(remote),
         keep,
         SigningKey.from_env(signing_key_file),
         allow_unsigned=allow_unsigned,
         grace_seconds=grace_seconds,
+        unused_days=unused_days,
+        dry_run=dry_run,
     )
-    click.echo(json.dumps(result))
+    if as_json:
+        click.echo(json.dumps(asdict(done), indent=2))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(
+        f"{done.namespaces} namespaces: {verb} {len(done.manifests)} old generations"
+        + (f" ({len(done.retired_namespaces)} unused namespaces whole)" if done.retired_namespaces else "")
+        + f", {len(done.objects)} unreferenced shards ({done.bytes_freed / 1e6:.1f} MB),"
+        + f" {'would abort' if dry_run else 'aborted'} {done.uploads_aborted} abandoned uploads"
+    )
+    for namespace in done.unverified:
+        click.echo(f"kept every shard: {namespace}'s kept generations do not verify with this key", err=True)
 
 
 def _check_writable(path: Path) -> None:

@@ -771,7 +771,12 @@ def manifest_names(store) -> list[str]:
     return sorted(i.key.split("/", 2)[2] for i in store.list("v1/namespaces/"))
 
 
-def test_gc_keeps_the_newest_namespaces_of_each_model_and_their_two_newest_generations(store, tmp_path, clock, gc_time):
+def test_gc_keeps_the_newest_generations_of_every_namespace_and_never_judges_one_by_another(
+    store, tmp_path, clock, gc_time
+):
+    """Two models that share the name `mlp`, another named by its namespace only: each namespace
+    keeps its own newest generation, whatever the others are called or how new they are."""
+
     def publish(namespace: str, generations: int, meta=None) -> None:
         for g in range(generations):
             node = make_cache(tmp_path / namespace / str(g), {f"{namespace}/{g}.py": namespace.encode()})
@@ -779,22 +784,55 @@ def test_gc_keeps_the_newest_namespaces_of_each_model_and_their_two_newest_gener
             clock.advance(60)
 
     publish("mlp-torch2.11.0-x-1111", 1, meta={"model": "mlp"})
-    publish("bert-torch2.11.0-x-3333", 1)  # no model named: the namespace's prefix is the model
-    publish("renamed-torch2.12.0-x-5555", 3, meta={"model": "mlp"})
-    publish("bert-torch2.13.0-x-4444", 3)
+    publish("bert-torch2.11.0-x-3333", 1)
+    publish("mlp-torch2.13.0-x-5555", 3, meta={"model": "mlp"})  # another model of the same name
     publish("mlp-torch2.13.0-x-2222", 3, meta={"model": "mlp"})
     age_objects(store, 7200)
+    shards = set(objects(store))
 
-    assert sync.gc(store, 1, KEY, allow_unsigned=False) == {"manifests_deleted": 7, "objects_deleted": 5}
+    done = sync.gc(store, 1, KEY, allow_unsigned=False)
+    assert (len(done.manifests), done.objects, done.retired_namespaces, done.unverified) == (4, [], [], [])
     assert manifest_names(store) == [
-        "bert-torch2.13.0-x-4444/gen-00000002.json",
-        "bert-torch2.13.0-x-4444/gen-00000003.json",
-        "mlp-torch2.13.0-x-2222/gen-00000002.json",
+        "bert-torch2.11.0-x-3333/gen-00000001.json",
+        "mlp-torch2.11.0-x-1111/gen-00000001.json",
         "mlp-torch2.13.0-x-2222/gen-00000003.json",
+        "mlp-torch2.13.0-x-5555/gen-00000003.json",
     ]
-    for namespace in ("bert-torch2.13.0-x-4444", "mlp-torch2.13.0-x-2222"):
-        sync.verify(store, namespace, KEY, allow_unsigned=False)  # every shard the kept ones name is still there
-    assert len(objects(store)) == 6
+    assert set(objects(store)) == shards  # a newest generation names every file of the ones before
+    for namespace in sync.namespaces(store):
+        sync.verify(store, namespace, KEY, allow_unsigned=False)
+
+
+def test_gc_dry_run_says_what_would_go_and_deletes_nothing(store, tmp_path, clock, gc_time):
+    node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
+    for bucket in (1, 2, 3):
+        sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[bucket])
+    stray = tmp_path / "stray"
+    stray.write_bytes(b"stray")
+    store.upload(sync._object_key(sha256_file(stray)), stray)
+    age_objects(store, 7200)
+    before = (manifest_names(store), set(objects(store)))
+    planned = sync.gc(store, 1, KEY, allow_unsigned=False, dry_run=True)
+    assert planned.dry_run and len(planned.manifests) == 2 and len(planned.objects) == 1 and planned.bytes_freed == 5
+    assert (manifest_names(store), set(objects(store))) == before
+    done = sync.gc(store, 1, KEY, allow_unsigned=False)
+    assert (done.manifests, done.objects) == (planned.manifests, planned.objects)
+    assert manifest_names(store) == [f"{NS}/gen-00000003.json"]
+
+
+def test_gc_retires_whole_namespaces_only_when_asked_and_only_by_age(store, tmp_path, gc_time):
+    sync.publish(store, make_cache(tmp_path / "a", {"inductor/a.py": b"a"}), "old-ns", KEY, allow_unsigned=False)
+    sync.publish(store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), NS, KEY, allow_unsigned=False)
+    age_objects(store, 40 * 86400)
+    for path in (Path(store.root) / "v1" / "namespaces" / "old-ns").iterdir():
+        os.utime(path, (NOW - 40 * 86400, NOW - 40 * 86400))
+    for path in (Path(store.root) / "v1" / "namespaces" / NS).iterdir():
+        os.utime(path, (NOW - 86400, NOW - 86400))
+    assert sync.gc(store, 1, KEY, allow_unsigned=False).retired_namespaces == []
+    done = sync.gc(store, 1, KEY, allow_unsigned=False, unused_days=30)
+    assert done.retired_namespaces == ["old-ns"] and len(done.objects) == 1
+    assert sync.namespaces(store) == [NS]
+    sync.verify(store, NS, KEY, allow_unsigned=False)
 
 
 def test_gc_deletes_unreferenced_shards_only_after_the_grace_period(store, tmp_path, gc_time):
@@ -808,72 +846,52 @@ def test_gc_deletes_unreferenced_shards_only_after_the_grace_period(store, tmp_p
         store.upload(sync._object_key(sha), source)
         os.utime(Path(store.root) / sync._object_key(sha), (NOW - age, NOW - age))
         strays[name] = sha
-    assert sync.gc(store, 1, KEY, allow_unsigned=False) == {"manifests_deleted": 0, "objects_deleted": 1}
+    done = sync.gc(store, 1, KEY, allow_unsigned=False)
+    assert (done.manifests, done.objects) == ([], [sync._object_key(strays["just-past-it"])])
     assert strays["just-past-it"] not in objects(store)
     assert {strays["exactly-the-grace"], strays["fresh"]} <= set(objects(store))
     sync.verify(store, NS, KEY, allow_unsigned=False)
 
 
-def test_gc_never_deletes_shards_while_a_kept_namespace_cannot_be_verified(store, tmp_path, clock, gc_time):
-    """A newest namespace this key cannot verify may need any shard: gc keeps them all (and its
-    manifests), while an unverifiable namespace ranked below a verified one is deleted."""
+def test_gc_keeps_every_shard_while_a_kept_generation_cannot_be_verified(store, tmp_path, clock, gc_time):
+    """A namespace signed with a key this gc does not hold may need any shard: none is deleted,
+    and it is named; old generations still go by count, as for every namespace."""
     node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
-    sync.publish(store, node, "resnet-torch2.13.0-x-8888", OTHER_KEY, allow_unsigned=False)  # alone in its model
-    clock.advance(60)
-    sync.publish(
-        store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "vit-torch2.11.0-x-6666", KEY, allow_unsigned=False
-    )
-    clock.advance(60)
-    sync.publish(
-        store,
-        make_cache(tmp_path / "c", {"inductor/c.py": b"c"}),
-        "vit-torch2.13.0-x-7777",
-        OTHER_KEY,
-        allow_unsigned=False,
-    )  # newer, but unverifiable: ranks last
-    clock.advance(60)
-    sync.publish(
-        store, make_cache(tmp_path / "d", {"inductor/d.py": b"d"}), "mlp-torch2.11.0-x-1111", KEY, allow_unsigned=False
-    )
-    clock.advance(60)
-    sync.publish(
-        store, make_cache(tmp_path / "e", {"inductor/e.py": b"e"}), "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False
-    )
+    sync.publish(store, node, "theirs-torch2.13.0-x-8888", OTHER_KEY, allow_unsigned=False, buckets=[1])
+    sync.publish(store, node, "theirs-torch2.13.0-x-8888", OTHER_KEY, allow_unsigned=False, buckets=[2])
+    sync.publish(store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), NS, KEY, allow_unsigned=False)
+    stray = tmp_path / "stray"
+    stray.write_bytes(b"stray")
+    store.upload(sync._object_key(sha256_file(stray)), stray)
     age_objects(store, 7200)
     shards = set(objects(store))
-    assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0) == {
-        "manifests_deleted": 2,
-        "objects_deleted": 0,
-    }
-    assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222", "resnet-torch2.13.0-x-8888", "vit-torch2.11.0-x-6666"]
+    done = sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0)
+    assert done.unverified == ["theirs-torch2.13.0-x-8888"] and done.objects == []
+    assert done.manifests == [sync._manifest_key("theirs-torch2.13.0-x-8888", 1)]
     assert set(objects(store)) == shards
 
 
-def test_gc_stops_at_a_kept_generation_that_does_not_verify(store, tmp_path, gc_time):
-    node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
-    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
-    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[2])
-    first = Path(store.root) / sync._manifest_key(NS, 1)
-    body = json.loads(first.read_text())["body"]
-    first.write_bytes(encode(Manifest.from_body(body), OTHER_KEY))
-    before = manifest_names(store)
-    with pytest.raises(IntegrityError, match=f"^{NS}: manifest signature does not match"):
-        sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0)
-    assert manifest_names(store) == before
-
-
 def test_gc_of_an_unsigned_store_with_allow_unsigned(store, tmp_path, clock, gc_time):
-    sync.publish(
-        store, make_cache(tmp_path / "a", {"inductor/a.py": b"a"}), "mlp-torch2.11.0-x-1111", None, allow_unsigned=True
-    )
-    clock.advance(60)
-    sync.publish(
-        store, make_cache(tmp_path / "b", {"inductor/b.py": b"b"}), "mlp-torch2.13.0-x-2222", None, allow_unsigned=True
-    )
+    node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
+    sync.publish(store, node, NS, None, allow_unsigned=True, buckets=[1])
+    sync.publish(store, node, NS, None, allow_unsigned=True, buckets=[2])
     age_objects(store, 7200)
-    assert sync.gc(store, 1, None, allow_unsigned=True) == {"manifests_deleted": 1, "objects_deleted": 1}
-    assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222"]
-    sync.verify(store, "mlp-torch2.13.0-x-2222", None, allow_unsigned=True)
+    done = sync.gc(store, 1, None, allow_unsigned=True)
+    assert len(done.manifests) == 1 and done.objects == [] and done.unverified == []
+    sync.verify(store, NS, None, allow_unsigned=True)
+
+
+def test_gc_removes_what_writes_killed_midway_left_in_a_directory_store(store, tmp_path, gc_time):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    leftovers = Path(store.root) / "v1" / "objects" / "ab"
+    leftovers.mkdir(parents=True, exist_ok=True)
+    (old := leftovers / ".tmp-old").write_bytes(b"half")
+    (young := leftovers / ".tmp-young").write_bytes(b"half")
+    os.utime(old, (NOW - 7200, NOW - 7200))
+    os.utime(young, (NOW - 60, NOW - 60))
+    assert sync.gc(store, 1, KEY, allow_unsigned=False, dry_run=True).uploads_aborted == 1 and old.exists()
+    assert sync.gc(store, 1, KEY, allow_unsigned=False).uploads_aborted == 1
+    assert not old.exists() and young.exists()
 
 
 # --- repair, every generation verified, transient corruption, lost create answers -------------------

@@ -320,19 +320,13 @@ def test_unsafe_paths_in_a_signed_manifest_are_refused(store, tmp_path):
     assert not (tmp_path / "escape.py").exists()
 
 
-def test_gc_keeps_newest_namespaces_and_referenced_shards(store, tmp_path, clock):
+def test_gc_keeps_each_namespace_and_its_referenced_shards(store, tmp_path, clock):
     old = make_cache(tmp_path / "old", {"inductor/a": b"old artifact"})
     new = make_cache(tmp_path / "new", {"inductor/b": b"new artifact"})
     sync.publish(store, old, "mlp-torch2.11.0-x-1111", KEY, allow_unsigned=False, meta={"model": "mlp"})
-    clock.advance(1)  # created_at has one-second resolution
+    clock.advance(1)
     sync.publish(store, new, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False, meta={"model": "mlp"})
-    assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=3600) == {
-        "manifests_deleted": 1,
-        "objects_deleted": 0,
-    }  # the old shard is within its grace period
-    assert sync.namespaces(store) == ["mlp-torch2.13.0-x-2222"]
-    assert sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0) == {
-        "manifests_deleted": 0,
-        "objects_deleted": 1,
-    }
+    done = sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0)
+    assert (done.namespaces, done.manifests, done.objects) == (2, [], [])  # same model name, two namespaces
+    assert sync.namespaces(store) == ["mlp-torch2.11.0-x-1111", "mlp-torch2.13.0-x-2222"]
     sync.verify(store, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False)

@@ -171,3 +171,19 @@ def test_a_fleet_pulling_through_faults_ends_verified_or_failed_with_nothing_par
             assert "StoreUnreachable" in stderr.strip().splitlines()[-1], stderr[-2000:]
             assert not target.exists() and not list(target.parent.glob(".incoming-*"))
     assert sum(code == 0 for code, _ in outcomes) >= 1
+
+
+def test_gc_aborts_abandoned_multipart_uploads(s3_env, moto_server, tmp_path):
+    """moto dates every upload's start in 2010, so each is past the grace here (the grace itself
+    is tested on the directory store's leftovers)."""
+    _, url = s3_env
+    store = open_store(url)
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    client = moto_server.client()
+    client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/v1/objects/ab/abandoned")
+    assert sync.gc(store, 1, KEY, allow_unsigned=False, dry_run=True).uploads_aborted == 1
+    assert len(client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 1
+    assert sync.gc(store, 1, KEY, allow_unsigned=False).uploads_aborted == 1
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    sync.verify(store, NS, KEY, allow_unsigned=False)
