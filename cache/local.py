@@ -55,13 +55,15 @@ class LocalNamespace:
 
 
 def local_namespaces(root: Path) -> list[LocalNamespace]:
-    """Every namespace directory under `root` (hidden ones, scratch and trash, left out)."""
+    """Every namespace directory under `root`: the store beside it, node directories, scratch and
+    trash are not namespaces."""
+    from orchestrator.cache.namespace import is_namespace
     from orchestrator.cache.sync import scan
 
     if not root.is_dir():
         return []
     found = []
-    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and is_namespace(p.name)):
         files = scan(path)
         found.append(LocalNamespace(path.name, len(files), sum(size for _, size in files.values())))
     return found

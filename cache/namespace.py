@@ -35,6 +35,16 @@ def namespace(model_name: str, platform: Platform, config_hash: str) -> str:
     return f"{model}-torch{torch}-{gpu}-{digest}"
 
 
+# what `namespace` makes: <model>-torch<version>-<gpu>-<16 hex>
+_NAMESPACE = re.compile(r"^[a-z0-9.][a-z0-9.-]*-torch[0-9][^/]*-[a-z0-9.][a-z0-9.-]*-[0-9a-f]{16}$")
+
+
+def is_namespace(name: str) -> bool:
+    """Whether a directory or store entry name is one `namespace` makes (the store beside a local
+    cache, node directories and scratch are not)."""
+    return bool(_NAMESPACE.match(name))
+
+
 def slug(text: str, max_length: int, *, keep: str, fallback: str = "") -> str:
     """`text` as a name part: lowercased; every run of characters other than a-z, 0-9 and those in
     `keep` becomes one '-'; no '-' at either end; cut to `max_length`; `fallback` if nothing is left.

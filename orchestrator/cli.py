@@ -491,6 +491,28 @@ def _emit_k8s(
     click.echo(to_yaml(documents), nl=False)
 
 
+def _local_store_option(command):
+    return click.option(
+        "--cache-dir",
+        metavar="DIR",
+        help="Local cache root: its store is the default one, as for warmup; repair rebuilds shards "
+        "from its files (default $ORCHESTRATE_CACHE_DIR, then ~/.cache/orchestrate).",
+    )(command)
+
+
+def _store_and_key(remote: Optional[str], cache_dir: Optional[str], allow_unsigned: bool, key_file: Optional[str]):
+    """The store a cache command works on and the key it verifies with: --remote, or else the
+    store beside the local cache with its key, which warmup uses when it is given no store."""
+    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.store import open_store
+
+    url = remote
+    if not url:
+        embedded = embedded_store(Path(cache_dir).expanduser() if cache_dir else default_cache_root(), allow_unsigned)
+        url, key_file = embedded.url, key_file or embedded.key_file
+    return open_store(url), SigningKey.from_env(key_file)
+
+
 @cli.group()
 def cache() -> None:
     """Inspect and maintain cache stores."""
@@ -533,18 +555,19 @@ def cache_ls(
 
 @cache.command("verify")
 @click.option("--namespace", "names", multiple=True, help="Only these namespaces (default: all).")
+@_local_store_option
 @_store_options
 def cache_verify(
-    names: tuple[str, ...], remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
+    names: tuple[str, ...],
+    cache_dir: Optional[str],
+    remote: Optional[str],
+    allow_unsigned: bool,
+    signing_key_file: Optional[str],
 ) -> None:
-    """Check every manifest signature and every shard and file hash in a store."""
+    """Check every generation's manifest signature and every shard and file hash in a store."""
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
-    from orchestrator.cache.store import open_store
 
-    if not remote:
-        raise UserError("cache verify needs --remote URL")
-    store, key = open_store(remote), SigningKey.from_env(signing_key_file)
+    store, key = _store_and_key(remote, cache_dir, allow_unsigned, signing_key_file)
     bad = 0
     for namespace in names or sync.namespaces(store):
         try:
@@ -559,11 +582,7 @@ def cache_verify(
 
 @cache.command("repair")
 @click.option("--namespace", "names", multiple=True, help="Only these namespaces (default: all).")
-@click.option(
-    "--cache-dir",
-    metavar="DIR",
-    help="Local cache root whose files rebuild damaged shards (default $ORCHESTRATE_CACHE_DIR, then ~/.cache/orchestrate).",
-)
+@_local_store_option
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
 @_store_options
 def cache_repair(
@@ -579,15 +598,9 @@ def cache_repair(
     manifest (the next warmup compiles and publishes them again); older generations that name a
     damaged shard are deleted. Needs the signing key: it publishes."""
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
-    from orchestrator.cache.store import open_store
 
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
-    url, key_file = remote, signing_key_file
-    if not url:  # the store warmup uses when it is given none
-        embedded = embedded_store(root, allow_unsigned)
-        url, key_file = embedded.url, key_file or embedded.key_file
-    store, key = open_store(url), SigningKey.from_env(key_file)
+    store, key = _store_and_key(remote, cache_dir, allow_unsigned, signing_key_file)
     results = []
     for namespace in names or sync.namespaces(store):
         done = sync.repair(store, namespace, root / namespace, key, allow_unsigned=allow_unsigned)
@@ -629,6 +642,7 @@ def cache_repair(
 )
 @click.option("--dry-run", is_flag=True, help="Say what would go; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
+@_local_store_option
 @_store_options
 def cache_gc(
     keep: int,
@@ -636,6 +650,7 @@ def cache_gc(
     grace_seconds: float,
     dry_run: bool,
     as_json: bool,
+    cache_dir: Optional[str],
     remote: Optional[str],
     allow_unsigned: bool,
     signing_key_file: Optional[str],
@@ -643,15 +658,12 @@ def cache_gc(
     """Per namespace, delete all but its newest generations; then shards no kept generation names
     and uploads abandoned midway. One namespace is never judged by another."""
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
-    from orchestrator.cache.store import open_store
 
-    if not remote:
-        raise UserError("cache gc needs --remote URL")
+    store, key = _store_and_key(remote, cache_dir, allow_unsigned, signing_key_file)
     done = sync.gc(
-        open_store(remote),
+        store,
         keep,
-        SigningKey.from_env(signing_key_file),
+        key,
         allow_unsigned=allow_unsigned,
         grace_seconds=grace_seconds,
         unused_days=unused_days,

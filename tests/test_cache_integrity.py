@@ -989,3 +989,15 @@ def test_a_create_whose_answer_was_lost_is_the_publishers_own_win(store, tmp_pat
     published = sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     assert published.generation == 1 and published.races == 0
     assert sync.generations(store, NS) == [1]
+
+
+def test_a_local_listing_shows_namespaces_only(tmp_path):
+    from orchestrator.cache.local import local_namespaces
+
+    root = tmp_path / "cache"
+    namespace = "mlp-torch2.13.0-cpu-x86-64-245b3387736f98d9"
+    make_cache(root / namespace, {"inductor/a.py": b"abc"})
+    for other in ("store/v1/objects", "node-0/inductor", ".trash-x", ".incoming-y"):
+        (root / other).mkdir(parents=True)
+    [listed] = local_namespaces(root)
+    assert (listed.namespace, listed.files, listed.bytes) == (namespace, 1, 3)
