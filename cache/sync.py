@@ -10,6 +10,12 @@ race re-reads the winner, merges (a path already published keeps its first bytes
 next generation. So every generation is complete, none is ever overwritten, and concurrent
 publishers' files all end up in the newest one.
 
+Every manifest's signed body names its namespace, its generation and the sha256 of generation
+N-1's manifest, and a reader refuses one found anywhere else: a manifest copied into another
+namespace or an old one replayed under a newer number fails although its signature is valid. A
+pulled directory remembers the generation it holds, and a pull refuses anything older (a store
+rolled back to an earlier, validly signed state).
+
 Pull: newest manifest -> signature -> download missing shards in parallel into a staging
 directory on the same filesystem -> sha256 of every shard and file -> rename into place, code
 files before the index entries that point to them, so a compiler process reading the directory
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -35,7 +42,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.cache.manifest import FileEntry, IntegrityError, Manifest, SigningKey, decode, encode, sha256_file
+from orchestrator.cache.manifest import (
+    FileEntry,
+    IntegrityError,
+    Manifest,
+    SigningKey,
+    TrustedKeys,
+    decode,
+    encode,
+    manifest_digest,
+    sha256_file,
+)
 from orchestrator.cache.store import NotFound, Store, StoreError
 
 PREFIX = "v1"
@@ -103,13 +120,35 @@ def generations(store: Store, namespace: str) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def newest(store: Store, namespace: str, key: Optional[SigningKey], *, allow_unsigned: bool) -> Optional[Manifest]:
-    """The newest manifest of a namespace, verified; None when the namespace was never published."""
+def _where(store: Store, namespace: str, generation: int) -> str:
+    return f"{store.url.rstrip('/')}/{_manifest_key(namespace, generation)}"
+
+
+def read_manifest(
+    store: Store, namespace: str, generation: int, trusted: Optional[TrustedKeys], *, allow_unsigned: bool
+) -> tuple[Manifest, str]:
+    """One generation's manifest, verified and bound to where it was found, with its digest."""
+    data = store.read(_manifest_key(namespace, generation))
+    where = _where(store, namespace, generation)
+    manifest = decode(
+        data, trusted, allow_unsigned=allow_unsigned, where=where, namespace=namespace, generation=generation
+    )
+    return manifest, manifest_digest(data)
+
+
+def _head(
+    store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allow_unsigned: bool
+) -> Optional[tuple[Manifest, str]]:
     gens = generations(store, namespace)
     if not gens:
         return None
-    where = f"{store.url.rstrip('/')}/{_manifest_key(namespace, gens[-1])}"
-    return decode(store.read(_manifest_key(namespace, gens[-1])), key, allow_unsigned=allow_unsigned, where=where)
+    return read_manifest(store, namespace, gens[-1], trusted, allow_unsigned=allow_unsigned)
+
+
+def newest(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> Optional[Manifest]:
+    """The newest manifest of a namespace, verified; None when the namespace was never published."""
+    head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
+    return head[0] if head else None
 
 
 def publish(
@@ -119,19 +158,26 @@ def publish(
     key: Optional[SigningKey],
     *,
     allow_unsigned: bool,
+    trusted: Optional[TrustedKeys] = None,
     buckets: Iterable[int] = (),
     meta: Optional[dict[str, Any]] = None,
     exclude: Iterable[str] = (),
 ) -> Transfer:
+    """Publish `directory` as the namespace's next generation, signed with the private `key`.
+    The newest generation is read first and must verify: against `trusted` and `key`'s own
+    public half (a publisher trusts itself; `trusted` adds the keys it rotates from)."""
     if key is None and not allow_unsigned:
         raise IntegrityError(
-            "publishing needs a signing key so readers can trust the cache: set "
-            "ORCHESTRATE_CACHE_SIGNING_KEY (or ..._FILE), or pass --allow-unsigned"
+            "publishing needs the private signing key (public keys only verify): set "
+            "ORCHESTRATE_CACHE_SIGNING_KEY_FILE or pass --signing-key-file (make one with "
+            "`orchestrate keys new DIR`), or pass --allow-unsigned"
         )
+    readers = (trusted or TrustedKeys()).plus(key.public if key else None)
     started = time.perf_counter()
     excluded = set(exclude)
     local = {rel: item for rel, item in scan(directory).items() if rel not in excluded}
-    head = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+    current = _head(store, namespace, readers, allow_unsigned=allow_unsigned)
+    head, head_digest = current if current else (None, None)
     known = head.files if head else {}
     fresh = {rel: item for rel, item in local.items() if rel not in known}
     transfer = Transfer(skipped=sorted(excluded))
@@ -157,12 +203,14 @@ def publish(
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             publisher=f"{socket.gethostname()}/{os.getpid()}",
             meta=meta or {},
+            previous=head_digest,
         )
         if store.create(_manifest_key(namespace, generation), encode(manifest, key)):
             transfer.generation = generation
             break
         transfer.races += 1  # another publisher took this generation: merge onto theirs
-        head = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+        current = _head(store, namespace, readers, allow_unsigned=allow_unsigned)
+        head, head_digest = current if current else (None, None)
     else:
         raise StoreError(f"publish {namespace}: lost {MAX_PUBLISH_RACES} races for the next manifest generation")
     transfer.seconds = time.perf_counter() - started
@@ -220,14 +268,32 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def pulled_generation(directory: Path) -> int:
+    """The generation last pulled into `directory` (0: none, or no readable record)."""
+    try:
+        generation = json.loads((directory / APPLIED_MARKER).read_text()).get("generation", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return generation if isinstance(generation, int) else 0
+
+
 def pull(
-    store: Store, namespace: str, directory: Path, key: Optional[SigningKey], *, allow_unsigned: bool
+    store: Store, namespace: str, directory: Path, trusted: Optional[TrustedKeys], *, allow_unsigned: bool
 ) -> Optional[Transfer]:
-    """Bring `directory` up to the newest published state. None when the namespace is absent."""
+    """Bring `directory` up to the newest published state. None when the namespace is absent.
+    Refuses a newest generation older than the one `directory` already holds."""
     started = time.perf_counter()
-    manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
-    if manifest is None:
+    head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
+    if head is None:
         return None
+    manifest, digest = head
+    seen = pulled_generation(directory)
+    if manifest.generation < seen:
+        raise IntegrityError(
+            f"{_where(store, namespace, manifest.generation)}: generation {manifest.generation} is older than "
+            f"generation {seen} already pulled into {directory} (store rolled back or replayed); refusing it "
+            f"(remove {directory / APPLIED_MARKER} if the namespace was republished on purpose)"
+        )
     needed = {rel: entry for rel, entry in manifest.files.items() if not _matches(directory / rel, entry)}
     transfer = Transfer(generation=manifest.generation, files=len(needed))
     if needed:
@@ -239,7 +305,8 @@ def pull(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / APPLIED_MARKER).write_text(f'{{"generation": {manifest.generation}}}\n')
+    record = {"namespace": namespace, "generation": manifest.generation, "manifest": digest}
+    (directory / APPLIED_MARKER).write_text(json.dumps(record) + "\n")
     transfer.seconds = time.perf_counter() - started
     return transfer
 
@@ -320,11 +387,11 @@ def namespaces(store: Store) -> list[str]:
     return sorted(names)
 
 
-def describe(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) -> list[NamespaceInfo]:
+def describe(store: Store, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> list[NamespaceInfo]:
     found = []
     for namespace in namespaces(store):
         try:
-            manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+            manifest = newest(store, namespace, trusted, allow_unsigned=allow_unsigned)
             found.append(NamespaceInfo(namespace, len(generations(store, namespace)), manifest))
         except (IntegrityError, StoreError) as exc:
             found.append(NamespaceInfo(namespace, len(generations(store, namespace)), None, str(exc)))
@@ -345,9 +412,9 @@ class NamespaceListing:
     error: Optional[str]  # the newest manifest could not be read or verified
 
 
-def listing(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) -> list[NamespaceListing]:
+def listing(store: Store, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> list[NamespaceListing]:
     rows = []
-    for info in describe(store, key, allow_unsigned=allow_unsigned):
+    for info in describe(store, trusted, allow_unsigned=allow_unsigned):
         m = info.manifest
         rows.append(
             NamespaceListing(
@@ -364,23 +431,32 @@ def listing(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) ->
     return rows
 
 
-def verify(store: Store, namespace: str, key: Optional[SigningKey], *, allow_unsigned: bool) -> Manifest:
-    """Check the newest manifest's signature and every shard and file hash it names."""
-    manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+def verify(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> Manifest:
+    """Check the newest manifest's signature, its link to the generation before it (when that one
+    is still in the store), and every shard and file hash it names."""
+    manifest = newest(store, namespace, trusted, allow_unsigned=allow_unsigned)
     if manifest is None:
         raise NotFound(f"{store.url}: namespace {namespace} was never published")
+    before = manifest.generation - 1
+    if before in generations(store, namespace):
+        digest = manifest_digest(store.read(_manifest_key(namespace, before)))
+        if manifest.previous != digest:
+            raise IntegrityError(
+                f"{_where(store, namespace, manifest.generation)}: does not name generation {before}'s manifest "
+                "as its previous one (replaced or reordered generations); refusing it"
+            )
     with tempfile.TemporaryDirectory(prefix="orchestrate-verify-") as tmp:
         _fetch(store, manifest, manifest.files, Path(tmp) / "staging", Transfer())
     return manifest
 
 
 def gc(
-    store: Store, keep: int, key: Optional[SigningKey], *, allow_unsigned: bool, grace_seconds: float = 3600.0
+    store: Store, keep: int, trusted: Optional[TrustedKeys], *, allow_unsigned: bool, grace_seconds: float = 3600.0
 ) -> dict[str, int]:
     """Keep the `keep` newest namespaces of each model (and the two newest generations of each);
     delete the rest, then shards no kept manifest names that are older than `grace_seconds`
     (a publisher uploads shards before its manifest exists: the grace protects it)."""
-    infos = describe(store, key, allow_unsigned=allow_unsigned)
+    infos = describe(store, trusted, allow_unsigned=allow_unsigned)
     by_model: dict[str, list[NamespaceInfo]] = {}
     for info in infos:
         model = (info.manifest.meta.get("model") if info.manifest else None) or info.namespace.split("-torch")[0]
@@ -394,12 +470,7 @@ def gc(
             if rank < keep and info.manifest is not None:
                 doomed_manifests += [_manifest_key(info.namespace, g) for g in gens[:-2]]
                 for generation in gens[-2:]:
-                    kept = decode(
-                        store.read(_manifest_key(info.namespace, generation)),
-                        key,
-                        allow_unsigned=allow_unsigned,
-                        where=info.namespace,
-                    )
+                    kept, _ = read_manifest(store, info.namespace, generation, trusted, allow_unsigned=allow_unsigned)
                     referenced |= set(kept.shards)
             elif rank >= keep:
                 doomed_manifests += [_manifest_key(info.namespace, g) for g in gens]

@@ -44,12 +44,25 @@ from orchestrator.errors import (
 )
 
 
-def _store_options(command):
-    """--remote, --allow-unsigned and --signing-key-file, shared by every command that uses a store."""
-    command = click.option(
+def _publish_options(command):
+    """--signing-key-file, for the command that publishes (warmup); it also takes _store_options."""
+    return click.option(
         "--signing-key-file",
         metavar="FILE",
-        help="HMAC key for manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]).",
+        help="Ed25519 private key that signs what is published (default $ORCHESTRATE_CACHE_SIGNING_KEY_FILE, "
+        "then $ORCHESTRATE_CACHE_SIGNING_KEY; make one with `orchestrate keys new DIR`).",
+    )(command)
+
+
+def _store_options(command):
+    """--remote, --allow-unsigned and --trust, shared by every command that uses a store."""
+    command = click.option(
+        "--trust",
+        "trust",
+        multiple=True,
+        metavar="FILE",
+        help="Public key file whose manifests are accepted; repeatable (with $ORCHESTRATE_CACHE_TRUSTED_KEYS, "
+        "and the signing key's own public half).",
     )(command)
     command = click.option(
         "--allow-unsigned", is_flag=True, help="Accept and write unsigned manifests (local experiments only)."
@@ -61,6 +74,16 @@ def _store_options(command):
         help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL "
         "(default $ORCHESTRATE_REMOTE, then the config's `remote`).",
     )(command)
+
+
+def _trusted(trust: tuple[str, ...], signing_key_file: Optional[str] = None):
+    """The public keys a command accepts: --trust files, $ORCHESTRATE_CACHE_TRUSTED_KEYS, and the
+    public half of the signing key it is configured with. Read here, so a missing or wrong key
+    file fails before any work, in one line."""
+    from orchestrator.cache.manifest import SigningKey, TrustedKeys
+
+    own = SigningKey.from_env(signing_key_file) if signing_key_file else None
+    return TrustedKeys.load(trust).plus(own.public if own else None)
 
 
 def _buckets_option(command):
@@ -95,6 +118,7 @@ def cli() -> None:
 @click.option("--pushgateway", metavar="URL", help="Push metrics here at the end (pushadd; job + model grouping).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve /metrics on this port while running.")
 @_store_options
+@_publish_options
 def warmup(
     model_path: str,
     buckets: Optional[str],
@@ -110,6 +134,7 @@ def warmup(
     metrics_port: Optional[int],
     remote: Optional[str],
     allow_unsigned: bool,
+    trust: tuple[str, ...],
     signing_key_file: Optional[str],
 ) -> None:
     """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager.
@@ -129,7 +154,8 @@ def warmup(
     from orchestrator.jobs.records import Remote
     from orchestrator.report import render_table, write_json
 
-    remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
+    trusted = _trusted(trust, signing_key_file).pems()
+    remote_store = Remote(store_url, allow_unsigned, signing_key_file, trusted) if store_url else None
     metrics = _metrics(spec, metrics_port) if (pushgateway or metrics_port) else None
     observe = metrics.observe if metrics else (lambda record: None)
     report, clock = None, time.perf_counter()
@@ -139,7 +165,7 @@ def warmup(
                 report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at)
             else:
                 report, publish_errors = _on_ray(
-                    spec, fresh, remote_store, allow_unsigned, ray_address, ranks, err, observe, started_at
+                    spec, fresh, remote_store, allow_unsigned, trust, ray_address, ranks, err, observe, started_at
                 )
     except SetupError as exc:
         raise UserError(str(exc)) from None
@@ -182,6 +208,7 @@ def _on_ray(
     fresh: bool,
     remote_store,
     allow_unsigned: bool,
+    trust: tuple[str, ...],
     ray_address: Optional[str],
     ranks: Optional[int],
     err: Console,
@@ -193,7 +220,7 @@ def _on_ray(
     from orchestrator.ray_driver import run_on_ray
     from orchestrator.report import build_fleet_report
 
-    remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned)
+    remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with FleetProgress(err, on_record=observe) as progress:
         fleet = run_on_ray(
             spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh, observer=progress
@@ -235,7 +262,7 @@ def pull(
     as_json: bool,
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Fill a serving replica's cache directory from the store (for init containers)."""
     spec = load_spec_with_overrides(model_path, device=device)
@@ -243,7 +270,6 @@ def pull(
     if not store_url:
         raise UserError("no store: pass --remote URL or set `remote:` in the config")
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
     from orchestrator.jobs.engine import cache_namespace
     from orchestrator.jobs.errors import SetupError
@@ -253,9 +279,8 @@ def pull(
     except SetupError as exc:
         raise UserError(str(exc)) from None
     target = Path(to_dir).expanduser().resolve()
-    transfer = sync.pull(
-        open_store(store_url), namespace, target, SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned
-    )
+    trusted = _trusted(trust)
+    transfer = sync.pull(open_store(store_url), namespace, target, trusted, allow_unsigned=allow_unsigned)
     summary = {
         "namespace": namespace,
         "to": str(target),
@@ -308,7 +333,7 @@ def serve(
     max_batch_size: Optional[int],
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Serve the warmed model over HTTP on Ray Serve until Ctrl-C: POST /predict {"inputs": [...]}.
 
@@ -316,6 +341,7 @@ def serve(
     cache, first) before it takes requests; requests that arrive together run as one call."""
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
+    trusted = _trusted(trust).pems()
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
     from orchestrator.ray_driver import preflight
@@ -347,7 +373,7 @@ def serve(
             host=host,
             port=port,
             ray_address=ray_address,
-            remote=Remote(store_url, allow_unsigned, signing_key_file) if store_url else None,
+            remote=Remote(store_url, allow_unsigned, trusted=trusted) if store_url else None,
             require_warm=require_warm,
             max_batch_size=max_batch_size,
             on_ready=ready,
@@ -505,18 +531,15 @@ def cache_ls(
     as_json: bool,
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
     from orchestrator.cache import sync
     from orchestrator.cache.local import local_namespaces
-    from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
 
     if remote:
-        found: list[Any] = sync.listing(
-            open_store(remote), SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned
-        )
+        found: list[Any] = sync.listing(open_store(remote), _trusted(trust), allow_unsigned=allow_unsigned)
     else:
         found = local_namespaces(Path(cache_dir).expanduser() if cache_dir else default_cache_root())
     rows = [asdict(row) for row in found]
@@ -534,17 +557,15 @@ def cache_ls(
 @cache.command("verify")
 @click.option("--namespace", "names", multiple=True, help="Only these namespaces (default: all).")
 @_store_options
-def cache_verify(
-    names: tuple[str, ...], remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
-) -> None:
-    """Check every manifest signature and every shard and file hash in a store."""
+def cache_verify(names: tuple[str, ...], remote: Optional[str], allow_unsigned: bool, trust: tuple[str, ...]) -> None:
+    """Check every manifest signature and every shard and file hash in a store; a namespace that
+    fails is reported and the others are still checked."""
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
 
     if not remote:
         raise UserError("cache verify needs --remote URL")
-    store, key = open_store(remote), SigningKey.from_env(signing_key_file)
+    store, key = open_store(remote), _trusted(trust)
     bad = 0
     for namespace in names or sync.namespaces(store):
         try:
@@ -568,11 +589,10 @@ def cache_verify(
 )
 @_store_options
 def cache_gc(
-    keep: int, grace_seconds: float, remote: Optional[str], allow_unsigned: bool, signing_key_file: Optional[str]
+    keep: int, grace_seconds: float, remote: Optional[str], allow_unsigned: bool, trust: tuple[str, ...]
 ) -> None:
     """Delete all but the newest namespaces of each model, and shards nothing references."""
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
 
     if not remote:
@@ -580,11 +600,56 @@ def cache_gc(
     result = sync.gc(
         open_store(remote),
         keep,
-        SigningKey.from_env(signing_key_file),
+        _trusted(trust),
         allow_unsigned=allow_unsigned,
         grace_seconds=grace_seconds,
     )
     click.echo(json.dumps(result))
+
+
+@cli.group()
+def keys() -> None:
+    """Make and inspect the Ed25519 keys that sign cache manifests."""
+
+
+@keys.command("new")
+@click.argument("directory", metavar="DIR")
+def keys_new(directory: str) -> None:
+    """Write a new key pair into DIR: the private key (mode 0600) for publishers, its .pub file
+    for everyone who pulls, verifies or serves. Never overwrites a key."""
+    from orchestrator.cache.manifest import PRIVATE_NAME, SigningKey
+
+    folder = Path(directory).expanduser()
+    private = folder / PRIVATE_NAME
+    public = SigningKey.public_path(private)
+    for path in (private, public):
+        if path.exists():
+            raise UserError(f"{path}: a key is already there; refusing to overwrite it (pick another DIR)")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        created = SigningKey.create_file(private)
+    except OSError as exc:
+        raise UserError(f"{folder}: cannot write the key pair ({exc.strerror or exc}); pick a writable DIR") from None
+    if not created:
+        raise UserError(f"{private}: a key is already there; refusing to overwrite it (pick another DIR)")
+    key = SigningKey.load(private)
+    click.echo(f"key id {key.key_id}")
+    click.echo(f"private key {private} (mode 0600): publishers only, via --signing-key-file", err=True)
+    click.echo(f"public key  {public}: readers, via --trust or $ORCHESTRATE_CACHE_TRUSTED_KEYS", err=True)
+
+
+@keys.command("id")
+@click.argument("path", metavar="FILE")
+def keys_id(path: str) -> None:
+    """Print the key id of a public or private key file (the id manifests and errors name)."""
+    from orchestrator.cache.manifest import PublicKey, SigningKey
+
+    text = Path(path).expanduser()
+    try:
+        is_private = b"PRIVATE KEY" in text.read_bytes()
+    except OSError as exc:
+        raise UserError(f"key file {path}: cannot read it ({exc.strerror})") from None
+    click.echo((SigningKey.load(text) if is_private else PublicKey.load(text)).key_id)
 
 
 def _check_writable(path: Path) -> None:
