@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 NAMESPACE = "fleet-bench-torch2-cpu-py3-0123456789abcdef"
-KEY = "k" * 64  # the store's signing key in this run only
 
 
 def synthetic(directory: Path, files: int, megabytes: float, seed: int) -> None:
@@ -48,18 +47,19 @@ def synthetic(directory: Path, files: int, megabytes: float, seed: int) -> None:
         path.write_bytes(rng.randbytes(max(1, int(size * scale))))
 
 
-def pull_one(args: tuple[str, str, float]) -> dict:
+def pull_one(args: tuple[str, str, float, str]) -> dict:
     """One replica: pull into an empty directory, then check what is there."""
-    url, target, start_at = args[0], Path(args[1]), args[2]
+    url, target, start_at, public_key = args[0], Path(args[1]), args[2], args[3]
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.manifest import TrustedKeys
     from orchestrator.cache.store import open_store
 
     time.sleep(max(0.0, start_at - time.time()))  # every puller starts at the same moment
     started = time.perf_counter()
     outcome: dict = {"target": str(target)}
     try:
-        transfer = sync.pull(open_store(url), NAMESPACE, target, SigningKey.from_env(None), allow_unsigned=False)
+        trusted = TrustedKeys.from_pems([public_key])  # a replica holds the public key only
+        transfer = sync.pull(open_store(url), NAMESPACE, target, trusted, allow_unsigned=False)
         outcome.update(ok=True, bytes=transfer.bytes if transfer else 0, files=transfer.files if transfer else 0)
     except Exception as exc:  # every failure is recorded; the check below says whether it was clean
         outcome.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -94,7 +94,7 @@ def main() -> int:
     from s3fixtures import FaultProxy, MotoServer
 
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
+    from orchestrator.cache.manifest import SigningKey, TrustedKeys
     from orchestrator.cache.store import open_store
 
     work = Path(tempfile.mkdtemp(prefix="fleet-pull-"))
@@ -108,18 +108,18 @@ def main() -> int:
             AWS_ACCESS_KEY_ID=moto.access_key or "",
             AWS_SECRET_ACCESS_KEY=moto.secret_key or "",
             AWS_DEFAULT_REGION=moto.region,
-            ORCHESTRATE_CACHE_SIGNING_KEY=KEY,
         )
+        key = SigningKey.generate()  # this run's publisher
         url = f"s3://{bucket}/cache"
-        published = sync.publish(open_store(url), source, NAMESPACE, SigningKey.from_env(None), allow_unsigned=False)
-        expected = {rel: entry.sha256 for rel, entry in sync.newest(
-            open_store(url), NAMESPACE, SigningKey.from_env(None), allow_unsigned=False
-        ).files.items()}  # fmt: skip
+        published = sync.publish(open_store(url), source, NAMESPACE, key, allow_unsigned=False)
+        head = sync.newest(open_store(url), NAMESPACE, TrustedKeys([key.public]), allow_unsigned=False)
+        assert head is not None
+        expected = {rel: entry.sha256 for rel, entry in head.files.items()}
         total_bytes = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
         before = proxy.requests
         proxy.fault_share(args.fault_share, seconds=args.stall, seed=7)
         start_at = time.time() + 3.0  # time for every process to import
-        jobs = [(url, str(work / f"replica-{i}" / NAMESPACE), start_at) for i in range(args.pullers)]
+        jobs = [(url, str(work / f"replica-{i}" / NAMESPACE), start_at, key.public.pem()) for i in range(args.pullers)]
         with multiprocessing.get_context("spawn").Pool(args.pullers) as pool:
             outcomes = pool.map(pull_one, jobs)
         proxy.fault_share(0)

@@ -2,24 +2,34 @@
 
 Inductor cache entries are pickles and Python source, so loading one runs code. A manifest lists
 every file with its sha256 and the shard (an immutable, content-addressed tar) that holds it,
-and carries an HMAC-SHA256 over its canonical JSON. Trust flows from the key to the manifest to
-the shard hashes to the file hashes; nothing unverified reaches the local cache.
+names the namespace and generation it was published as and the hash of the generation before it,
+and carries an Ed25519 signature over its canonical JSON. Publishers hold the private key; pulls,
+verification and serving hold only public keys, so a reader cannot vouch for anything. Trust flows
+from a trusted public key to the manifest to the shard hashes to the file hashes; nothing
+unverified reaches the local cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
-import secrets
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-KEY_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY"
-KEY_FILE_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY_FILE"
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+KEY_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY"  # the private key itself (PEM or 64 hex digits), e.g. from a Secret
+KEY_FILE_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY_FILE"  # a file holding the private key
+TRUSTED_ENV = "ORCHESTRATE_CACHE_TRUSTED_KEYS"  # public key files, os.pathsep-separated
+ALG = "ed25519"
 FORMAT = 1
+PRIVATE_NAME = "cache-signing.key"  # what `orchestrate keys new DIR` writes
+PUBLIC_SUFFIX = ".pub"
 
 
 class IntegrityError(Exception):
@@ -43,6 +53,9 @@ class Manifest:
     created_at: str = ""
     publisher: str = ""
     meta: dict[str, Any] = field(default_factory=dict)  # model name, platform: for `cache ls`
+    # sha256 of the stored bytes of generation - 1's manifest (None for the first): the chain a
+    # replayed or reordered generation breaks
+    previous: Optional[str] = None
 
     def body(self) -> dict[str, Any]:
         data = asdict(self)
@@ -54,7 +67,7 @@ class Manifest:
         if body.get("format") != FORMAT:
             raise IntegrityError(f"manifest format {body.get('format')!r} is not {FORMAT}; upgrade orchestrate")
         files = {path: FileEntry(**entry) for path, entry in body["files"].items()}
-        return cls(
+        manifest = cls(
             namespace=body["namespace"],
             generation=body["generation"],
             files=files,
@@ -63,91 +76,320 @@ class Manifest:
             created_at=body.get("created_at", ""),
             publisher=body.get("publisher", ""),
             meta=body.get("meta", {}),
+            previous=body.get("previous"),
         )
+        _check_types(manifest)
+        return manifest
 
     @property
     def total_bytes(self) -> int:
         return sum(entry.size for entry in self.files.values())
 
 
+def _check_types(manifest: Manifest) -> None:
+    """Fields of the wrong JSON type are refused here, not met later as a crash mid-pull."""
+    ok = (
+        isinstance(manifest.namespace, str)
+        and isinstance(manifest.generation, int)
+        and not isinstance(manifest.generation, bool)
+        and isinstance(manifest.shards, dict)
+        and all(isinstance(k, str) and isinstance(v, int) for k, v in manifest.shards.items())
+        and all(
+            isinstance(e.sha256, str) and isinstance(e.size, int) and isinstance(e.shard, str)
+            for e in manifest.files.values()
+        )
+        and isinstance(manifest.buckets, list)
+        and isinstance(manifest.meta, dict)
+        and (manifest.previous is None or isinstance(manifest.previous, str))
+    )
+    if not ok:
+        raise TypeError("a field has the wrong type")
+
+
 def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-class SigningKey:
-    """An HMAC key. Its value is never printed; `key_id` identifies it in errors and listings."""
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
-    def __init__(self, secret: bytes) -> None:
-        if len(secret) < 16:
-            raise IntegrityError("the cache signing key is shorter than 16 bytes; use e.g. `openssl rand -hex 32`")
-        self._secret = secret
-        self.key_id = hashlib.sha256(b"orchestrate-key-id:" + secret).hexdigest()[:12]
+
+def _key_id(key: Ed25519PublicKey) -> str:
+    return hashlib.sha256(_raw_public(key)).hexdigest()[:16]
+
+
+def _read_key_text(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes().strip()
+    except OSError as exc:
+        raise IntegrityError(f"{what} {path}: cannot read it ({exc.strerror})") from None
+
+
+_NEW_KEY = "make a pair with `orchestrate keys new DIR`"
+
+
+class PublicKey:
+    """An Ed25519 public key: verifies manifests, cannot sign them. Not a secret, but only its id
+    is shown, so listings stay short and alike."""
+
+    def __init__(self, key: Ed25519PublicKey) -> None:
+        self._key = key
+        self.key_id = _key_id(key)
+
+    def __repr__(self) -> str:
+        return f"PublicKey(id={self.key_id})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PublicKey) and other.key_id == self.key_id
+
+    def __hash__(self) -> int:
+        return hash(self.key_id)
+
+    @classmethod
+    def from_text(cls, data: bytes, where: str) -> PublicKey:
+        """PEM (SubjectPublicKeyInfo) or the raw 32 bytes as 64 hex digits."""
+        try:
+            if data.startswith(b"-----BEGIN"):
+                if b"PRIVATE KEY" in data:
+                    raise IntegrityError(
+                        f"{where}: is a private key; give readers the public key ({PUBLIC_SUFFIX} file) only"
+                    )
+                key = serialization.load_pem_public_key(data)
+            else:
+                key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(data.decode("ascii")))
+        except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm):
+            key = None
+        if not isinstance(key, Ed25519PublicKey):
+            raise IntegrityError(f"{where}: not an Ed25519 public key (PEM or 64 hex digits); {_NEW_KEY}")
+        return cls(key)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PublicKey:
+        return cls.from_text(_read_key_text(Path(path), "trusted key file"), f"trusted key file {path}")
+
+    def pem(self) -> str:
+        return self._key.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ).decode()
+
+    def verify(self, body: dict[str, Any], value: str) -> bool:
+        try:
+            self._key.verify(bytes.fromhex(value), _canonical(body))
+            return True
+        except (InvalidSignature, ValueError, TypeError):
+            return False
+
+
+class SigningKey:
+    """An Ed25519 private key: only publishers hold one. Its value is never printed; `key_id`
+    (of its public half) identifies it in errors and listings."""
+
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+        self.public = PublicKey(key.public_key())
+        self.key_id = self.public.key_id
 
     def __repr__(self) -> str:
         return f"SigningKey(id={self.key_id})"
 
     @classmethod
+    def generate(cls) -> SigningKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_text(cls, data: bytes, where: str) -> SigningKey:
+        """PEM (PKCS#8, unencrypted) or the raw 32-byte seed as 64 hex digits. The error never
+        quotes the data: it may be a key with a typo."""
+        try:
+            if data.startswith(b"-----BEGIN"):
+                if b"PUBLIC KEY" in data:
+                    raise IntegrityError(
+                        f"{where}: is a public key, which only verifies; publishing needs the private key"
+                    )
+                key = serialization.load_pem_private_key(data, password=None)
+            else:
+                key = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(data.decode("ascii")))
+        except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm):
+            key = None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise IntegrityError(f"{where}: not an unencrypted Ed25519 private key (PEM or 64 hex digits); {_NEW_KEY}")
+        return cls(key)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SigningKey:
+        return cls.from_text(_read_key_text(Path(path), "signing key file"), f"signing key file {path}")
+
+    @classmethod
     def from_env(cls, key_file: Optional[str] = None) -> Optional[SigningKey]:
+        """The publisher's key: `key_file`, else $ORCHESTRATE_CACHE_SIGNING_KEY_FILE, else the key
+        itself in $ORCHESTRATE_CACHE_SIGNING_KEY; None when none is configured."""
         path = key_file or os.environ.get(KEY_FILE_ENV)
         if path:
-            try:
-                return cls(Path(path).read_bytes().strip())
-            except OSError as exc:
-                raise IntegrityError(f"signing key file {path}: cannot read it ({exc.strerror})") from None
+            return cls.load(path)
         value = os.environ.get(KEY_ENV)
-        return cls(value.encode()) if value else None
+        return cls.from_text(value.strip().encode(), f"${KEY_ENV}") if value and value.strip() else None
+
+    def pem(self) -> bytes:
+        return self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
 
     @staticmethod
-    def create_file(path: Path) -> bool:
-        """Write a new random key to `path` (mode 0600) unless a key is there already; whether it
-        wrote one. Exclusive creation: two processes starting at once keep the same key."""
+    def public_path(path: Path) -> Path:
+        return path.with_name(path.name + PUBLIC_SUFFIX)
+
+    @classmethod
+    def create_file(cls, path: Path) -> bool:
+        """Write a new private key to `path` (mode 0600) and its public key to `path`.pub unless a
+        key is there already; whether it wrote one. Exclusive creation: two processes starting at
+        once keep the same key. The public file is rewritten from the private one when missing."""
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
+            public = cls.public_path(path)
+            if not public.exists():
+                _write_public(public, cls.load(path).public)
             return False
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_hex(32))
+        key = cls.generate()
+        with os.fdopen(fd, "wb") as out:
+            out.write(key.pem())
+        _write_public(cls.public_path(path), key.public)
         return True
 
     def sign(self, body: dict[str, Any]) -> str:
-        return hmac.new(self._secret, _canonical(body), hashlib.sha256).hexdigest()
+        return self._key.sign(_canonical(body)).hex()
+
+
+def _write_public(path: Path, key: PublicKey) -> None:
+    """Written whole then renamed: a reader never trusts half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(key.pem())
+    os.replace(tmp, path)
+
+
+class TrustedKeys:
+    """The public keys a reader accepts manifests from, by key id: several at once, so a new key
+    can be trusted before publishers switch to it and the old one dropped after."""
+
+    def __init__(self, keys: Iterable[PublicKey] = ()) -> None:
+        self._keys = {key.key_id: key for key in keys}
+
+    def __repr__(self) -> str:
+        return f"TrustedKeys({', '.join(self._keys) or 'none'})"
+
+    def __iter__(self) -> Iterator[PublicKey]:
+        return iter(self._keys.values())
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def get(self, key_id: object) -> Optional[PublicKey]:
+        return self._keys.get(key_id) if isinstance(key_id, str) else None
+
+    @property
+    def key_ids(self) -> list[str]:
+        return sorted(self._keys)
+
+    def plus(self, *keys: Optional[PublicKey]) -> TrustedKeys:
+        return TrustedKeys([*self, *(k for k in keys if k is not None)])
+
+    @classmethod
+    def load(cls, files: Iterable[str | Path] = (), *, environ: bool = True) -> TrustedKeys:
+        """Public key files `files`, then those in $ORCHESTRATE_CACHE_TRUSTED_KEYS (when `environ`),
+        then the public half of the signing key this process is configured with, if any: a
+        publisher trusts its own key."""
+        paths = [str(f) for f in files]
+        if environ:
+            paths += [p for p in os.environ.get(TRUSTED_ENV, "").split(os.pathsep) if p.strip()]
+        keys = [PublicKey.load(path) for path in paths]
+        own = SigningKey.from_env() if environ else None
+        return cls([*keys, *([own.public] if own else [])])
+
+    @classmethod
+    def from_pems(cls, texts: Iterable[str]) -> TrustedKeys:
+        return cls(PublicKey.from_text(text.strip().encode(), "trusted key") for text in texts)
+
+    def pems(self) -> tuple[str, ...]:
+        """The keys as PEM text: public, so they travel to workers on other nodes as they are."""
+        return tuple(key.pem() for key in self)
 
 
 def encode(manifest: Manifest, key: Optional[SigningKey]) -> bytes:
     body = manifest.body()
-    signature = None if key is None else {"alg": "hmac-sha256", "key_id": key.key_id, "value": key.sign(body)}
+    signature = None if key is None else {"alg": ALG, "key_id": key.key_id, "value": key.sign(body)}
     return json.dumps({"body": body, "signature": signature}, sort_keys=True, indent=1).encode()
 
 
-def decode(data: bytes, key: Optional[SigningKey], *, allow_unsigned: bool, where: str) -> Manifest:
-    """Parse and verify. Refuses unsigned manifests unless allowed, and any bad signature."""
+def manifest_digest(data: bytes) -> str:
+    """What the next generation names as `previous`: the hash of the stored bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def decode(
+    data: bytes,
+    trusted: Optional[TrustedKeys],
+    *,
+    allow_unsigned: bool,
+    where: str,
+    namespace: Optional[str] = None,
+    generation: Optional[int] = None,
+) -> Manifest:
+    """Parse and verify. Refuses unsigned manifests unless allowed, any bad signature, a key id not
+    in `trusted`, and a manifest whose signed namespace or generation is not `namespace` and
+    `generation` (where it was found): a valid signature vouches for the body, and the body must
+    say it belongs here, or a manifest copied from another namespace or an old generation
+    replayed under a newer number would pass."""
+    trusted = trusted if trusted is not None else TrustedKeys()
     try:
         envelope = json.loads(data)
         body, signature = envelope["body"], envelope["signature"]
     except (ValueError, KeyError, TypeError):
         raise IntegrityError(f"{where}: not a manifest (corrupt JSON); refusing it") from None
+    if not isinstance(body, dict):
+        raise IntegrityError(f"{where}: manifest body is not an object (corrupt or tampered); refusing it")
     if signature is None:
         if not allow_unsigned:
             raise IntegrityError(
-                f"{where}: manifest is unsigned; refusing it (set {KEY_ENV} on the publisher, "
+                f"{where}: manifest is unsigned; refusing it (sign with {KEY_FILE_ENV} on the publisher, "
                 "or pass --allow-unsigned for local experiments)"
             )
-    elif key is None:
-        if not allow_unsigned:
-            raise IntegrityError(
-                f"{where}: manifest is signed (key id {signature.get('key_id')}) but no key is "
-                f"configured to verify it; set {KEY_ENV} or {KEY_FILE_ENV}"
-            )
-    elif not hmac.compare_digest(str(signature.get("value", "")), key.sign(body)):
+    elif not isinstance(signature, dict) or not all(
+        isinstance(signature.get(k), str) for k in ("alg", "key_id", "value")
+    ):
+        raise IntegrityError(f"{where}: manifest signature is malformed (corrupt or tampered); refusing it")
+    elif signature["alg"] != ALG:
         raise IntegrityError(
-            f"{where}: manifest signature does not match (signed with key id "
-            f"{signature.get('key_id')}, verifying with {key.key_id}): tampered or signed with "
-            "another key; refusing it"
+            f"{where}: manifest is signed with {signature['alg'][:32]!r}, not {ALG}; refusing it "
+            "(republish it with this version of orchestrate)"
         )
+    else:
+        key = trusted.get(signature["key_id"])
+        if key is None:
+            if not allow_unsigned:
+                trusting = ", ".join(trusted.key_ids) or "none"
+                raise IntegrityError(
+                    f"{where}: manifest is signed by key id {signature['key_id'][:32]}, which is not trusted "
+                    f"(trusted: {trusting}); refusing it (add its public key with --trust or {TRUSTED_ENV})"
+                )
+        elif not key.verify(body, signature["value"]):
+            raise IntegrityError(
+                f"{where}: manifest signature does not match (key id {key.key_id}): tampered or corrupt; refusing it"
+            )
     try:
-        return Manifest.from_body(body)
-    except (KeyError, TypeError) as exc:
-        raise IntegrityError(f"{where}: manifest is malformed ({exc}); refusing it") from None
+        manifest = Manifest.from_body(body)
+    except IntegrityError as exc:
+        raise IntegrityError(f"{where}: {exc}") from None
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        detail = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+        raise IntegrityError(f"{where}: manifest is malformed ({detail}); refusing it") from None
+    if (namespace is not None and manifest.namespace != namespace) or (
+        generation is not None and manifest.generation != generation
+    ):
+        raise IntegrityError(
+            f"{where}: manifest says namespace {str(manifest.namespace)[:100]} generation {manifest.generation} "
+            "but is stored elsewhere: copied or replayed; refusing it"
+        )
+    return manifest
 
 
 def sha256_file(path: Path) -> str:

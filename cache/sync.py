@@ -10,6 +10,12 @@ race re-reads the winner, merges (a path already published keeps its first bytes
 next generation. So every generation is complete, none is ever overwritten, and concurrent
 publishers' files all end up in the newest one.
 
+Every manifest's signed body names its namespace, its generation and the sha256 of generation
+N-1's manifest, and a reader refuses one found anywhere else: a manifest copied into another
+namespace or an old one replayed under a newer number fails although its signature is valid. A
+pulled directory remembers the generation it holds, and a pull refuses anything older (a store
+rolled back to an earlier, validly signed state).
+
 Pull: newest manifest -> signature -> every entry's path checked -> a staging directory beside the
 target on the same filesystem, holding the files already there that still match (hard links)
 and the missing shards' files, downloaded in parallel with the sha256 of every shard and file
@@ -26,6 +32,7 @@ import errno
 import fcntl
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -41,7 +48,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.cache.manifest import FileEntry, IntegrityError, Manifest, SigningKey, decode, encode, sha256_file
+from orchestrator.cache.manifest import (
+    FileEntry,
+    IntegrityError,
+    Manifest,
+    SigningKey,
+    TrustedKeys,
+    decode,
+    encode,
+    manifest_digest,
+    sha256_file,
+)
 from orchestrator.cache.store import NotFound, Store, StoreError
 
 PREFIX = "v1"
@@ -107,13 +124,35 @@ def generations(store: Store, namespace: str) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def newest(store: Store, namespace: str, key: Optional[SigningKey], *, allow_unsigned: bool) -> Optional[Manifest]:
-    """The newest manifest of a namespace, verified; None when the namespace was never published."""
+def _where(store: Store, namespace: str, generation: int) -> str:
+    return f"{store.url.rstrip('/')}/{_manifest_key(namespace, generation)}"
+
+
+def read_manifest(
+    store: Store, namespace: str, generation: int, trusted: Optional[TrustedKeys], *, allow_unsigned: bool
+) -> tuple[Manifest, str]:
+    """One generation's manifest, verified and bound to where it was found, with its digest."""
+    data = store.read(_manifest_key(namespace, generation))
+    where = _where(store, namespace, generation)
+    manifest = decode(
+        data, trusted, allow_unsigned=allow_unsigned, where=where, namespace=namespace, generation=generation
+    )
+    return manifest, manifest_digest(data)
+
+
+def _head(
+    store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allow_unsigned: bool
+) -> Optional[tuple[Manifest, str]]:
     gens = generations(store, namespace)
     if not gens:
         return None
-    where = f"{store.url.rstrip('/')}/{_manifest_key(namespace, gens[-1])}"
-    return decode(store.read(_manifest_key(namespace, gens[-1])), key, allow_unsigned=allow_unsigned, where=where)
+    return read_manifest(store, namespace, gens[-1], trusted, allow_unsigned=allow_unsigned)
+
+
+def newest(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> Optional[Manifest]:
+    """The newest manifest of a namespace, verified; None when the namespace was never published."""
+    head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
+    return head[0] if head else None
 
 
 def publish(
@@ -123,19 +162,26 @@ def publish(
     key: Optional[SigningKey],
     *,
     allow_unsigned: bool,
+    trusted: Optional[TrustedKeys] = None,
     buckets: Iterable[int] = (),
     meta: Optional[dict[str, Any]] = None,
     exclude: Iterable[str] = (),
 ) -> Transfer:
+    """Publish `directory` as the namespace's next generation, signed with the private `key`.
+    The newest generation is read first and must verify: against `trusted` and `key`'s own
+    public half (a publisher trusts itself; `trusted` adds the keys it rotates from)."""
     if key is None and not allow_unsigned:
         raise IntegrityError(
-            "publishing needs a signing key so readers can trust the cache: set "
-            "ORCHESTRATE_CACHE_SIGNING_KEY (or ..._FILE), or pass --allow-unsigned"
+            "publishing needs the private signing key (public keys only verify): set "
+            "ORCHESTRATE_CACHE_SIGNING_KEY_FILE or pass --signing-key-file (make one with "
+            "`orchestrate keys new DIR`), or pass --allow-unsigned"
         )
+    readers = (trusted or TrustedKeys()).plus(key.public if key else None)
     started = time.perf_counter()
     excluded = set(exclude)
     local = {rel: item for rel, item in scan(directory).items() if rel not in excluded}
-    head = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+    current = _head(store, namespace, readers, allow_unsigned=allow_unsigned)
+    head, head_digest = current if current else (None, None)
     known = head.files if head else {}
     fresh = {rel: item for rel, item in local.items() if rel not in known}
     transfer = Transfer(skipped=sorted(excluded))
@@ -152,12 +198,13 @@ def publish(
         shards = dict(head.shards) if head else {}
         shards.update({entry.shard: shard_sizes[entry.shard] for entry in new_paths.values()})
         all_buckets = sorted(set(head.buckets if head else []) | set(buckets))
-        manifest = _next_manifest(head, namespace, files, shards, all_buckets, meta or {})
+        manifest = _next_manifest(head, namespace, files, shards, all_buckets, meta or {}, previous=head_digest)
         if _create_manifest(store, manifest, key):
             transfer.generation = manifest.generation
             break
         transfer.races += 1  # another publisher took this generation: merge onto theirs
-        head = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+        current = _head(store, namespace, readers, allow_unsigned=allow_unsigned)
+        head, head_digest = current if current else (None, None)
     else:
         raise StoreError(f"publish {namespace}: lost {MAX_PUBLISH_RACES} races for the next manifest generation")
     transfer.seconds = time.perf_counter() - started
@@ -171,6 +218,8 @@ def _next_manifest(
     shards: dict[str, int],
     buckets: Iterable[int],
     meta: dict[str, Any],
+    *,
+    previous: Optional[str],
 ) -> Manifest:
     return Manifest(
         namespace=namespace,
@@ -181,6 +230,7 @@ def _next_manifest(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         publisher=f"{socket.gethostname()}/{os.getpid()}",
         meta=meta,
+        previous=previous,
     )
 
 
@@ -249,21 +299,39 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def pulled_generation(directory: Path) -> int:
+    """The generation last pulled into `directory` (0: none, or no readable record)."""
+    try:
+        generation = json.loads((directory / APPLIED_MARKER).read_text()).get("generation", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return generation if isinstance(generation, int) else 0
+
+
 def pull(
-    store: Store, namespace: str, directory: Path, key: Optional[SigningKey], *, allow_unsigned: bool
+    store: Store, namespace: str, directory: Path, trusted: Optional[TrustedKeys], *, allow_unsigned: bool
 ) -> Optional[Transfer]:
     """Bring `directory` to the newest published state at once. None when the namespace is absent.
     Local files the manifest does not name stay; symlinks inside the directory are never followed
-    (and do not survive a pull that changes anything)."""
+    (and do not survive a pull that changes anything). Refuses a newest generation older than the
+    one `directory` already holds."""
     started = time.perf_counter()
     if directory.is_symlink():  # a target that is a link to the real directory: work beside that
         directory = directory.resolve()
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _turn(directory):
         _recover(directory)
-        manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
-        if manifest is None:
+        head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
+        if head is None:
             return None
+        manifest, digest = head
+        seen = pulled_generation(directory)
+        if manifest.generation < seen:
+            raise IntegrityError(
+                f"{_where(store, namespace, manifest.generation)}: generation {manifest.generation} is older than "
+                f"generation {seen} already pulled into {directory} (store rolled back or replayed); refusing it "
+                f"(remove {directory / APPLIED_MARKER} if the namespace was republished on purpose)"
+            )
         check_paths(manifest)
         present = {rel: path for rel, (path, _) in scan(directory).items()}  # symlinks neither followed nor listed
         needed = {
@@ -272,7 +340,7 @@ def pull(
             if rel not in present or not _matches(present[rel], entry)
         }
         transfer = Transfer(generation=manifest.generation, files=len(needed))
-        marker = f'{{"generation": {manifest.generation}}}\n'
+        marker = json.dumps({"namespace": namespace, "generation": manifest.generation, "manifest": digest}) + "\n"
         try:
             if not needed:
                 directory.mkdir(exist_ok=True)
@@ -500,11 +568,11 @@ def namespaces(store: Store) -> list[str]:
     return sorted(names)
 
 
-def describe(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) -> list[NamespaceInfo]:
+def describe(store: Store, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> list[NamespaceInfo]:
     found = []
     for namespace in namespaces(store):
         try:
-            manifest = newest(store, namespace, key, allow_unsigned=allow_unsigned)
+            manifest = newest(store, namespace, trusted, allow_unsigned=allow_unsigned)
             found.append(NamespaceInfo(namespace, len(generations(store, namespace)), manifest))
         except (IntegrityError, StoreError) as exc:
             found.append(NamespaceInfo(namespace, len(generations(store, namespace)), None, str(exc)))
@@ -525,9 +593,9 @@ class NamespaceListing:
     error: Optional[str]  # the newest manifest could not be read or verified
 
 
-def listing(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) -> list[NamespaceListing]:
+def listing(store: Store, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> list[NamespaceListing]:
     rows = []
-    for info in describe(store, key, allow_unsigned=allow_unsigned):
+    for info in describe(store, trusted, allow_unsigned=allow_unsigned):
         m = info.manifest
         rows.append(
             NamespaceListing(
@@ -544,22 +612,27 @@ def listing(store: Store, key: Optional[SigningKey], *, allow_unsigned: bool) ->
     return rows
 
 
-def verify(store: Store, namespace: str, key: Optional[SigningKey], *, allow_unsigned: bool) -> Manifest:
-    """Check every generation's manifest (signature, paths) and every shard and file hash any of
-    them names, each shard once; the newest manifest."""
+def verify(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> Manifest:
+    """Check every generation's manifest (signature, where it is stored, paths, its link to the
+    generation before it when that one is still in the store) and every shard and file hash any
+    of them names, each shard once; the newest manifest."""
     numbers = generations(store, namespace)
     if not numbers:
         raise NotFound(f"{store.url}: namespace {namespace} was never published")
     checked: set[tuple[str, str, str]] = set()  # (shard, path, sha256): what was read and matched
     manifest: Optional[Manifest] = None
+    digests: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="orchestrate-verify-") as tmp:
         for generation in numbers:
-            manifest = decode(
-                store.read(_manifest_key(namespace, generation)),
-                key,
-                allow_unsigned=allow_unsigned,
-                where=f"{namespace} generation {generation}",
+            manifest, digests[generation] = read_manifest(
+                store, namespace, generation, trusted, allow_unsigned=allow_unsigned
             )
+            before = generation - 1
+            if before in digests and manifest.previous != digests[before]:
+                raise IntegrityError(
+                    f"{_where(store, namespace, generation)}: does not name generation {before}'s manifest "
+                    "as its previous one (replaced or reordered generations); refusing it"
+                )
             check_paths(manifest)
             unchecked = {rel: e for rel, e in manifest.files.items() if (e.shard, rel, e.sha256) not in checked}
             by_shard: dict[str, dict[str, FileEntry]] = {}
@@ -588,28 +661,29 @@ class Repair:
 
 
 def repair(
-    store: Store, namespace: str, directory: Optional[Path], key: Optional[SigningKey], *, allow_unsigned: bool
+    store: Store,
+    namespace: str,
+    directory: Optional[Path],
+    key: Optional[SigningKey],
+    *,
+    allow_unsigned: bool,
+    trusted: Optional[TrustedKeys] = None,
 ) -> Repair:
     """Make the namespace verify again. Every shard of every generation is checked once; a bad
     one that the newest generation names is uploaded again from the local files in `directory`
     where they rebuild it byte for byte, and otherwise its files move to new shards (from local
     copies) or leave the manifest (none), in a new generation. Older generations that still name
     a bad shard are deleted, and so are the bad objects: content addressing never keeps a corrupt
-    object, and the next publish of a dropped file uploads it again."""
+    object, and the next publish of a dropped file uploads it again. Publishing, it needs the
+    private `key`, as `publish` does."""
+    readers = (trusted or TrustedKeys()).plus(key.public if key else None)
     for _ in range(MAX_PUBLISH_RACES):
         numbers = generations(store, namespace)
         if not numbers:
             raise NotFound(f"{store.url}: namespace {namespace} was never published")
-        manifests = {
-            g: decode(
-                store.read(_manifest_key(namespace, g)),
-                key,
-                allow_unsigned=allow_unsigned,
-                where=f"{namespace} generation {g}",
-            )
-            for g in numbers
-        }
-        head = manifests[numbers[-1]]
+        read = {g: read_manifest(store, namespace, g, readers, allow_unsigned=allow_unsigned) for g in numbers}
+        manifests = {g: manifest for g, (manifest, _) in read.items()}
+        head, head_digest = read[numbers[-1]]
         for manifest in manifests.values():
             check_paths(manifest)
         result = Repair(namespace)
@@ -649,7 +723,7 @@ def repair(
             kept = {entry.shard for entry in files.values()}
             shards = {shard: size for shard, size in head.shards.items() if shard in kept}
             shards.update(new_sizes)
-            manifest = _next_manifest(head, namespace, files, shards, head.buckets, head.meta)
+            manifest = _next_manifest(head, namespace, files, shards, head.buckets, head.meta, previous=head_digest)
             if not _create_manifest(store, manifest, key):
                 continue  # a publisher came first: check again from its generation
             result.generation = manifest.generation
@@ -693,7 +767,7 @@ class Collection:
 def gc(
     store: Store,
     keep: int,
-    key: Optional[SigningKey],
+    trusted: Optional[TrustedKeys],
     *,
     allow_unsigned: bool,
     grace_seconds: float = 3600.0,
@@ -728,12 +802,7 @@ def gc(
         done.manifests += [_manifest_key(namespace, g) for g in older]
         for generation in kept:
             try:
-                manifest = decode(
-                    store.read(_manifest_key(namespace, generation)),
-                    key,
-                    allow_unsigned=allow_unsigned,
-                    where=f"{namespace} generation {generation}",
-                )
+                manifest, _ = read_manifest(store, namespace, generation, trusted, allow_unsigned=allow_unsigned)
             except IntegrityError:
                 done.unverified.append(namespace)
                 keep_every_shard = True

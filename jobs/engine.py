@@ -35,7 +35,7 @@ import torch
 
 from orchestrator.cache import sync
 from orchestrator.cache.local import LocalCache
-from orchestrator.cache.manifest import IntegrityError, SigningKey
+from orchestrator.cache.manifest import IntegrityError, SigningKey, TrustedKeys
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import Store, StoreError, open_store
 from orchestrator.jobs import torch_internals as ti
@@ -165,6 +165,10 @@ class Session:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
         self.store: Optional[Store] = open_store(remote.url) if remote else None
         self.key: Optional[SigningKey] = SigningKey.from_env(remote.key_file) if remote else None
+        # a publisher trusts its own key: a worker pulls what it, or one like it, published
+        self.trusted = TrustedKeys.from_pems(remote.trusted if remote else ()).plus(
+            self.key.public if self.key else None
+        )
         self.pulls: list[sync.Transfer] = []
         self.published: Optional[sync.Transfer] = None
         self.publish_error: Optional[str] = None
@@ -212,7 +216,7 @@ class Session:
             return None
         self.progress.step(f"pull {self.local.namespace} from {self.remote.url}")
         transfer = sync.pull(
-            self.store, self.local.namespace, self.local.path, self.key, allow_unsigned=self.remote.allow_unsigned
+            self.store, self.local.namespace, self.local.path, self.trusted, allow_unsigned=self.remote.allow_unsigned
         )
         if transfer:
             self.pulls.append(transfer)
@@ -279,6 +283,7 @@ class Session:
                     self.local.namespace,
                     self.key,
                     allow_unsigned=self.remote.allow_unsigned,
+                    trusted=self.trusted,
                     meta={"model": self.spec.name, "platform": asdict(self.platform)},
                 )
             except (StoreError, IntegrityError) as exc:
@@ -301,6 +306,7 @@ class Session:
                     self.local.path,
                     self.key,
                     allow_unsigned=self.remote.allow_unsigned,
+                    trusted=self.trusted,
                 )
                 if self.repaired.bad:
                     self.event(f"repaired {len(self.repaired.bad)} damaged shards")
@@ -310,6 +316,7 @@ class Session:
                 self.local.namespace,
                 self.key,
                 allow_unsigned=self.remote.allow_unsigned,
+                trusted=self.trusted,
                 buckets=ok,
                 meta={"model": self.spec.name, "platform": asdict(self.platform)},
                 exclude=self._quarantined,

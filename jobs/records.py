@@ -75,7 +75,10 @@ class Remote:
 
     url: str
     allow_unsigned: bool = False
-    key_file: Optional[str] = None
+    key_file: Optional[str] = None  # the private key a publisher signs with (else the environment's)
+    # the public keys (PEM) a reader accepts manifests from: not secret, so they travel to workers
+    # on other nodes as they are, where key files named on the driver may not exist
+    trusted: tuple[str, ...] = ()
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 
 from orchestrator.cache import sync
 from orchestrator.cache.local import LocalCache
-from orchestrator.cache.manifest import SigningKey
+from orchestrator.cache.manifest import TrustedKeys
 from orchestrator.cache.namespace import namespace
 from orchestrator.cache.store import open_store
 from orchestrator.jobs import torch_internals as ti
@@ -89,7 +89,7 @@ def load_replica(
             open_store(remote.url),
             local.namespace,
             local.path,
-            SigningKey.from_env(remote.key_file),
+            TrustedKeys.from_pems(remote.trusted),  # a replica verifies; it holds no private key
             allow_unsigned=remote.allow_unsigned,
         )
     plans = read_plans(local.path)

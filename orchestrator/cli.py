@@ -44,12 +44,25 @@ from orchestrator.errors import (
 )
 
 
-def _store_options(command):
-    """--remote, --allow-unsigned and --signing-key-file, shared by every command that uses a store."""
-    command = click.option(
+def _publish_options(command):
+    """--signing-key-file, for the command that publishes (warmup); it also takes _store_options."""
+    return click.option(
         "--signing-key-file",
         metavar="FILE",
-        help="HMAC key for manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]).",
+        help="Ed25519 private key that signs what is published (default $ORCHESTRATE_CACHE_SIGNING_KEY_FILE, "
+        "then $ORCHESTRATE_CACHE_SIGNING_KEY; make one with `orchestrate keys new DIR`).",
+    )(command)
+
+
+def _store_options(command):
+    """--remote, --allow-unsigned and --trust, shared by every command that uses a store."""
+    command = click.option(
+        "--trust",
+        "trust",
+        multiple=True,
+        metavar="FILE",
+        help="Public key file whose manifests are accepted; repeatable (with $ORCHESTRATE_CACHE_TRUSTED_KEYS, "
+        "and the signing key's own public half).",
     )(command)
     command = click.option(
         "--allow-unsigned", is_flag=True, help="Accept and write unsigned manifests (local experiments only)."
@@ -61,6 +74,16 @@ def _store_options(command):
         help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL "
         "(default $ORCHESTRATE_REMOTE, then the config's `remote`).",
     )(command)
+
+
+def _trusted(trust: tuple[str, ...], signing_key_file: Optional[str] = None):
+    """The public keys a command accepts: --trust files, $ORCHESTRATE_CACHE_TRUSTED_KEYS, and the
+    public half of the signing key it is configured with. Read here, so a missing or wrong key
+    file fails before any work, in one line."""
+    from orchestrator.cache.manifest import SigningKey, TrustedKeys
+
+    own = SigningKey.from_env(signing_key_file) if signing_key_file else None
+    return TrustedKeys.load(trust).plus(own.public if own else None)
 
 
 def _buckets_option(command):
@@ -95,6 +118,7 @@ def cli() -> None:
 @click.option("--pushgateway", metavar="URL", help="Push metrics here at the end (pushadd; job + model grouping).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve /metrics on this port while running.")
 @_store_options
+@_publish_options
 def warmup(
     model_path: str,
     buckets: Optional[str],
@@ -110,6 +134,7 @@ def warmup(
     metrics_port: Optional[int],
     remote: Optional[str],
     allow_unsigned: bool,
+    trust: tuple[str, ...],
     signing_key_file: Optional[str],
 ) -> None:
     """Compile, warm up CUDA graphs and benchmark every bucket of a model against eager.
@@ -129,7 +154,8 @@ def warmup(
     from orchestrator.jobs.records import Remote
     from orchestrator.report import render_table, write_json
 
-    remote_store = Remote(store_url, allow_unsigned, signing_key_file) if store_url else None
+    trusted = _trusted(trust, signing_key_file).pems()
+    remote_store = Remote(store_url, allow_unsigned, signing_key_file, trusted) if store_url else None
     metrics = _metrics(spec, metrics_port) if (pushgateway or metrics_port) else None
     observe = metrics.observe if metrics else (lambda record: None)
     report, clock = None, time.perf_counter()
@@ -139,7 +165,7 @@ def warmup(
                 report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at)
             else:
                 report, publish_errors = _on_ray(
-                    spec, fresh, remote_store, allow_unsigned, ray_address, ranks, err, observe, started_at
+                    spec, fresh, remote_store, allow_unsigned, trust, ray_address, ranks, err, observe, started_at
                 )
     except SetupError as exc:
         raise UserError(str(exc)) from None
@@ -182,6 +208,7 @@ def _on_ray(
     fresh: bool,
     remote_store,
     allow_unsigned: bool,
+    trust: tuple[str, ...],
     ray_address: Optional[str],
     ranks: Optional[int],
     err: Console,
@@ -193,7 +220,7 @@ def _on_ray(
     from orchestrator.ray_driver import run_on_ray
     from orchestrator.report import build_fleet_report
 
-    remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned)
+    remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with FleetProgress(err, on_record=observe) as progress:
         fleet = run_on_ray(
             spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh, observer=progress
@@ -235,7 +262,7 @@ def pull(
     as_json: bool,
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Fill a serving replica's cache directory from the store (for init containers)."""
     spec = load_spec_with_overrides(model_path, device=device)
@@ -243,7 +270,6 @@ def pull(
     if not store_url:
         raise UserError("no store: pass --remote URL or set `remote:` in the config")
     from orchestrator.cache import sync
-    from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
     from orchestrator.jobs.engine import cache_namespace
     from orchestrator.jobs.errors import SetupError
@@ -253,9 +279,8 @@ def pull(
     except SetupError as exc:
         raise UserError(str(exc)) from None
     target = Path(to_dir).expanduser().resolve()
-    transfer = sync.pull(
-        open_store(store_url), namespace, target, SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned
-    )
+    trusted = _trusted(trust)
+    transfer = sync.pull(open_store(store_url), namespace, target, trusted, allow_unsigned=allow_unsigned)
     summary = {
         "namespace": namespace,
         "to": str(target),
@@ -308,7 +333,7 @@ def serve(
     max_batch_size: Optional[int],
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Serve the warmed model over HTTP on Ray Serve until Ctrl-C: POST /predict {"inputs": [...]}.
 
@@ -316,6 +341,7 @@ def serve(
     cache, first) before it takes requests; requests that arrive together run as one call."""
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
+    trusted = _trusted(trust).pems()
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
     from orchestrator.ray_driver import preflight
@@ -347,7 +373,7 @@ def serve(
             host=host,
             port=port,
             ray_address=ray_address,
-            remote=Remote(store_url, allow_unsigned, signing_key_file) if store_url else None,
+            remote=Remote(store_url, allow_unsigned, trusted=trusted) if store_url else None,
             require_warm=require_warm,
             max_batch_size=max_batch_size,
             on_ready=ready,
@@ -500,17 +526,19 @@ def _local_store_option(command):
     )(command)
 
 
-def _store_and_key(remote: Optional[str], cache_dir: Optional[str], allow_unsigned: bool, key_file: Optional[str]):
-    """The store a cache command works on and the key it verifies with: --remote, or else the
-    store beside the local cache with its key, which warmup uses when it is given no store."""
-    from orchestrator.cache.manifest import SigningKey
+def _store_and_keys(remote: Optional[str], cache_dir: Optional[str], allow_unsigned: bool, trust: tuple[str, ...]):
+    """The store a cache command works on, the public keys it trusts, and the private key file of
+    the store beside the local cache (None for --remote): --remote, or else that store, which
+    warmup uses when it is given none, with its own key pair."""
+    from orchestrator.cache.manifest import TrustedKeys
     from orchestrator.cache.store import open_store
 
-    url = remote
-    if not url:
-        embedded = embedded_store(Path(cache_dir).expanduser() if cache_dir else default_cache_root(), allow_unsigned)
-        url, key_file = embedded.url, key_file or embedded.key_file
-    return open_store(url), SigningKey.from_env(key_file)
+    if remote:
+        return open_store(remote), _trusted(trust), None
+    embedded = embedded_store(
+        Path(cache_dir).expanduser() if cache_dir else default_cache_root(), allow_unsigned, trust
+    )
+    return open_store(embedded.url), TrustedKeys.from_pems(embedded.trusted), embedded.key_file
 
 
 @cli.group()
@@ -527,18 +555,15 @@ def cache_ls(
     as_json: bool,
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
     from orchestrator.cache import sync
     from orchestrator.cache.local import local_namespaces
-    from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
 
     if remote:
-        found: list[Any] = sync.listing(
-            open_store(remote), SigningKey.from_env(signing_key_file), allow_unsigned=allow_unsigned
-        )
+        found: list[Any] = sync.listing(open_store(remote), _trusted(trust), allow_unsigned=allow_unsigned)
     else:
         found = local_namespaces(Path(cache_dir).expanduser() if cache_dir else default_cache_root())
     rows = [asdict(row) for row in found]
@@ -562,12 +587,13 @@ def cache_verify(
     cache_dir: Optional[str],
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
-    """Check every generation's manifest signature and every shard and file hash in a store."""
+    """Check every generation's manifest signature and every shard and file hash in a store; a
+    namespace that fails is reported and the others are still checked."""
     from orchestrator.cache import sync
 
-    store, key = _store_and_key(remote, cache_dir, allow_unsigned, signing_key_file)
+    store, key, _ = _store_and_keys(remote, cache_dir, allow_unsigned, trust)
     bad = 0
     for namespace in names or sync.namespaces(store):
         try:
@@ -584,26 +610,35 @@ def cache_verify(
 @click.option("--namespace", "names", multiple=True, help="Only these namespaces (default: all).")
 @_local_store_option
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout.")
+@click.option(
+    "--signing-key-file",
+    metavar="FILE",
+    help="Private key to sign the repaired manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]; "
+    "the local store's own without --remote).",
+)
 @_store_options
 def cache_repair(
     names: tuple[str, ...],
     cache_dir: Optional[str],
     as_json: bool,
+    signing_key_file: Optional[str],
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Make a damaged store verify again: shards that are missing or hold other bytes are uploaded
     again from this node's cache where its files rebuild them; files nothing rebuilds leave the
     manifest (the next warmup compiles and publishes them again); older generations that name a
     damaged shard are deleted. Needs the signing key: it publishes."""
     from orchestrator.cache import sync
+    from orchestrator.cache.manifest import SigningKey
 
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
-    store, key = _store_and_key(remote, cache_dir, allow_unsigned, signing_key_file)
+    store, trusted, store_key_file = _store_and_keys(remote, cache_dir, allow_unsigned, trust)
+    key = SigningKey.from_env(signing_key_file or store_key_file)
     results = []
     for namespace in names or sync.namespaces(store):
-        done = sync.repair(store, namespace, root / namespace, key, allow_unsigned=allow_unsigned)
+        done = sync.repair(store, namespace, root / namespace, key, allow_unsigned=allow_unsigned, trusted=trusted)
         results.append(asdict(done))
         if not as_json:
             if not done.bad:
@@ -653,17 +688,17 @@ def cache_gc(
     cache_dir: Optional[str],
     remote: Optional[str],
     allow_unsigned: bool,
-    signing_key_file: Optional[str],
+    trust: tuple[str, ...],
 ) -> None:
     """Per namespace, delete all but its newest generations; then shards no kept generation names
     and uploads abandoned midway. One namespace is never judged by another."""
     from orchestrator.cache import sync
 
-    store, key = _store_and_key(remote, cache_dir, allow_unsigned, signing_key_file)
+    store, trusted, _ = _store_and_keys(remote, cache_dir, allow_unsigned, trust)
     done = sync.gc(
         store,
         keep,
-        key,
+        trusted,
         allow_unsigned=allow_unsigned,
         grace_seconds=grace_seconds,
         unused_days=unused_days,
@@ -681,6 +716,51 @@ def cache_gc(
     )
     for namespace in done.unverified:
         click.echo(f"kept every shard: {namespace}'s kept generations do not verify with this key", err=True)
+
+
+@cli.group()
+def keys() -> None:
+    """Make and inspect the Ed25519 keys that sign cache manifests."""
+
+
+@keys.command("new")
+@click.argument("directory", metavar="DIR")
+def keys_new(directory: str) -> None:
+    """Write a new key pair into DIR: the private key (mode 0600) for publishers, its .pub file
+    for everyone who pulls, verifies or serves. Never overwrites a key."""
+    from orchestrator.cache.manifest import PRIVATE_NAME, SigningKey
+
+    folder = Path(directory).expanduser()
+    private = folder / PRIVATE_NAME
+    public = SigningKey.public_path(private)
+    for path in (private, public):
+        if path.exists():
+            raise UserError(f"{path}: a key is already there; refusing to overwrite it (pick another DIR)")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        created = SigningKey.create_file(private)
+    except OSError as exc:
+        raise UserError(f"{folder}: cannot write the key pair ({exc.strerror or exc}); pick a writable DIR") from None
+    if not created:
+        raise UserError(f"{private}: a key is already there; refusing to overwrite it (pick another DIR)")
+    key = SigningKey.load(private)
+    click.echo(f"key id {key.key_id}")
+    click.echo(f"private key {private} (mode 0600): publishers only, via --signing-key-file", err=True)
+    click.echo(f"public key  {public}: readers, via --trust or $ORCHESTRATE_CACHE_TRUSTED_KEYS", err=True)
+
+
+@keys.command("id")
+@click.argument("path", metavar="FILE")
+def keys_id(path: str) -> None:
+    """Print the key id of a public or private key file (the id manifests and errors name)."""
+    from orchestrator.cache.manifest import PublicKey, SigningKey
+
+    text = Path(path).expanduser()
+    try:
+        is_private = b"PRIVATE KEY" in text.read_bytes()
+    except OSError as exc:
+        raise UserError(f"key file {path}: cannot read it ({exc.strerror})") from None
+    click.echo((SigningKey.load(text) if is_private else PublicKey.load(text)).key_id)
 
 
 def _check_writable(path: Path) -> None:

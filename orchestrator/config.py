@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -193,10 +194,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def embedded_store(root: Path, allow_unsigned: bool) -> Remote:
-    """The store when none is given: a directory beside the local cache, with a signing key made
-    once and kept there (mode 0600), so the default path is signed and verified like production."""
-    from orchestrator.cache.manifest import KEY_ENV, KEY_FILE_ENV, SigningKey
+def embedded_store(root: Path, allow_unsigned: bool, trust: Iterable[str] = ()) -> Remote:
+    """The store when none is given: a directory beside the local cache, with a key pair made once
+    and kept there (private key `.signing-key`, mode 0600; public key `.signing-key.pub`), so the
+    default path is signed and verified like production with nothing to set up. A signing key the
+    environment configures signs instead; the store's own public key is trusted either way."""
+    from orchestrator.cache.manifest import SigningKey, TrustedKeys
 
     store = root / "store"
     try:
@@ -205,8 +208,13 @@ def embedded_store(root: Path, allow_unsigned: bool) -> Remote:
         raise UserError(
             f"cache directory {root}: cannot create the local store ({exc.strerror}); pass a writable --cache-dir"
         ) from None
-    if os.environ.get(KEY_ENV) or os.environ.get(KEY_FILE_ENV):
-        return Remote(f"file://{store}", allow_unsigned)
     key_file = root / ".signing-key"
-    SigningKey.create_file(key_file)
-    return Remote(f"file://{store}", allow_unsigned, str(key_file))
+    try:
+        SigningKey.create_file(key_file)
+    except OSError as exc:
+        raise UserError(
+            f"cache directory {root}: cannot write the local store's key ({exc.strerror}); pass a writable --cache-dir"
+        ) from None
+    trusted = TrustedKeys.load([*trust, SigningKey.public_path(key_file)]).pems()
+    configured = SigningKey.from_env() is not None
+    return Remote(f"file://{store}", allow_unsigned, None if configured else str(key_file), trusted)

@@ -13,9 +13,11 @@ refused (`error`). A bad request raises `BadRequest` naming the input; the model
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Optional
 
+from orchestrator.cache.manifest import PublicKey, TrustedKeys
 from orchestrator.config import cache_root, embedded_store, load_spec_with_overrides
 from orchestrator.jobs.padding import BadRequest
 from orchestrator.jobs.records import Remote
@@ -34,13 +36,15 @@ def load(
     device: Optional[str] = None,
     require_warm: bool = False,
     allow_unsigned: bool = False,
+    trust: Iterable[str | Path | PublicKey] = (),
 ) -> BucketedModel:
     """Build the config's model and load every bucket (`buckets`: a subset) on its chosen variant.
 
-    `remote`: the store to pull the namespace from first (signing key from
-    ORCHESTRATE_CACHE_SIGNING_KEY or ..._FILE). Without one, the local store that `orchestrate
-    warmup` keeps beside the cache is pulled from when it exists, so a replica on the warmup's
-    machine starts from what it published. `require_warm`: a compiled variant that misses the
+    `remote`: the store to pull the namespace from first, accepting manifests signed by a key in
+    `trust` (public keys, or files holding them) or in $ORCHESTRATE_CACHE_TRUSTED_KEYS. Without
+    one, the local store that `orchestrate warmup` keeps beside the cache is pulled from when it
+    exists (its own public key trusted), so a replica on the warmup's machine starts from what it
+    published. `require_warm`: a compiled variant that misses the
     cache raises NotWarm instead of compiling."""
     if isinstance(config, WarmupSpec):
         spec = config
@@ -53,9 +57,12 @@ def load(
     if buckets is not None:
         spec = spec.replaced(buckets=buckets)
     root = cache_root(spec)
+    keys = [k for k in trust if isinstance(k, PublicKey)]
+    files = [str(f) for f in trust if not isinstance(f, PublicKey)]
     store: Optional[Remote] = None
     if remote is not None:
-        store = Remote(remote, allow_unsigned)
+        store = Remote(remote, allow_unsigned, trusted=TrustedKeys.load(files).plus(*keys).pems())
     elif (root / "store").is_dir():
-        store = embedded_store(root, allow_unsigned)
+        store = embedded_store(root, allow_unsigned, files)
+        store = Remote(store.url, allow_unsigned, trusted=TrustedKeys.from_pems(store.trusted).plus(*keys).pems())
     return load_replica(spec, root, remote=store, require_warm=require_warm)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import signal
 import socket
@@ -62,16 +61,15 @@ class ModelServer:
         # kernels built for the node's default thread count, as a plain process runs them
         threads_as_a_plain_process()
         from orchestrator import runtime
-        from orchestrator.cache.manifest import KEY_FILE_ENV
+        from orchestrator.cache.manifest import TrustedKeys
         from orchestrator.serve_codec import Answer, OutputError, RequestCodec, RequestError
 
-        if remote is not None and remote.key_file:  # runtime.load takes the key from the environment
-            os.environ[KEY_FILE_ENV] = remote.key_file
         self.model = runtime.load(
             spec,
             remote=remote.url if remote else None,
             require_warm=require_warm,
             allow_unsigned=bool(remote and remote.allow_unsigned),
+            trust=list(TrustedKeys.from_pems(remote.trusted)) if remote else (),
         )
         self.codec = RequestCodec(self.model.spec, self.model.device)
         self._answer_type = Answer

@@ -18,18 +18,32 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_cache_protocol import ARTIFACTS, KEY, NS, OTHER_KEY, clock, make_cache, tree  # noqa: F401  clock: fixture
+from test_cache_protocol import (  # noqa: F401  clock: fixture
+    ARTIFACTS,
+    KEY,
+    NS,
+    OTHER_KEY,
+    OTHER_TRUST,
+    TRUST,
+    clock,
+    make_cache,
+    tree,
+)
 
 from orchestrator.cache import sync
 from orchestrator.cache.manifest import (
     KEY_ENV,
     KEY_FILE_ENV,
+    TRUSTED_ENV,
     FileEntry,
     IntegrityError,
     Manifest,
+    PublicKey,
     SigningKey,
+    TrustedKeys,
     decode,
     encode,
+    manifest_digest,
     sha256_file,
 )
 from orchestrator.cache.store import NotFound, StoreError, open_store
@@ -48,8 +62,11 @@ def envelope(store, namespace: str, generation: int) -> dict:
 
 
 def write_signed(store, namespace: str, body: dict, key=KEY) -> None:
-    """A manifest as a publisher holding `key` would create it: validly signed, whatever it says."""
-    data = {"body": body, "signature": {"alg": "hmac-sha256", "key_id": key.key_id, "value": key.sign(body)}}
+    """A manifest as a publisher holding `key` would create it: validly signed, whatever it says,
+    and chained to the generation before it as a publisher chains it."""
+    if body["generation"] - 1 in sync.generations(store, namespace):
+        body["previous"] = manifest_digest(store.read(sync._manifest_key(namespace, body["generation"] - 1)))
+    data = {"body": body, "signature": {"alg": "ed25519", "key_id": key.key_id, "value": key.sign(body)}}
     assert store.create(sync._manifest_key(namespace, body["generation"]), json.dumps(data).encode())
 
 
@@ -82,10 +99,10 @@ def test_a_file_whose_shard_is_valid_but_holds_other_bytes_is_refused(store, tmp
         IntegrityError,
         match=re.escape(f"{sync._object_key(their_shard)}: {SHARED} does not match its sha256; refusing it"),
     ):
-        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
     with pytest.raises(IntegrityError, match=f"{SHARED} does not match its sha256"):
-        sync.verify(store, NS, KEY, allow_unsigned=False)
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
 
 
 def test_a_shard_with_bytes_appended_is_refused_by_the_shard_hash(store, tmp_path):
@@ -101,7 +118,7 @@ def test_a_shard_with_bytes_appended_is_refused_by_the_shard_hash(store, tmp_pat
             "sha256 (corrupt or tampered); refusing it, the local cache is untouched; `orchestrate cache repair`"
         ),
     ):
-        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
 
 
@@ -142,7 +159,7 @@ def test_a_shard_missing_a_promised_file_is_refused(store, tmp_path):
         IntegrityError,
         match=re.escape(f"{sync._object_key(short)} lacks 1 files its manifest promises; refusing it"),
     ):
-        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
 
 
@@ -167,7 +184,7 @@ def test_a_promised_file_that_is_a_link_in_its_shard_is_refused(store, tmp_path)
         IntegrityError,
         match=re.escape(f"{sync._object_key(linked)}: inductor/pr/cprf.py is not a regular file; refusing it"),
     ):
-        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
 
 
@@ -179,10 +196,10 @@ def test_a_local_file_of_the_right_size_but_other_bytes_is_replaced(store, tmp_p
     other bytes; a pull must not trust it because the size matches."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
-    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     damaged = node / "inductor/pr/cprf.py"
     damaged.write_bytes(b"#" * len(ARTIFACTS["inductor/pr/cprf.py"]))
-    again = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert again.files == 1 and again.shards == 1
     assert tree(node) == ARTIFACTS
 
@@ -190,10 +207,10 @@ def test_a_local_file_of_the_right_size_but_other_bytes_is_replaced(store, tmp_p
 def test_a_local_file_of_another_size_or_a_missing_one_is_fetched_again(store, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
-    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     (node / "inductor/pr/cprf.py").write_bytes(ARTIFACTS["inductor/pr/cprf.py"] + b"# one more line\n")
     (node / "inductor/aotautograd/aq/entry").unlink()
-    again = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert again.files == 2
     assert tree(node) == ARTIFACTS
 
@@ -201,9 +218,9 @@ def test_a_local_file_of_another_size_or_a_missing_one_is_fetched_again(store, t
 def test_complete_local_files_are_not_fetched_again(store, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = make_cache(tmp_path / "node", ARTIFACTS)  # compiled here already, byte for byte
-    again = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert (again.files, again.shards, again.bytes) == (0, 0, 0)
-    assert json.loads((node / sync.APPLIED_MARKER).read_text()) == {"generation": 1}
+    assert sync.pulled_generation(node) == 1
 
 
 # --- (c) a signed manifest and no key: refuse, do not skip the check ---------------------------------
@@ -211,9 +228,9 @@ def test_complete_local_files_are_not_fetched_again(store, tmp_path):
 
 def test_a_signed_manifest_is_refused_when_no_key_is_configured(store, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
-    message = (
-        rf"manifest is signed \(key id {KEY.key_id}\) but no key is configured to verify it; "
-        f"set {KEY_ENV} or {KEY_FILE_ENV}"
+    message = re.escape(
+        f"manifest is signed by key id {KEY.key_id}, which is not trusted (trusted: none); refusing it "
+        f"(add its public key with --trust or {TRUSTED_ENV})"
     )
     with pytest.raises(IntegrityError, match=message):
         sync.pull(store, NS, tmp_path / "node", None, allow_unsigned=False)
@@ -236,31 +253,39 @@ GOLDEN = Manifest(
     created_at="2026-11-30T12:00:00+00:00",
     publisher="node-1/4242",
     meta={"model": "mlp-\u00fc"},
+    previous="ef" * 32,
 )  # non-ASCII: the canonical form escapes it
 # Written by this version; a change here breaks every published manifest (bump manifest.FORMAT instead)
-GOLDEN_KEY_ID = "50a8789c92a9"  # SigningKey(b"k" * 32)
-GOLDEN_SIGNATURE = "152d20ddbefcf16f3b3d842b9ac6f2efc0b8157e63bb44818efe445c46304008"
+GOLDEN_KEY_ID = "cd8fa86afd6bf20d"  # SigningKey.from_text(b"6b" * 32): sha256 of the raw public key, 16 hex
+GOLDEN_PUBLIC = """-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEAgyClGXfYw4yopJJ8Zw31gh5El2GUXhXp77JqFQnSMOo=
+-----END PUBLIC KEY-----
+"""
+GOLDEN_SIGNATURE = "18c71cdfabefd2fa4c5b76b5f8c12c02418b6c24886f4d72c248e9441880802315af96e7b3395c898bcd0927b36a2372cc3497ecde46f008e9dcfe91d370b006"
 
 
 def test_signatures_and_key_ids_are_stable_across_versions():
-    key = SigningKey(b"k" * 32)  # made here, not at import: the key derivation runs under the test
+    key = SigningKey.from_text(b"6b" * 32, "k")  # made here, not at import: the key derivation runs under the test
     assert key.key_id == GOLDEN_KEY_ID and repr(key) == f"SigningKey(id={GOLDEN_KEY_ID})"
-    assert key.sign(GOLDEN.body()) == GOLDEN_SIGNATURE
+    assert repr(key.public) == f"PublicKey(id={GOLDEN_KEY_ID})"
+    assert key.sign(GOLDEN.body()) == GOLDEN_SIGNATURE  # Ed25519 signatures are deterministic
     envelope = {
         "body": GOLDEN.body(),
-        "signature": {"alg": "hmac-sha256", "key_id": GOLDEN_KEY_ID, "value": GOLDEN_SIGNATURE},
+        "signature": {"alg": "ed25519", "key_id": GOLDEN_KEY_ID, "value": GOLDEN_SIGNATURE},
     }
     assert json.loads(encode(GOLDEN, key)) == envelope
-    assert decode(json.dumps(envelope).encode(), key, allow_unsigned=False, where="w") == GOLDEN
+    trusted = TrustedKeys([PublicKey.from_text(GOLDEN_PUBLIC.encode(), "k")])
+    assert decode(json.dumps(envelope).encode(), trusted, allow_unsigned=False, where="w") == GOLDEN
     assert json.loads(encode(GOLDEN, None)) == {"body": GOLDEN.body(), "signature": None}
 
 
 def test_optional_manifest_fields_have_defaults():
     body = GOLDEN.body()
-    for name in ("buckets", "created_at", "publisher", "meta"):
+    for name in ("buckets", "created_at", "publisher", "meta", "previous"):
         del body[name]
     manifest = decode(json.dumps({"body": body, "signature": None}).encode(), None, allow_unsigned=True, where="w")
     assert (manifest.buckets, manifest.created_at, manifest.publisher, manifest.meta) == ([], "", "", {})
+    assert manifest.previous is None
     assert (manifest.namespace, manifest.generation, manifest.files, manifest.shards) == (
         GOLDEN.namespace,
         GOLDEN.generation,
@@ -271,7 +296,8 @@ def test_optional_manifest_fields_have_defaults():
 
 
 def signed(body: dict, key=KEY) -> bytes:
-    return json.dumps({"body": body, "signature": {"key_id": key.key_id, "value": key.sign(body)}}).encode()
+    signature = {"alg": "ed25519", "key_id": key.key_id, "value": key.sign(body)}
+    return json.dumps({"body": body, "signature": signature}).encode()
 
 
 @pytest.mark.parametrize("data", [b"not json", b"[]", b'{"body": {}}', b'{"signature": null}'])
@@ -284,59 +310,170 @@ def test_a_signed_but_malformed_or_newer_manifest_is_refused():
     body = GOLDEN.body()
     del body["files"]
     with pytest.raises(IntegrityError, match=r"^w: manifest is malformed \('files'\); refusing it$"):
-        decode(signed(body), KEY, allow_unsigned=False, where="w")
+        decode(signed(body), TRUST, allow_unsigned=False, where="w")
     body = {**GOLDEN.body(), "format": 2}
-    with pytest.raises(IntegrityError, match=r"^manifest format 2 is not 1; upgrade orchestrate$"):
-        decode(signed(body), KEY, allow_unsigned=False, where="w")
+    with pytest.raises(IntegrityError, match=r"^w: manifest format 2 is not 1; upgrade orchestrate$"):
+        decode(signed(body), TRUST, allow_unsigned=False, where="w")
+
+
+@pytest.mark.parametrize(
+    "signature, problem",
+    [
+        ("abc", "manifest signature is malformed"),
+        (["ed25519"], "manifest signature is malformed"),
+        ({"alg": "ed25519", "key_id": 7, "value": "00"}, "manifest signature is malformed"),
+        ({"alg": "hmac-sha256", "key_id": "x", "value": "00"}, "manifest is signed with 'hmac-sha256', not ed25519"),
+    ],
+)
+def test_a_malformed_signature_is_refused_in_one_line(signature, problem):
+    data = json.dumps({"body": GOLDEN.body(), "signature": signature}).encode()
+    with pytest.raises(IntegrityError, match=f"^w: {re.escape(problem)}") as info:
+        decode(data, TRUST, allow_unsigned=False, where="w")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("files", ["not", "a", "mapping"]),
+        ("files", {"a.py": "not an entry"}),
+        ("files", {"a.py": {"sha256": "x", "size": "big", "shard": "y"}}),
+        ("generation", "3"),
+        ("namespace", None),
+        ("shards", {"x": "big"}),
+        ("previous", 5),
+    ],
+)
+def test_a_signed_body_with_fields_of_the_wrong_type_is_refused_in_one_line(field, value):
+    body = {**GOLDEN.body(), field: value}
+    with pytest.raises(IntegrityError, match=r"^w: manifest is malformed \(.*\); refusing it$") as info:
+        decode(signed(body), TRUST, allow_unsigned=False, where="w")
+    assert "\n" not in str(info.value)
+    with pytest.raises(IntegrityError, match=r"^w: manifest body is not an object"):
+        decode(json.dumps({"body": [1], "signature": None}).encode(), TRUST, allow_unsigned=True, where="w")
 
 
 def test_refusals_say_why_and_what_to_do():
     with pytest.raises(
         IntegrityError,
         match=re.escape(
-            f"w: manifest is unsigned; refusing it (set {KEY_ENV} on the publisher, or pass --allow-unsigned for "
-            "local experiments)"
+            f"w: manifest is unsigned; refusing it (sign with {KEY_FILE_ENV} on the publisher, or pass "
+            "--allow-unsigned for local experiments)"
         ),
     ):
-        decode(encode(GOLDEN, None), KEY, allow_unsigned=False, where="w")
+        decode(encode(GOLDEN, None), TRUST, allow_unsigned=False, where="w")
     with pytest.raises(
         IntegrityError,
         match=re.escape(
-            f"w: manifest signature does not match (signed with key id {KEY.key_id}, verifying with "
-            f"{OTHER_KEY.key_id}): tampered or signed with another key; refusing it"
+            f"w: manifest is signed by key id {KEY.key_id}, which is not trusted (trusted: {OTHER_KEY.key_id}); "
+            f"refusing it (add its public key with --trust or {TRUSTED_ENV})"
         ),
     ):
-        decode(encode(GOLDEN, KEY), OTHER_KEY, allow_unsigned=False, where="w")
-
-
-def test_a_signing_key_needs_16_bytes():
+        decode(encode(GOLDEN, KEY), OTHER_TRUST, allow_unsigned=False, where="w")
+    tampered = json.loads(encode(GOLDEN, KEY))
+    tampered["body"]["buckets"] = [1, 8, 64]
     with pytest.raises(
         IntegrityError,
-        match="^" + re.escape("the cache signing key is shorter than 16 bytes; use e.g. `openssl rand -hex 32`") + "$",
+        match=re.escape(
+            f"w: manifest signature does not match (key id {KEY.key_id}): tampered or corrupt; refusing it"
+        ),
     ):
-        SigningKey(b"x" * 15)
-    assert SigningKey(b"x" * 16).sign({}) != SigningKey(b"y" * 16).sign({})
+        decode(json.dumps(tampered).encode(), TRUST, allow_unsigned=False, where="w")
+
+
+def test_a_new_key_pair_is_written_once_private_0600_and_signs_what_its_public_half_verifies(tmp_path):
+    private = tmp_path / "k" / "cache-signing.key"
+    private.parent.mkdir()
+    assert SigningKey.create_file(private) is True
+    public = SigningKey.public_path(private)
+    assert oct(private.stat().st_mode & 0o777) == "0o600" and public.name == "cache-signing.key.pub"
+    before = private.read_bytes()
+    assert SigningKey.create_file(private) is False and private.read_bytes() == before  # never overwritten
+    key, verifier = SigningKey.load(private), PublicKey.load(public)
+    assert key.key_id == verifier.key_id and len(key.key_id) == 16
+    assert key.public == verifier and repr(TrustedKeys([verifier])) == f"TrustedKeys({key.key_id})"
+    body = GOLDEN.body()
+    assert verifier.verify(body, key.sign(body))
+    assert not verifier.verify({**body, "generation": 4}, key.sign(body))
+    assert not OTHER_KEY.public.verify(body, key.sign(body))
+    assert not verifier.verify(body, "not hex")
+    # the public file alone comes back from the private one
+    public.unlink()
+    assert SigningKey.create_file(private) is False and PublicKey.load(public) == verifier
+
+
+def test_key_files_in_the_wrong_role_or_shape_are_refused_without_quoting_them(tmp_path):
+    private = tmp_path / "cache-signing.key"
+    SigningKey.create_file(private)
+    public = SigningKey.public_path(private)
+    with pytest.raises(
+        IntegrityError, match=re.escape(f"signing key file {public}: is a public key, which only verifies")
+    ):
+        SigningKey.load(public)
+    with pytest.raises(IntegrityError, match=re.escape(f"trusted key file {private}: is a private key")):
+        PublicKey.load(private)
+    garbage = tmp_path / "garbage"
+    garbage.write_text("s3cr3t-but-not-a-key")
+    for load in (SigningKey.load, PublicKey.load):
+        with pytest.raises(IntegrityError, match="not an .*Ed25519 .* key") as info:
+            load(garbage)
+        assert "s3cr3t" not in str(info.value)
+    with pytest.raises(
+        IntegrityError, match=re.escape(f"trusted key file {tmp_path / 'missing'}: cannot read it (No such file")
+    ):
+        PublicKey.load(tmp_path / "missing")
+    # the raw forms: 64 hex digits of the seed, or of the public key
+    raw = SigningKey.from_text(b"6b" * 32, "k")
+    assert raw.key_id == KEY.key_id
+    assert PublicKey.from_text(raw.public.pem().encode(), "k") == KEY.public
 
 
 def test_the_signing_key_comes_from_a_file_or_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(KEY_ENV, raising=False)
     monkeypatch.delenv(KEY_FILE_ENV, raising=False)
     assert SigningKey.from_env() is None
-    monkeypatch.setenv(KEY_ENV, "from-the-environment")
-    assert SigningKey.from_env().key_id == SigningKey(b"from-the-environment").key_id
+    monkeypatch.setenv(KEY_ENV, KEY.pem().decode())
+    assert SigningKey.from_env().key_id == KEY.key_id
     env_file, arg_file = tmp_path / "env-key", tmp_path / "arg-key"
-    env_file.write_text("from-the-env-file-1234\n")  # the newline `echo` leaves is not part of the key
-    arg_file.write_text("from-the-argument-5678\n")
+    SigningKey.create_file(env_file)
+    SigningKey.create_file(arg_file)
+    env_id, arg_id = SigningKey.load(env_file).key_id, SigningKey.load(arg_file).key_id
     monkeypatch.setenv(KEY_FILE_ENV, str(env_file))
-    assert SigningKey.from_env().key_id == SigningKey(b"from-the-env-file-1234").key_id  # a file beats a value
-    assert SigningKey.from_env(str(arg_file)).key_id == SigningKey(b"from-the-argument-5678").key_id
+    assert SigningKey.from_env().key_id == env_id  # a file beats a value
+    assert SigningKey.from_env(str(arg_file)).key_id == arg_id
     monkeypatch.delenv(KEY_FILE_ENV)
-    assert SigningKey.from_env(str(arg_file)).key_id == SigningKey(b"from-the-argument-5678").key_id
+    assert SigningKey.from_env(str(arg_file)).key_id == arg_id
     with pytest.raises(
         IntegrityError,
         match=re.escape(f"signing key file {tmp_path / 'missing'}: cannot read it (No such file or directory)"),
     ):
         SigningKey.from_env(str(tmp_path / "missing"))
+    monkeypatch.setenv(KEY_ENV, "6b" * 31)
+    with pytest.raises(IntegrityError, match=f"^\\${KEY_ENV}: not an unencrypted Ed25519 private key") as info:
+        SigningKey.from_env()
+    assert "6b6b" not in str(info.value)
+
+
+def test_trusted_keys_come_from_files_the_environment_and_the_own_signing_key(monkeypatch, tmp_path):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv(TRUSTED_ENV, raising=False)
+    paths = []
+    for name in ("a", "b", "c"):
+        SigningKey.create_file(tmp_path / name)
+        paths.append(SigningKey.public_path(tmp_path / name))
+    ids = [PublicKey.load(path).key_id for path in paths]
+    assert TrustedKeys.load().key_ids == []
+    monkeypatch.setenv(TRUSTED_ENV, os.pathsep.join(map(str, paths[:2])))
+    assert TrustedKeys.load([paths[2]]).key_ids == sorted(ids)
+    monkeypatch.setenv(KEY_FILE_ENV, str(tmp_path / "a"))  # its own key: already trusted, once
+    assert len(TrustedKeys.load()) == 2
+    monkeypatch.setenv(KEY_ENV, KEY.pem().decode())
+    monkeypatch.delenv(KEY_FILE_ENV)
+    assert KEY.key_id in TrustedKeys.load().key_ids
+    assert TrustedKeys.load(environ=False).key_ids == []
+    pems = TrustedKeys.load([paths[2]]).pems()  # travels to workers as text
+    assert "PRIVATE" not in "".join(pems) and sorted(TrustedKeys.from_pems(pems).key_ids) == sorted([*ids, KEY.key_id])
 
 
 # --- the store layout and the shards: content-addressed and reproducible ------------------------------
@@ -386,7 +523,7 @@ def test_files_are_packed_into_shards_of_at_most_shard_bytes(store, tmp_path, mo
     monkeypatch.setattr(sync, "SHARD_BYTES", 10)
     files = {"f1": b"a" * 5, "f2": b"b" * 5, "f3": b"c" * 4, "f4": b"d" * 6, "f5": b"e" * 10, "f6": b"f"}
     transfer = sync.publish(store, make_cache(tmp_path / "a", files), NS, KEY, allow_unsigned=False)
-    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    manifest = sync.newest(store, NS, TRUST, allow_unsigned=False)
     groups: dict[str, set[str]] = {}
     for rel, entry in manifest.files.items():
         groups.setdefault(entry.shard, set()).add(rel)
@@ -395,7 +532,7 @@ def test_files_are_packed_into_shards_of_at_most_shard_bytes(store, tmp_path, mo
     assert (transfer.files, transfer.shards) == (6, 4)
     assert transfer.bytes == sum(p.stat().st_size for p in objects(store).values())
     assert manifest.shards == {name: p.stat().st_size for name, p in objects(store).items()}
-    pulled = sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    pulled = sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert (pulled.files, pulled.shards) == (6, 4) and tree(tmp_path / "node") == files
 
 
@@ -417,7 +554,7 @@ def test_a_manifest_records_who_published_what_and_when(store, tmp_path):
     )
     assert 0 <= transfer.seconds <= time.perf_counter() - started
     assert transfer.skipped == ["inductor/never/there.py", "inductor/skip/me.py"]
-    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    manifest = sync.newest(store, NS, TRUST, allow_unsigned=False)
     assert manifest.namespace == NS and manifest.generation == 1 and manifest.buckets == [1, 8]
     assert sorted(manifest.files) == sorted(ARTIFACTS)  # the excluded file stays local
     assert manifest.meta == {"model": "mlp"}
@@ -426,7 +563,7 @@ def test_a_manifest_records_who_published_what_and_when(store, tmp_path):
     assert created.utcoffset() == timedelta(0) and before - timedelta(seconds=1) <= created
     assert set(manifest.shards) == {entry.shard for entry in manifest.files.values()}
     assert sync.publish(store, tmp_path / "a", "no-meta", KEY, allow_unsigned=False).generation == 1
-    assert sync.newest(store, "no-meta", KEY, allow_unsigned=False).meta == {}
+    assert sync.newest(store, "no-meta", TRUST, allow_unsigned=False).meta == {}
 
 
 def test_publishing_nothing_new_uploads_nothing_and_adds_no_generation(store, tmp_path):
@@ -438,7 +575,7 @@ def test_publishing_nothing_new_uploads_nothing_and_adds_no_generation(store, tm
     assert set(objects(store)) == uploaded and sync.generations(store, NS) == [1]
     # a new bucket with no new files is a new generation: readers learn the bucket is warm
     assert sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[64]).generation == 2
-    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    manifest = sync.newest(store, NS, TRUST, allow_unsigned=False)
     assert manifest.buckets == [1, 32, 64] and set(manifest.shards) == uploaded
 
 
@@ -454,8 +591,9 @@ def test_publishing_without_a_key_says_how_to_get_one(store, tmp_path):
     with pytest.raises(
         IntegrityError,
         match=re.escape(
-            "publishing needs a signing key so readers can trust the cache: set ORCHESTRATE_CACHE_SIGNING_KEY "
-            "(or ..._FILE), or pass --allow-unsigned"
+            "publishing needs the private signing key (public keys only verify): set "
+            "ORCHESTRATE_CACHE_SIGNING_KEY_FILE or pass --signing-key-file (make one with `orchestrate keys new DIR`), "
+            "or pass --allow-unsigned"
         ),
     ):
         sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, None, allow_unsigned=False)
@@ -479,6 +617,7 @@ class RacingStore:
 
 @pytest.mark.parametrize("key, allow_unsigned", [(KEY, False), (None, True)], ids=["signed", "unsigned"])
 def test_a_publisher_that_loses_races_merges_onto_the_winners(store, tmp_path, key, allow_unsigned):
+    trust = TRUST if key else None
     sync.publish(
         store, make_cache(tmp_path / "base", {"inductor/base.py": b"base"}), NS, key, allow_unsigned=allow_unsigned
     )
@@ -491,7 +630,7 @@ def test_a_publisher_that_loses_races_merges_onto_the_winners(store, tmp_path, k
         RacingStore(store, rivals, key, allow_unsigned), ours, NS, key, allow_unsigned=allow_unsigned, buckets=[4]
     )
     assert (transfer.generation, transfer.races) == (4, 2)
-    manifest = sync.newest(store, NS, key, allow_unsigned=allow_unsigned)
+    manifest = sync.newest(store, NS, trust, allow_unsigned=allow_unsigned)
     assert sorted(manifest.files) == [
         "inductor/base.py",
         "inductor/ours.py",
@@ -500,8 +639,12 @@ def test_a_publisher_that_loses_races_merges_onto_the_winners(store, tmp_path, k
         SHARED,
     ]
     assert manifest.buckets == [4]
-    sync.pull(store, NS, tmp_path / "node", key, allow_unsigned=allow_unsigned)
-    assert (tmp_path / "node" / SHARED).read_bytes() == b"rival 0"  # the first to publish a path keeps it
+    sync.pull(store, NS, tmp_path / "node", trust, allow_unsigned=allow_unsigned)
+    assert (tmp_path / "node" / SHARED).read_bytes() == b"rival 0"
+    # each generation names the one it merged onto, the winners' included
+    assert sync.verify(store, NS, trust, allow_unsigned=allow_unsigned).previous == manifest_digest(
+        store.read(sync._manifest_key(NS, 3))
+    )  # the first to publish a path keeps it
 
 
 def test_a_publisher_gives_up_after_losing_max_publish_races(store, tmp_path, monkeypatch):
@@ -518,12 +661,12 @@ def test_a_publisher_gives_up_after_losing_max_publish_races(store, tmp_path, mo
 
 def test_pull_creates_a_nested_directory_even_for_an_empty_namespace(store, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", {}), "empty-ns", KEY, allow_unsigned=False, buckets=[1])
-    empty = sync.pull(store, "empty-ns", tmp_path / "x" / "y" / "empty", KEY, allow_unsigned=False)
+    empty = sync.pull(store, "empty-ns", tmp_path / "x" / "y" / "empty", TRUST, allow_unsigned=False)
     assert empty.files == 0 and tree(tmp_path / "x" / "y" / "empty") == {}
     assert (tmp_path / "x" / "y" / "empty" / sync.APPLIED_MARKER).is_file()
     sync.publish(store, make_cache(tmp_path / "b", ARTIFACTS), NS, KEY, allow_unsigned=False)
     started = time.perf_counter()
-    pulled = sync.pull(store, NS, tmp_path / "p" / "q" / "node", KEY, allow_unsigned=False)
+    pulled = sync.pull(store, NS, tmp_path / "p" / "q" / "node", TRUST, allow_unsigned=False)
     assert 0 <= pulled.seconds <= time.perf_counter() - started
     assert tree(tmp_path / "p" / "q" / "node") == ARTIFACTS
 
@@ -533,7 +676,7 @@ def test_a_pull_that_fails_midway_leaves_the_directory_as_it_was(store, tmp_path
     generation 1 whole, and no staging is left."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
-    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     more = {f"inductor/fxgraph/zz/new{i}": f"entry {i}".encode() for i in range(6)}
     sync.publish(store, make_cache(tmp_path / "b", {**ARTIFACTS, **more}), NS, KEY, allow_unsigned=False)
     written, write_bytes = [], Path.write_bytes
@@ -546,10 +689,10 @@ def test_a_pull_that_fails_midway_leaves_the_directory_as_it_was(store, tmp_path
 
     monkeypatch.setattr(Path, "write_bytes", fail_halfway)
     with pytest.raises(ConnectionResetError):
-        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     monkeypatch.undo()
     assert written and tree(node) == ARTIFACTS and no_staging_left(tmp_path)
-    assert sync.pull(store, NS, node, KEY, allow_unsigned=False).files == len(more)
+    assert sync.pull(store, NS, node, TRUST, allow_unsigned=False).files == len(more)
     assert tree(node) == {**ARTIFACTS, **more}
 
 
@@ -558,7 +701,7 @@ def test_a_kill_between_the_two_renames_is_undone_by_the_next_pull(store, tmp_pa
     them leaves the old directory moved aside, which the next pull puts back before its own."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
-    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     sync.publish(
         store, make_cache(tmp_path / "b", {**ARTIFACTS, "inductor/new.py": b"new"}), NS, KEY, allow_unsigned=False
     )
@@ -573,12 +716,12 @@ def test_a_kill_between_the_two_renames_is_undone_by_the_next_pull(store, tmp_pa
 
     monkeypatch.setattr(sync.os, "rename", killed_after_first)
     with pytest.raises(KeyboardInterrupt):
-        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     monkeypatch.setattr(sync.os, "rename", rename)
     assert not node.exists() and (tmp_path / f".previous-{node.name}").is_dir()
     sync._recover(node)  # what the next pull does first
     assert tree(node) == ARTIFACTS and not (tmp_path / f".previous-{node.name}").exists()
-    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert tree(node) == {**ARTIFACTS, "inductor/new.py": b"new"} and no_staging_left(tmp_path)
 
 
@@ -600,7 +743,7 @@ def test_what_a_killed_pull_left_is_removed_and_local_files_stay(store, tmp_path
     stale = tmp_path / f".incoming-{node.name}-deadbeef"
     (stale / "inductor").mkdir(parents=True)
     (stale / "inductor" / "half").write_bytes(b"half a file")
-    sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert not stale.exists() and no_staging_left(tmp_path)
     assert tree(node) == {**ARTIFACTS, "local/only-here.txt": b"mine"}
 
@@ -615,7 +758,7 @@ def test_a_symlink_inside_the_target_is_never_followed(store, tmp_path):
     node = tmp_path / "node"
     node.mkdir()
     (node / "inductor").symlink_to(elsewhere, target_is_directory=True)
-    pulled = sync.pull(store, NS, node, KEY, allow_unsigned=False)
+    pulled = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert pulled.files == len(ARTIFACTS)  # nothing counted as present through the link
     assert sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*")) == ["pr", "pr/cprf.py"]
     assert not (node / "inductor").is_symlink() and tree(node) == ARTIFACTS
@@ -639,7 +782,7 @@ def test_empty_and_clashing_names_are_refused_before_anything_is_written(store, 
     write_signed(store, NS, body)
     node = tmp_path / "node"
     with pytest.raises(IntegrityError, match=re.escape(message)):
-        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert not node.exists() and no_staging_left(tmp_path)
 
 
@@ -654,7 +797,7 @@ def test_a_full_disk_is_one_line_and_leaves_the_directory_unchanged(store, tmp_p
 
     monkeypatch.setattr(Path, "write_bytes", no_space)
     with pytest.raises(StoreError) as caught:
-        sync.pull(store, NS, node, KEY, allow_unsigned=False)
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     monkeypatch.undo()
     assert isinstance(caught.value, sync.DiskFull)
     assert "no space left on the device" in str(caught.value) and "\n" not in str(caught.value)
@@ -670,9 +813,9 @@ def test_a_signed_manifest_naming_an_unsafe_path_is_refused(store, tmp_path, pat
     write_signed(store, NS, body)
     message = re.escape(f"manifest of {NS} names an unsafe path {path!r}; refusing it")
     with pytest.raises(IntegrityError, match=message):
-        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     with pytest.raises(IntegrityError, match=message):
-        sync.verify(store, NS, KEY, allow_unsigned=False)
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
     assert not (tmp_path / "node").exists()
 
 
@@ -720,10 +863,10 @@ def test_errors_name_the_manifest_by_its_full_url(tmp_path):
     with pytest.raises(
         IntegrityError,
         match=re.escape(
-            f"file://{tmp_path / 'storeX'}/v1/namespaces/{NS}/gen-00000001.json: manifest signature does not match"
+            f"file://{tmp_path / 'storeX'}/v1/namespaces/{NS}/gen-00000001.json: manifest is signed by key id"
         ),
     ):
-        sync.pull(store, NS, tmp_path / "node", OTHER_KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "node", OTHER_TRUST, allow_unsigned=False)
 
 
 def test_describe_lists_every_namespace_and_why_one_cannot_be_read(store, tmp_path):
@@ -732,23 +875,23 @@ def test_describe_lists_every_namespace_and_why_one_cannot_be_read(store, tmp_pa
     sync.publish(store, node, "good", KEY, allow_unsigned=False, buckets=[2])
     sync.publish(store, node, "foreign", OTHER_KEY, allow_unsigned=False)
     sync.publish(store, node, "unsigned", None, allow_unsigned=True)
-    infos = {info.namespace: info for info in sync.describe(store, KEY, allow_unsigned=False)}
+    infos = {info.namespace: info for info in sync.describe(store, TRUST, allow_unsigned=False)}
     assert sorted(infos) == ["foreign", "good", "unsigned"]
     good, foreign, unsigned = infos["good"], infos["foreign"], infos["unsigned"]
     assert (good.generations, good.manifest.buckets, good.error) == (2, [1, 2], None)
     assert (foreign.generations, foreign.manifest) == (1, None)
     assert foreign.error.startswith(
-        f"{store.url}/v1/namespaces/foreign/gen-00000001.json: manifest signature does "
-        f"not match (signed with key id {OTHER_KEY.key_id}"
+        f"{store.url}/v1/namespaces/foreign/gen-00000001.json: manifest is signed by key id {OTHER_KEY.key_id}, "
+        "which is not trusted"
     )
     assert (unsigned.generations, unsigned.manifest) == (1, None) and "manifest is unsigned" in unsigned.error
-    relaxed = {info.namespace: info for info in sync.describe(store, KEY, allow_unsigned=True)}
+    relaxed = {info.namespace: info for info in sync.describe(store, TRUST, allow_unsigned=True)}
     assert relaxed["unsigned"].manifest is not None and relaxed["unsigned"].error is None
 
 
 def test_verify_names_a_namespace_that_was_never_published(store):
     with pytest.raises(NotFound, match=re.escape(f"{store.url}: namespace nope was never published")):
-        sync.verify(store, "nope", KEY, allow_unsigned=False)
+        sync.verify(store, "nope", TRUST, allow_unsigned=False)
 
 
 # --- gc: which namespaces, generations and shards go ----------------------------------------------
@@ -790,7 +933,7 @@ def test_gc_keeps_the_newest_generations_of_every_namespace_and_never_judges_one
     age_objects(store, 7200)
     shards = set(objects(store))
 
-    done = sync.gc(store, 1, KEY, allow_unsigned=False)
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False)
     assert (len(done.manifests), done.objects, done.retired_namespaces, done.unverified) == (4, [], [], [])
     assert manifest_names(store) == [
         "bert-torch2.11.0-x-3333/gen-00000001.json",
@@ -800,7 +943,7 @@ def test_gc_keeps_the_newest_generations_of_every_namespace_and_never_judges_one
     ]
     assert set(objects(store)) == shards  # a newest generation names every file of the ones before
     for namespace in sync.namespaces(store):
-        sync.verify(store, namespace, KEY, allow_unsigned=False)
+        sync.verify(store, namespace, TRUST, allow_unsigned=False)
 
 
 def test_gc_dry_run_says_what_would_go_and_deletes_nothing(store, tmp_path, clock, gc_time):
@@ -812,10 +955,10 @@ def test_gc_dry_run_says_what_would_go_and_deletes_nothing(store, tmp_path, cloc
     store.upload(sync._object_key(sha256_file(stray)), stray)
     age_objects(store, 7200)
     before = (manifest_names(store), set(objects(store)))
-    planned = sync.gc(store, 1, KEY, allow_unsigned=False, dry_run=True)
+    planned = sync.gc(store, 1, TRUST, allow_unsigned=False, dry_run=True)
     assert planned.dry_run and len(planned.manifests) == 2 and len(planned.objects) == 1 and planned.bytes_freed == 5
     assert (manifest_names(store), set(objects(store))) == before
-    done = sync.gc(store, 1, KEY, allow_unsigned=False)
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False)
     assert (done.manifests, done.objects) == (planned.manifests, planned.objects)
     assert manifest_names(store) == [f"{NS}/gen-00000003.json"]
 
@@ -828,11 +971,11 @@ def test_gc_retires_whole_namespaces_only_when_asked_and_only_by_age(store, tmp_
         os.utime(path, (NOW - 40 * 86400, NOW - 40 * 86400))
     for path in (Path(store.root) / "v1" / "namespaces" / NS).iterdir():
         os.utime(path, (NOW - 86400, NOW - 86400))
-    assert sync.gc(store, 1, KEY, allow_unsigned=False).retired_namespaces == []
-    done = sync.gc(store, 1, KEY, allow_unsigned=False, unused_days=30)
+    assert sync.gc(store, 1, TRUST, allow_unsigned=False).retired_namespaces == []
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False, unused_days=30)
     assert done.retired_namespaces == ["old-ns"] and len(done.objects) == 1
     assert sync.namespaces(store) == [NS]
-    sync.verify(store, NS, KEY, allow_unsigned=False)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
 
 
 def test_gc_deletes_unreferenced_shards_only_after_the_grace_period(store, tmp_path, gc_time):
@@ -846,11 +989,11 @@ def test_gc_deletes_unreferenced_shards_only_after_the_grace_period(store, tmp_p
         store.upload(sync._object_key(sha), source)
         os.utime(Path(store.root) / sync._object_key(sha), (NOW - age, NOW - age))
         strays[name] = sha
-    done = sync.gc(store, 1, KEY, allow_unsigned=False)
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False)
     assert (done.manifests, done.objects) == ([], [sync._object_key(strays["just-past-it"])])
     assert strays["just-past-it"] not in objects(store)
     assert {strays["exactly-the-grace"], strays["fresh"]} <= set(objects(store))
-    sync.verify(store, NS, KEY, allow_unsigned=False)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
 
 
 def test_gc_keeps_every_shard_while_a_kept_generation_cannot_be_verified(store, tmp_path, clock, gc_time):
@@ -865,7 +1008,7 @@ def test_gc_keeps_every_shard_while_a_kept_generation_cannot_be_verified(store, 
     store.upload(sync._object_key(sha256_file(stray)), stray)
     age_objects(store, 7200)
     shards = set(objects(store))
-    done = sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0)
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False, grace_seconds=0)
     assert done.unverified == ["theirs-torch2.13.0-x-8888"] and done.objects == []
     assert done.manifests == [sync._manifest_key("theirs-torch2.13.0-x-8888", 1)]
     assert set(objects(store)) == shards
@@ -889,8 +1032,8 @@ def test_gc_removes_what_writes_killed_midway_left_in_a_directory_store(store, t
     (young := leftovers / ".tmp-young").write_bytes(b"half")
     os.utime(old, (NOW - 7200, NOW - 7200))
     os.utime(young, (NOW - 60, NOW - 60))
-    assert sync.gc(store, 1, KEY, allow_unsigned=False, dry_run=True).uploads_aborted == 1 and old.exists()
-    assert sync.gc(store, 1, KEY, allow_unsigned=False).uploads_aborted == 1
+    assert sync.gc(store, 1, TRUST, allow_unsigned=False, dry_run=True).uploads_aborted == 1 and old.exists()
+    assert sync.gc(store, 1, TRUST, allow_unsigned=False).uploads_aborted == 1
     assert not old.exists() and young.exists()
 
 
@@ -907,7 +1050,7 @@ def test_repair_uploads_a_damaged_shard_again_from_local_files(store, tmp_path):
     [shard] = _shard_paths(store)
     shard.write_bytes(b"garbage")
     with pytest.raises(sync.BadShard, match="does not match its sha256"):
-        sync.verify(store, NS, KEY, allow_unsigned=False)
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
     done = sync.repair(store, NS, source, KEY, allow_unsigned=False)
     assert (done.bad, done.restored, done.moved, done.dropped, done.generation, done.retired) == (
         [sync._object_key(shard.name)],
@@ -917,7 +1060,7 @@ def test_repair_uploads_a_damaged_shard_again_from_local_files(store, tmp_path):
         None,
         [],
     )
-    sync.verify(store, NS, KEY, allow_unsigned=False)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
     assert sync.repair(store, NS, source, KEY, allow_unsigned=False).bad == []  # nothing left to do
 
 
@@ -927,18 +1070,18 @@ def test_repair_without_local_files_drops_them_and_the_next_publish_brings_them_
     [shard] = _shard_paths(store)
     shard.unlink()
     with pytest.raises(sync.BadShard, match="which the store lacks"):
-        sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     partial = make_cache(tmp_path / "partial", {"inductor/pr/cprf.py": ARTIFACTS["inductor/pr/cprf.py"]})
     done = sync.repair(store, NS, partial, KEY, allow_unsigned=False)
     assert done.moved == 1 and sorted(done.dropped) == sorted(set(ARTIFACTS) - {"inductor/pr/cprf.py"})
     assert done.generation == 2 and done.retired == [1]  # generation 1 names the lost shard
-    sync.verify(store, NS, KEY, allow_unsigned=False)
-    pulled = sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
+    pulled = sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert pulled.generation == 2 and tree(tmp_path / "node") == {
         "inductor/pr/cprf.py": ARTIFACTS["inductor/pr/cprf.py"]
     }
     sync.publish(store, source, NS, KEY, allow_unsigned=False)  # a later warmup publishes the rest again
-    sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert tree(tmp_path / "node") == ARTIFACTS
 
 
@@ -952,10 +1095,10 @@ def test_verify_checks_every_generation(store, tmp_path):
     )
     first.write_bytes(b"garbage")
     with pytest.raises(sync.BadShard, match=re.escape(f"namespace {NS} (generation 1)")):
-        sync.verify(store, NS, KEY, allow_unsigned=False)
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
     done = sync.repair(store, NS, None, KEY, allow_unsigned=False)  # no local files: generation 2 drops them
     assert done.generation == 3 and done.retired == [1, 2] and sync.generations(store, NS) == [3]
-    assert sync.verify(store, NS, KEY, allow_unsigned=False).files.keys() == {"inductor/new.py"}
+    assert sync.verify(store, NS, TRUST, allow_unsigned=False).files.keys() == {"inductor/new.py"}
 
 
 def test_a_shard_corrupted_in_transit_is_fetched_again(store, tmp_path, monkeypatch):
@@ -971,7 +1114,7 @@ def test_a_shard_corrupted_in_transit_is_fetched_again(store, tmp_path, monkeypa
             path.write_bytes(bytes(data))
 
     monkeypatch.setattr(type(store), "download", flaky)
-    sync.pull(store, NS, tmp_path / "node", KEY, allow_unsigned=False)
+    sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert len(calls) == 2 and tree(tmp_path / "node") == ARTIFACTS
 
 

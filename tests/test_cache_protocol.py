@@ -20,11 +20,14 @@ from typing import Optional
 import pytest
 
 from orchestrator.cache import sync
-from orchestrator.cache.manifest import IntegrityError, SigningKey, sha256_file
+from orchestrator.cache.manifest import IntegrityError, SigningKey, TrustedKeys, sha256_file
 from orchestrator.cache.store import open_store
 
-KEY = SigningKey(b"k" * 32)
-OTHER_KEY = SigningKey(b"o" * 32)
+# fixed seeds: Ed25519 signatures are deterministic, so the manifests these sign are reproducible
+KEY = SigningKey.from_text(b"6b" * 32, "test key")
+OTHER_KEY = SigningKey.from_text(b"6f" * 32, "test key")
+TRUST = TrustedKeys([KEY.public])  # what a reader holds: public keys only
+OTHER_TRUST = TrustedKeys([OTHER_KEY.public])
 NS = "mlp-torch2.13.0-cpu-x86-64-0123456789abcdef"
 
 
@@ -82,13 +85,13 @@ def test_round_trip_skips_locks_and_temporaries(store, tmp_path):
     node_a = make_cache(tmp_path / "a", {**ARTIFACTS, **NOT_ARTIFACTS})
     published = sync.publish(store, node_a, NS, KEY, allow_unsigned=False, buckets=[1, 8])
     assert published.generation == 1 and published.files == len(ARTIFACTS) and published.shards == 1
-    pulled = sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    pulled = sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert pulled.generation == 1 and pulled.files == len(ARTIFACTS)
     assert tree(tmp_path / "b") == ARTIFACTS
-    assert json.loads((tmp_path / "b" / sync.APPLIED_MARKER).read_text()) == {"generation": 1}
-    again = sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    assert sync.pulled_generation(tmp_path / "b") == 1
+    again = sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert again.files == 0 and again.shards == 0  # already complete: nothing downloaded
-    assert sync.pull(store, "never-published", tmp_path / "c", KEY, allow_unsigned=False) is None
+    assert sync.pull(store, "never-published", tmp_path / "c", TRUST, allow_unsigned=False) is None
 
 
 def test_scan_lists_artifacts_by_relative_path_and_never_through_a_link(tmp_path):
@@ -105,13 +108,13 @@ def test_scan_lists_artifacts_by_relative_path_and_never_through_a_link(tmp_path
 def test_new_buckets_extend_a_namespace(store, tmp_path):
     node = make_cache(tmp_path / "a", ARTIFACTS)
     sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
-    sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     make_cache(node, {"inductor/fxgraph/zz/fzz/entry": b"bucket 32"})
     second = sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[32])
     assert second.generation == 2 and second.files == 1
-    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    manifest = sync.newest(store, NS, TRUST, allow_unsigned=False)
     assert manifest.buckets == [1, 32] and len(manifest.files) == len(ARTIFACTS) + 1
-    pulled = sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    pulled = sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert pulled.files == 1 and pulled.shards == 1  # only the new shard travels
     # publishing the same state again adds no generation
     assert sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[32]).generation == 2
@@ -130,7 +133,8 @@ if len(sys.argv) > 5:  # held back: publish only once this file exists
         if time.monotonic() > deadline:
             sys.exit("never released: " + sys.argv[5])
         time.sleep(0.01)
-transfer = sync.publish(store, directory, namespace, SigningKey(b"k" * 32), allow_unsigned=False, buckets=[int(sys.argv[4])])
+key = SigningKey.from_text(b"6b" * 32, "k")
+transfer = sync.publish(store, directory, namespace, key, allow_unsigned=False, buckets=[int(sys.argv[4])])
 print(transfer.generation, transfer.races)
 """
 
@@ -180,11 +184,11 @@ def publish_concurrently(store_url: str, tmp_path: Path, publishers: int = 8) ->
 
 
 def check_consistent(store, publishers: int) -> None:
-    manifest = sync.newest(store, NS, KEY, allow_unsigned=False)
+    manifest = sync.newest(store, NS, TRUST, allow_unsigned=False)
     assert manifest.buckets == list(range(1, publishers + 1))
     assert len(manifest.files) == 2 * publishers + 1  # every publisher's files, the shared path once
     assert sync.generations(store, NS) == list(range(1, publishers + 1))  # none lost, none overwritten
-    sync.verify(store, NS, KEY, allow_unsigned=False)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
 
 
 @dataclass(frozen=True)
@@ -214,7 +218,7 @@ def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
             target = tmp_path / "readers" / f"pull{n}"
             generation = complete = error = None
             try:
-                pulled = sync.pull(store, NS, target, KEY, allow_unsigned=False)
+                pulled = sync.pull(store, NS, target, TRUST, allow_unsigned=False)
                 if pulled is not None:
                     generation = pulled.generation
                     manifest = json.loads(store.read(sync._manifest_key(NS, generation)))["body"]["files"]
@@ -256,7 +260,7 @@ def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
     # first writer wins per path: the shared file keeps generation 1's bytes in every later one
     gen1 = json.loads(store.read(sync._manifest_key(NS, 1)))["body"]["files"]["inductor/shared/code.py"]
     final = tmp_path / "final"
-    sync.pull(store, NS, final, KEY, allow_unsigned=False)
+    sync.pull(store, NS, final, TRUST, allow_unsigned=False)
     assert sha256_file(final / "inductor/shared/code.py") == gen1["sha256"]
 
 
@@ -272,7 +276,7 @@ def test_flipped_byte_in_a_shard_is_refused_and_touches_nothing(store, tmp_path)
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="does not match its sha256"):
-        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert not (tmp_path / "b").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".incoming")] == []
 
@@ -284,26 +288,26 @@ def test_edited_manifest_is_refused(store, tmp_path):
     envelope["body"]["files"]["inductor/pr/cprf.py"]["sha256"] = "0" * 64
     path.write_text(json.dumps(envelope))
     with pytest.raises(IntegrityError, match="signature does not match"):
-        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert not (tmp_path / "b").exists()
 
 
 def test_wrong_key_is_refused_without_revealing_either_key(store, tmp_path):
     _published(store, tmp_path)
     with pytest.raises(IntegrityError) as info:
-        sync.pull(store, NS, tmp_path / "b", OTHER_KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "b", OTHER_TRUST, allow_unsigned=False)
     message = str(info.value)
     assert KEY.key_id in message and OTHER_KEY.key_id in message
-    assert "kkkk" not in message and "oooo" not in message
+    assert "6b6b6b" not in message and "6f6f6f" not in message and "BEGIN" not in message
 
 
 def test_unsigned_needs_explicit_opt_in_on_both_sides(store, tmp_path):
     node = make_cache(tmp_path / "a", ARTIFACTS)
-    with pytest.raises(IntegrityError, match="needs a signing key"):
+    with pytest.raises(IntegrityError, match="needs the private signing key"):
         sync.publish(store, node, NS, None, allow_unsigned=False)
     sync.publish(store, node, NS, None, allow_unsigned=True)
     with pytest.raises(IntegrityError, match="unsigned"):
-        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert sync.pull(store, NS, tmp_path / "b", None, allow_unsigned=True).files == len(ARTIFACTS)
 
 
@@ -316,7 +320,7 @@ def test_unsafe_paths_in_a_signed_manifest_are_refused(store, tmp_path):
     envelope["signature"]["value"] = KEY.sign(body)  # even a validly signed one
     path.write_text(json.dumps(envelope))
     with pytest.raises(IntegrityError, match="unsafe path"):
-        sync.pull(store, NS, tmp_path / "deep" / "b", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "deep" / "b", TRUST, allow_unsigned=False)
     assert not (tmp_path / "escape.py").exists()
 
 
@@ -326,7 +330,7 @@ def test_gc_keeps_each_namespace_and_its_referenced_shards(store, tmp_path, cloc
     sync.publish(store, old, "mlp-torch2.11.0-x-1111", KEY, allow_unsigned=False, meta={"model": "mlp"})
     clock.advance(1)
     sync.publish(store, new, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False, meta={"model": "mlp"})
-    done = sync.gc(store, 1, KEY, allow_unsigned=False, grace_seconds=0)
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False, grace_seconds=0)
     assert (done.namespaces, done.manifests, done.objects) == (2, [], [])  # same model name, two namespaces
     assert sync.namespaces(store) == ["mlp-torch2.11.0-x-1111", "mlp-torch2.13.0-x-2222"]
-    sync.verify(store, "mlp-torch2.13.0-x-2222", KEY, allow_unsigned=False)
+    sync.verify(store, "mlp-torch2.13.0-x-2222", TRUST, allow_unsigned=False)

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 from conftest import orchestrate
 
-SIGNED = {"ORCHESTRATE_CACHE_SIGNING_KEY": "test-signing-key-0123456789abcdef"}
+SIGNED = {"ORCHESTRATE_CACHE_SIGNING_KEY": "6b" * 32}  # an Ed25519 private key (seed, hex)
 
 MODEL = textwrap.dedent("""
     from dataclasses import dataclass

@@ -110,8 +110,8 @@ def test_ray_fleet_on_the_gpu_compiles_once_and_every_rank_replays_graphs(tmp_pa
             str(replica),
             "--remote",
             report["remote"]["url"],
-            "--signing-key-file",
-            str(tmp_path / ".signing-key"),
+            "--trust",
+            str(tmp_path / ".signing-key.pub"),
         )
         assert pulled.returncode == 0, pulled.stderr
         env = {

@@ -320,7 +320,5 @@ def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
         pytest.fail("compile tasks or ranks still running after Ctrl-C")
     store = cache / "store"
     assert not [p for p in store.rglob("*") if p.name.startswith(".tmp-")]
-    verify = orchestrate(
-        "cache", "verify", "--remote", f"file://{store}", "--signing-key-file", str(cache / ".signing-key")
-    )
+    verify = orchestrate("cache", "verify", "--remote", f"file://{store}", "--trust", str(cache / ".signing-key.pub"))
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -61,9 +61,9 @@ def test_default_path_runs_on_a_local_ray_instance(fleet):
     # one generation per compile unit, then rank 0's serving plans
     assert report["remote"]["url"].startswith("file://") and report["remote"]["published_generations"] == [1, 2, 3]
     assert all(r["variant"] in ("eager", "compiled") for r in report["results"] if r["phase"] == "warm")
-    # the embedded store is signed with a key made once, readable by its owner only
+    # the embedded store is signed with a key pair made once, the private key readable by its owner only
     key = cache / ".signing-key"
-    assert key.stat().st_mode & 0o777 == 0o600
+    assert key.stat().st_mode & 0o777 == 0o600 and (cache / ".signing-key.pub").is_file()
 
 
 def test_a_plain_torch_server_starts_warm_from_what_the_fleet_published(fleet, tmp_path):
@@ -83,8 +83,8 @@ def test_a_plain_torch_server_starts_warm_from_what_the_fleet_published(fleet, t
         str(replica),
         "--remote",
         json.loads(proc.stdout)["remote"]["url"],
-        "--signing-key-file",
-        str(cache / ".signing-key"),
+        "--trust",
+        str(cache / ".signing-key.pub"),
     )
     assert pulled.returncode == 0, pulled.stderr
     env = {
@@ -108,7 +108,7 @@ def test_a_runtime_replica_serves_the_plan_the_fleet_published(fleet, tmp_path, 
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     chosen = {r["bucket"]: r["variant"] for r in report["results"] if r["phase"] == "warm"}
-    monkeypatch.setenv("ORCHESTRATE_CACHE_SIGNING_KEY_FILE", str(cache / ".signing-key"))
+    monkeypatch.setenv("ORCHESTRATE_CACHE_TRUSTED_KEYS", str(cache / ".signing-key.pub"))
     served = runtime.load(
         "examples/mlp.yaml",
         cache_dir=tmp_path / "replica",

@@ -8,7 +8,7 @@ from conftest import orchestrate
 
 pytestmark = pytest.mark.slow
 
-SIGNED = {"ORCHESTRATE_CACHE_SIGNING_KEY": "test-signing-key-0123456789abcdef"}
+SIGNED = {"ORCHESTRATE_CACHE_SIGNING_KEY": "6b" * 32}  # an Ed25519 private key (seed, hex)
 
 
 def one_error_line(proc):
@@ -108,7 +108,7 @@ def test_pull_refuses_without_the_key(fleet, tmp_path):
         env={"ORCHESTRATE_CACHE_SIGNING_KEY": ""},
     )
     assert proc.returncode == 4
-    assert "no key is configured" in one_error_line(proc)
+    assert "which is not trusted" in one_error_line(proc)
     assert not (tmp_path / "x").exists()
 
 

@@ -186,7 +186,7 @@ def test_a_replica_serves_what_warmup_chose_from_the_published_store(rows_config
     alone (require_warm)."""
     (tmp_path / "store").mkdir()
     store = f"file://{tmp_path / 'store'}"
-    key = {"ORCHESTRATE_CACHE_SIGNING_KEY": "k" * 64}
+    key = {"ORCHESTRATE_CACHE_SIGNING_KEY": "6b" * 32}  # an Ed25519 private key (seed, hex)
     proc = orchestrate(
         "warmup",
         "--no-ray",

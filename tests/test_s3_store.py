@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_cache_protocol import ARTIFACTS, KEY, NS, check_consistent, make_cache, publish_concurrently, tree
+from test_cache_protocol import ARTIFACTS, KEY, NS, TRUST, check_consistent, make_cache, publish_concurrently, tree
 
 from orchestrator.cache import sync
 from orchestrator.cache.manifest import IntegrityError
@@ -36,7 +36,7 @@ def test_round_trip_and_exclusive_create(s3_env, tmp_path):
     _, url = s3_env
     store = open_store(url)
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False, buckets=[1])
-    assert sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False).files == len(ARTIFACTS)
+    assert sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False).files == len(ARTIFACTS)
     assert tree(tmp_path / "b") == ARTIFACTS
     assert store.create("probe", b"first") is True
     assert store.create("probe", b"second") is False
@@ -49,7 +49,7 @@ def test_multipart_shards(s3_env, tmp_path, monkeypatch):
     big = {"triton/big/kernel.cubin": os.urandom(20 * 1024 * 1024), "inductor/x.py": b"code"}
     store = open_store(url)
     sync.publish(store, make_cache(tmp_path / "a", big), NS, KEY, allow_unsigned=False)
-    sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+    sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert tree(tmp_path / "b") == big
 
 
@@ -70,13 +70,13 @@ def test_tampering_is_refused(s3_env, moto_server, tmp_path):
     data[100] ^= 0x01
     client.put_object(Bucket=bucket, Key=f"cache/{shard.key}", Body=bytes(data))
     with pytest.raises(IntegrityError, match="does not match its sha256"):
-        sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert not (tmp_path / "b").exists()
     manifest_key = f"cache/{sync._manifest_key(NS, 1)}"
     edited = store.read(sync._manifest_key(NS, 1)).replace(b'"buckets": []', b'"buckets": [64]')
     client.put_object(Bucket=bucket, Key=manifest_key, Body=edited)
     with pytest.raises(IntegrityError, match="signature does not match"):
-        sync.pull(store, NS, tmp_path / "c", KEY, allow_unsigned=False)
+        sync.pull(store, NS, tmp_path / "c", TRUST, allow_unsigned=False)
 
 
 @pytest.mark.parametrize("inject", ["fail_503", "fail_500", "reset", "stall"])
@@ -99,7 +99,7 @@ def test_transient_faults_are_retried_to_success(s3_env, fault_proxy, tmp_path, 
         "reset": lambda: fault_proxy.reset_next(2),
         "stall": lambda: fault_proxy.stall_next(1, 3.0),
     }[inject]()
-    assert sync.pull(store, NS, tmp_path / "b", KEY, allow_unsigned=False).files == len(ARTIFACTS)
+    assert sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False).files == len(ARTIFACTS)
     assert tree(tmp_path / "b") == ARTIFACTS
 
 
@@ -108,7 +108,7 @@ def test_store_down_is_one_bounded_error_without_a_retry_storm(s3_env, fault_pro
     point_at(fault_proxy.url)
     fault_proxy.fail_next(1000, status=503)
     with pytest.raises(StoreUnreachable, match="gave up after 4 attempts") as info:
-        sync.pull(open_store(url), NS, tmp_path / "b", KEY, allow_unsigned=False)
+        sync.pull(open_store(url), NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert fault_proxy.requests == 4  # ours are the only retries: botocore's are off
     assert fault_proxy.url.split("//")[1] in str(info.value)
     assert not (tmp_path / "b").exists()
@@ -118,7 +118,7 @@ def test_bad_credentials_fail_at_once(s3_env, fault_proxy, moto_server, tmp_path
     point_at, url = s3_env
     point_at(fault_proxy.url, secret_key="wrong-secret-value")
     with pytest.raises(StoreAuthError, match="access refused") as info:
-        sync.pull(open_store(url), NS, tmp_path / "b", KEY, allow_unsigned=False)
+        sync.pull(open_store(url), NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert fault_proxy.requests == 1  # not retried
     assert "wrong-secret-value" not in str(info.value) and moto_server.secret_key not in str(info.value)
 
@@ -130,16 +130,17 @@ def test_missing_credentials_name_the_fix(s3_env, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(StoreAuthError, match="no AWS credentials found; set AWS_ACCESS_KEY_ID"):
-        sync.pull(open_store(url), NS, tmp_path / "b", KEY, allow_unsigned=False)
+        sync.pull(open_store(url), NS, tmp_path / "b", TRUST, allow_unsigned=False)
 
 
 PULLER = """
 import sys
 from pathlib import Path
 from orchestrator.cache import sync
-from orchestrator.cache.manifest import SigningKey
+from orchestrator.cache.manifest import SigningKey, TrustedKeys
 from orchestrator.cache.store import open_store
-sync.pull(open_store(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), SigningKey(b"k" * 32), allow_unsigned=False)
+trusted = TrustedKeys([SigningKey.from_text(b"6b" * 32, "test key").public])  # test_cache_protocol.KEY's
+sync.pull(open_store(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), trusted, allow_unsigned=False)
 """
 
 
@@ -182,8 +183,8 @@ def test_gc_aborts_abandoned_multipart_uploads(s3_env, moto_server, tmp_path):
     bucket, prefix = url.removeprefix("s3://").split("/", 1)
     client = moto_server.client()
     client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/v1/objects/ab/abandoned")
-    assert sync.gc(store, 1, KEY, allow_unsigned=False, dry_run=True).uploads_aborted == 1
+    assert sync.gc(store, 1, TRUST, allow_unsigned=False, dry_run=True).uploads_aborted == 1
     assert len(client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 1
-    assert sync.gc(store, 1, KEY, allow_unsigned=False).uploads_aborted == 1
+    assert sync.gc(store, 1, TRUST, allow_unsigned=False).uploads_aborted == 1
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
-    sync.verify(store, NS, KEY, allow_unsigned=False)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
