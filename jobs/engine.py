@@ -54,6 +54,7 @@ from orchestrator.jobs.timing import Clock, median, p90, process_age_seconds
 from orchestrator.jobs.variants import (
     choose,
     graphed_compile,
+    read_plans,
     replays_into_buffers,
     serving_candidates,
     spread,
@@ -582,7 +583,11 @@ class _BucketWork:
                 build_seconds=built.build_seconds if built else None,
             )
         result.variants = {name: result.variants[name] for name in self.session.measured if name in result.variants}
-        result.variant = choose({name: m for name, m in result.variants.items() if name in self.session.candidates})
+        planned = read_plans(self.session.local.path).get(bucket)  # pulled from the store, or this node's
+        result.variant = choose(
+            {name: m for name, m in result.variants.items() if name in self.session.candidates},
+            incumbent=planned["variant"] if planned else None,
+        )
         if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()

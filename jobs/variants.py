@@ -41,10 +41,18 @@ def clearly_faster(candidate: VariantMeasure, incumbent: VariantMeasure) -> bool
     return candidate.ms + (candidate.spread_ms or 0.0) < incumbent.ms - (incumbent.spread_ms or 0.0)
 
 
-def choose(measured: Mapping[str, VariantMeasure]) -> str:
-    """The variant that serves the bucket, among those measured and correct ("eager" must be)."""
+def choose(measured: Mapping[str, VariantMeasure], incumbent: Optional[str] = None) -> str:
+    """The variant that serves the bucket, among those measured and correct ("eager" must be).
+    `incumbent`, the variant the published plan already serves, stays unless another is clearly
+    faster in this measurement: a rerun's noise must not flip plans back and forth."""
     if not _usable(measured.get("eager")):
         raise ValueError("eager must be measured: it is the reference every variant is held to")
+    if incumbent is not None and _usable(measured.get(incumbent)):
+        held = incumbent
+        for name in sorted((n for n, m in measured.items() if _usable(m)), key=lambda n: measured[n].ms or math.inf):
+            if clearly_faster(measured[name], measured[held]):
+                held = name
+        return held
     chosen = "eager"
     compiled = measured.get("compiled")
     if compiled is not None and _usable(compiled) and clearly_faster(compiled, measured["eager"]):

@@ -194,3 +194,14 @@ def test_equal_latencies_are_not_clearly_faster_and_a_missing_spread_counts_as_n
 )
 def test_outputs_are_copied_out_of_exactly_the_variants_that_replay_into_buffers(variant, compile_options, replays):
     assert replays_into_buffers(variant, spec(compile=compile_options)) is replays
+
+
+def test_the_published_choice_holds_unless_another_is_clearly_faster_now():
+    """A rerun measures eager a little faster than compiled, inside the noise: the published plan
+    (compiled) stays. Only a clear win displaces it, and an incumbent that fails now is no incumbent."""
+    measured = {"eager": m(1.00, 0.05), "compiled": m(1.02, 0.05), "graphed": m(1.5, 0.05)}
+    assert choose(measured) == "eager"
+    assert choose(measured, incumbent="compiled") == "compiled"
+    assert choose({**measured, "graphed": m(0.5, 0.05)}, incumbent="compiled") == "graphed"
+    assert choose({**measured, "compiled": m(None, ok=False, reason="capture")}, incumbent="compiled") == "eager"
+    assert choose(measured, incumbent="eager-graphed") == "eager"  # not measured here: the rule decides
