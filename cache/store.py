@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential_jitter
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity.stop import stop_base
 
 T = TypeVar("T")
 
@@ -89,12 +90,23 @@ def open_store(url: str) -> Store:
     return FsspecStore(url)
 
 
+class _StopAfterWaiting(stop_base):
+    """Stop once the waits between attempts add up to `seconds`. The attempts' own time does not
+    count: a 60 s download that drops at its end deserves its retry as much as a 1 s one."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return retry_state.idle_for >= self.seconds
+
+
 def _retry(call: Callable[[], T], what: str, url: str) -> T:
     """Run `call`, retrying transient failures; turn exhaustion into one clear StoreUnreachable."""
     retrying = Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TransientError)),
         wait=wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.5),
-        stop=stop_after_attempt(int(_setting("ATTEMPTS", 5))) | stop_after_delay(_setting("RETRY_SECONDS", 30)),
+        stop=stop_after_attempt(int(_setting("ATTEMPTS", 5))) | _StopAfterWaiting(_setting("RETRY_SECONDS", 30)),
         reraise=True,
     )
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from test_cache_protocol import ARTIFACTS, KEY, NS, TRUST, check_consistent, make_cache, publish_concurrently, tree
@@ -135,6 +136,7 @@ def test_missing_credentials_name_the_fix(s3_env, monkeypatch, tmp_path):
 
 PULLER = """
 import sys
+import time
 from pathlib import Path
 from orchestrator.cache import sync
 from orchestrator.cache.manifest import SigningKey, TrustedKeys
@@ -188,3 +190,22 @@ def test_gc_aborts_abandoned_multipart_uploads(s3_env, moto_server, tmp_path):
     assert sync.gc(store, 1, TRUST, allow_unsigned=False).uploads_aborted == 1
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     sync.verify(store, NS, TRUST, allow_unsigned=False)
+
+
+def test_a_slow_attempt_does_not_use_up_the_retries(monkeypatch):
+    """The retry budget is the waiting between attempts: a first attempt that itself took longer
+    than that (a large download dropped at its end) is still retried."""
+    from orchestrator.cache import store as store_module
+
+    monkeypatch.setenv("ORCHESTRATE_STORE_RETRY_SECONDS", "0.5")
+    monkeypatch.setattr(store_module, "wait_exponential_jitter", lambda **_: lambda state: 0.01)
+    calls = []
+
+    def slow_then_fine():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.8)  # longer than the whole retry budget
+            raise store_module.TransientError("connection reset at the end of the body")
+        return "done"
+
+    assert store_module._retry(slow_then_fine, "download", "s3://bucket/x") == "done" and len(calls) == 2
