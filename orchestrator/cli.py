@@ -1,8 +1,9 @@
 """`orchestrate`: the command line. Parse -> validate -> run -> report; errors are one line.
 
-Exit codes (README.md, "Exit codes"): 0 ok, 1 some bucket failed, 2 usage/config/setup error,
-3 store unreachable or refusing, 4 untrusted cache data refused, 5 pull found no namespace,
-130 interrupted.
+Exit codes (README.md, "Exit codes"): 0 ok, 1 some bucket failed, 2 usage/config/setup error
+(an unwritable --report, a store backend not installed, a missing --signing-key-file included:
+all found before anything runs), 3 store unreachable or refusing, 4 untrusted cache data refused,
+5 pull found no namespace, 6 Ray cluster unreachable, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -24,7 +26,7 @@ from rich.console import Console
 
 from orchestrator import __version__
 from orchestrator.cache.manifest import IntegrityError
-from orchestrator.cache.store import StoreError
+from orchestrator.cache.store import StoreError, UnsupportedStore, check_url
 from orchestrator.config import (
     cache_root,
     default_cache_root,
@@ -49,6 +51,7 @@ def _store_options(command):
     command = click.option(
         "--signing-key-file",
         metavar="FILE",
+        callback=_existing_key_file,
         help="HMAC key for manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]).",
     )(command)
     command = click.option(
@@ -61,6 +64,23 @@ def _store_options(command):
         help="Shared store: s3://bucket/prefix, file:///dir or any fsspec URL "
         "(default $ORCHESTRATE_REMOTE, then the config's `remote`).",
     )(command)
+
+
+def _existing_key_file(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    """A --signing-key-file that is not there is a mistyped path (exit 2), found before anything runs."""
+    if value is not None and not Path(value).expanduser().is_file():
+        problem = "is a directory" if Path(value).expanduser().is_dir() else "does not exist"
+        raise UserError(f"--signing-key-file {value}: {problem}; pass the path of the key file (e.g. a mounted Secret)")
+    return value
+
+
+def _check_store(url: Optional[str]) -> None:
+    """A store whose backend is not installed here fails now, not after Ray and torch have started."""
+    if url:
+        try:
+            check_url(url)
+        except UnsupportedStore as exc:
+            raise UserError(str(exc)) from None
 
 
 def _buckets_option(command):
@@ -121,6 +141,7 @@ def warmup(
     if report_path:
         _check_writable(report_path)
     store_url = remote or spec.remote
+    _check_store(store_url)
     err = Console(stderr=True)
     started_at = datetime.now(timezone.utc)
 
@@ -242,6 +263,7 @@ def pull(
     store_url = remote or spec.remote
     if not store_url:
         raise UserError("no store: pass --remote URL or set `remote:` in the config")
+    _check_store(store_url)
     from orchestrator.cache import sync
     from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
@@ -316,6 +338,7 @@ def serve(
     cache, first) before it takes requests; requests that arrive together run as one call."""
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
+    _check_store(store_url)
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
     from orchestrator.ray_driver import preflight
@@ -399,6 +422,8 @@ def submit(
         return
     if not ray_address:
         raise UserError("submit needs --ray-address http://head:8265 (the Ray dashboard), or --k8s")
+    if report_path:
+        _check_writable(report_path)
     from orchestrator.submit import exit_code_for
     from orchestrator.submit import submit as submit_job
 
@@ -594,9 +619,18 @@ def _check_writable(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--report {path}: cannot create its directory ({exc.strerror or exc})") from None
-    if not os.access(path.parent, os.W_OK):
-        raise UserError(f"--report {path}: directory {path.parent} is not writable")
+        raise UserError(
+            f"--report {path}: cannot create its directory ({exc.strerror or exc}); give a path in a writable directory"
+        ) from None
+    # a file made and removed: os.access says yes to root on a read-only filesystem or in /proc
+    try:
+        with tempfile.TemporaryFile(dir=path.parent, prefix=".orchestrate-report-"):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"--report {path}: directory {path.parent} is not writable ({exc.strerror or exc}); "
+            "give a path in a writable directory"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -633,6 +667,8 @@ def main() -> None:
         _fail(f"{exc.format_message()} (see '{command} --help')", EXIT_USAGE)
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
+    except UnsupportedStore as exc:  # `cache` commands open the store directly
+        _fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
         _fail(str(exc), EXIT_STORE)
     except IntegrityError as exc:
