@@ -267,8 +267,8 @@ def pull(
     from orchestrator.cache import sync
     from orchestrator.cache.manifest import SigningKey
     from orchestrator.cache.store import open_store
-    from orchestrator.jobs.engine import cache_namespace
     from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.platform_probe import cache_namespace  # imports torch only where it must
 
     try:
         namespace = cache_namespace(spec)
