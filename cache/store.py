@@ -81,6 +81,34 @@ class Store(Protocol):
         ...
 
 
+class UnsupportedStore(ValueError):
+    """The URL names a store this installation cannot open: an unknown protocol, or an fsspec
+    backend whose package is not installed. A usage problem, found before anything runs."""
+
+
+def check_url(url: str) -> None:
+    """Raise UnsupportedStore unless `url`'s backend can be loaded here. Connects to nothing."""
+    scheme = urlparse(url).scheme
+    if scheme in ("", "file", "s3"):  # built in: boto3 is a dependency
+        return
+    from fsspec.registry import get_filesystem_class, known_implementations
+
+    try:
+        get_filesystem_class(scheme)
+    except ImportError as exc:
+        # the package to install: the missing module (gcsfs, adlfs, pyarrow...), else the backend's
+        package = exc.name or known_implementations.get(scheme, {}).get("class", scheme).split(".")[0]
+        raise UnsupportedStore(
+            f"store {url}: {scheme}:// needs the {package!r} package, which is not installed here; "
+            f"pip install {package}, or use an s3:// or file:// store"
+        ) from None
+    except ValueError:
+        raise UnsupportedStore(
+            f"store {url}: no store backend for {scheme}://; use s3://bucket/prefix, file:///dir or another "
+            "fsspec protocol"
+        ) from None
+
+
 def open_store(url: str) -> Store:
     scheme = urlparse(url).scheme
     if scheme == "s3":
@@ -346,8 +374,15 @@ class FsspecStore:
     def __init__(self, url: str) -> None:
         import fsspec
 
+        check_url(url)  # a missing backend package is one line, not fsspec's traceback
         self.url = url
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url)
+        except ImportError as exc:  # a backend that imports its package only when it is made (hdfs://)
+            raise UnsupportedStore(
+                f"store {url}: needs the {exc.name or 'backend'!r} package, which is not installed here; "
+                f"pip install {exc.name or 'it'}, or use an s3:// or file:// store"
+            ) from None
 
     def _path(self, key: str) -> str:
         return f"{self.root.rstrip('/')}/{key}"

@@ -14,13 +14,13 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from importlib import metadata
 from typing import Any, Optional
 
 import torch
 from torch._dynamo.utils import counters
 
 from orchestrator.cache.namespace import Platform
+from orchestrator.jobs.platform_probe import triton_version
 
 # Inductor logs why it refused CUDA graphs on this artifact logger (off by default: it does
 # not propagate, so a handler on it sees the messages without printing them).
@@ -36,20 +36,11 @@ def current_platform(device: torch.device) -> Platform:
         # plain str: a TorchVersion would make whoever unpickles a report import torch (the driver)
         torch_version=str(torch.__version__),
         torch_git=getattr(torch.version, "git_version", "unknown"),
-        triton_version=_triton_version(),
+        triton_version=triton_version(),
         cuda_version=torch.version.cuda,
         gpu_name=gpu,
         python_version=".".join(map(str, sys.version_info[:3])),
     )
-
-
-def _triton_version() -> Optional[str]:
-    for dist in ("triton", "pytorch-triton"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def prime_compiler(device: torch.device) -> None:

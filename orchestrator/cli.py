@@ -1,8 +1,9 @@
 """`orchestrate`: the command line. Parse -> validate -> run -> report; errors are one line.
 
-Exit codes (README.md, "Exit codes"): 0 ok, 1 some bucket failed, 2 usage/config/setup error,
-3 store unreachable or refusing, 4 untrusted cache data refused, 5 pull found no namespace,
-130 interrupted.
+Exit codes (README.md, "Exit codes"): 0 ok, 1 some bucket failed, 2 usage/config/setup error
+(an unwritable --report, a store backend not installed, a missing --signing-key-file included:
+all found before anything runs), 3 store unreachable or refusing, 4 untrusted cache data refused,
+5 pull found no namespace, 6 Ray cluster unreachable, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -24,7 +26,7 @@ from rich.console import Console
 
 from orchestrator import __version__
 from orchestrator.cache.manifest import IntegrityError
-from orchestrator.cache.store import StoreError
+from orchestrator.cache.store import StoreError, UnsupportedStore, check_url
 from orchestrator.config import (
     cache_root,
     default_cache_root,
@@ -49,6 +51,7 @@ def _publish_options(command):
     return click.option(
         "--signing-key-file",
         metavar="FILE",
+        callback=_existing_key_file,
         help="Ed25519 private key that signs what is published (default $ORCHESTRATE_CACHE_SIGNING_KEY_FILE, "
         "then $ORCHESTRATE_CACHE_SIGNING_KEY; make one with `orchestrate keys new DIR`).",
     )(command)
@@ -61,6 +64,7 @@ def _store_options(command):
         "trust",
         multiple=True,
         metavar="FILE",
+        callback=_existing_key_file,
         help="Public key file whose manifests are accepted; repeatable (with $ORCHESTRATE_CACHE_TRUSTED_KEYS, "
         "and the signing key's own public half).",
     )(command)
@@ -84,6 +88,26 @@ def _trusted(trust: tuple[str, ...], signing_key_file: Optional[str] = None):
 
     own = SigningKey.from_env(signing_key_file) if signing_key_file else None
     return TrustedKeys.load(trust).plus(own.public if own else None)
+
+
+def _existing_key_file(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A key file (--signing-key-file, each --trust) that is not there is a mistyped path (exit 2),
+    found before anything runs."""
+    for path in value if isinstance(value, tuple) else [value] if value is not None else []:
+        if not Path(path).expanduser().is_file():
+            problem = "is a directory" if Path(path).expanduser().is_dir() else "does not exist"
+            option = "--" + (param.name or "key").replace("_", "-")
+            raise UserError(f"{option} {path}: {problem}; pass the path of the key file (e.g. a mounted Secret)")
+    return value
+
+
+def _check_store(url: Optional[str]) -> None:
+    """A store whose backend is not installed here fails now, not after Ray and torch have started."""
+    if url:
+        try:
+            check_url(url)
+        except UnsupportedStore as exc:
+            raise UserError(str(exc)) from None
 
 
 def _buckets_option(command):
@@ -146,6 +170,7 @@ def warmup(
     if report_path:
         _check_writable(report_path)
     store_url = remote or spec.remote
+    _check_store(store_url)
     err = Console(stderr=True)
     started_at = datetime.now(timezone.utc)
 
@@ -269,10 +294,11 @@ def pull(
     store_url = remote or spec.remote
     if not store_url:
         raise UserError("no store: pass --remote URL or set `remote:` in the config")
+    _check_store(store_url)
     from orchestrator.cache import sync
     from orchestrator.cache.store import open_store
-    from orchestrator.jobs.engine import cache_namespace
     from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.platform_probe import cache_namespace  # imports torch only where it must
 
     try:
         namespace = cache_namespace(spec)
@@ -341,6 +367,7 @@ def serve(
     cache, first) before it takes requests; requests that arrive together run as one call."""
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
+    _check_store(store_url)
     trusted = _trusted(trust).pems()
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
@@ -425,6 +452,8 @@ def submit(
         return
     if not ray_address:
         raise UserError("submit needs --ray-address http://head:8265 (the Ray dashboard), or --k8s")
+    if report_path:
+        _check_writable(report_path)
     from orchestrator.submit import exit_code_for
     from orchestrator.submit import submit as submit_job
 
@@ -613,6 +642,7 @@ def cache_verify(
 @click.option(
     "--signing-key-file",
     metavar="FILE",
+    callback=_existing_key_file,
     help="Private key to sign the repaired manifests (default $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]; "
     "the local store's own without --remote).",
 )
@@ -770,9 +800,18 @@ def _check_writable(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--report {path}: cannot create its directory ({exc.strerror or exc})") from None
-    if not os.access(path.parent, os.W_OK):
-        raise UserError(f"--report {path}: directory {path.parent} is not writable")
+        raise UserError(
+            f"--report {path}: cannot create its directory ({exc.strerror or exc}); give a path in a writable directory"
+        ) from None
+    # a file made and removed: os.access says yes to root on a read-only filesystem or in /proc
+    try:
+        with tempfile.TemporaryFile(dir=path.parent, prefix=".orchestrate-report-"):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"--report {path}: directory {path.parent} is not writable ({exc.strerror or exc}); "
+            "give a path in a writable directory"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -809,6 +848,8 @@ def main() -> None:
         _fail(f"{exc.format_message()} (see '{command} --help')", EXIT_USAGE)
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
+    except UnsupportedStore as exc:  # `cache` commands open the store directly
+        _fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
         _fail(str(exc), EXIT_STORE)
     except IntegrityError as exc:

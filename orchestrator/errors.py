@@ -4,7 +4,7 @@ from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_BUCKET_FAILED = 1  # the job ran; at least one bucket failed (the rest are reported)
-EXIT_USAGE = 2  # bad flag, bad config, unusable model or device: nothing ran
+EXIT_USAGE = 2  # bad flag, bad config, unusable model, device, store URL, --report or key path: nothing ran
 EXIT_STORE = 3  # the cache store is unreachable, refuses our credentials, or failed to take a publish
 EXIT_UNTRUSTED = 4  # unsigned, tampered or corrupt cache data was refused; the local cache is untouched
 EXIT_MISS = 5  # `pull`: the namespace was never published (see --allow-miss)

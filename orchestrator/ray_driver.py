@@ -23,7 +23,7 @@ from typing import Any, Optional, Protocol
 
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.fleet import FleetRun, TaskRun
-from orchestrator.job_env import job_env_vars
+from orchestrator.job_env import job_env_vars, note_withheld
 from orchestrator.jobs.records import BucketResult, Remote, WorkerAnswer
 from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.jobs.workers import CompileWorker, FleetJob, Host, RankWorker
@@ -153,6 +153,12 @@ def _join(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
         # Submitted as a Ray job, the job's own runtime_env already carries our variables, and
         # Ray refuses a second one that repeats them.
         as_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+        # A local instance of our own starts its raylet from this process, so its workers inherit
+        # our environment, credentials included; the runtime_env carries only job_env's
+        # allow-list, which Ray keeps in its records. A cluster's workers are not our children:
+        # what job_env withholds, they get from their own nodes.
+        if address is not None and not as_job:
+            note_withheld()
         ray.init(
             address=address or "local",
             runtime_env=None if as_job else {"env_vars": env},

@@ -21,7 +21,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from orchestrator.cache.namespace import slug
 from orchestrator.config import format_buckets
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.job_env import job_env_vars
+from orchestrator.job_env import job_env_vars, note_withheld
 from orchestrator.jobs.spec import WarmupSpec
 
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -69,6 +69,7 @@ def submit(
         ) from None
     job_id, existing = _reusable(client, submission_id(spec))
     if existing is None:
+        note_withheld(log=log)
         args = [
             "orchestrate",
             "warmup",

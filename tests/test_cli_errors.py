@@ -396,6 +396,100 @@ def test_report_path_is_directory(tmp_path, factories):
     )
 
 
+def unwritable_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot create files in; root writes through modes, so /proc for root."""
+    if os.geteuid() == 0:
+        return Path("/proc")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    return locked
+
+
+@pytest.mark.parametrize("command", ["warmup", "submit"])
+def test_report_in_an_unwritable_directory_fails_before_any_work(tmp_path, factories, command):
+    path = config(tmp_path, "factories.py:good")
+    target = unwritable_dir(tmp_path) / "report.json"
+    # submit: an address nothing listens on, so the report's check must come before the cluster's (exit 6)
+    extra = ["--ray-address", "http://127.0.0.1:9", "--wait"] if command == "submit" else ["--device", "cpu"]
+    line = assert_user_error(
+        orchestrate(command, "--model", str(path), *extra, "--report", str(target), tmp_path=tmp_path),
+        f"--report {target}",
+        "not writable",
+    )
+    assert "writable directory" in line  # the fix
+
+
+def test_submit_report_whose_directory_cannot_be_made_fails_before_submitting(tmp_path, factories):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = config(tmp_path, "factories.py:good")
+    proc = orchestrate(
+        "submit",
+        "--model",
+        str(path),
+        "--ray-address",
+        "http://127.0.0.1:9",
+        "--report",
+        str(blocker / "r.json"),
+        tmp_path=tmp_path,
+    )
+    assert_user_error(proc, "--report", "cannot create its directory")
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pull", "--to", "out"],
+        ["warmup", "--device", "cpu"],
+        ["serve"],
+    ],
+)
+def test_a_store_whose_backend_is_not_installed_is_one_line(tmp_path, factories, command):
+    if _installed("gcsfs"):
+        pytest.skip("gcsfs is installed here")
+    path = config(tmp_path, "factories.py:good")
+    name, *rest = command
+    proc = orchestrate(name, "--model", str(path), *rest, "--remote", "gs://bucket/cache", tmp_path=tmp_path)
+    assert_user_error(proc, "gs://bucket/cache", "gcsfs", "pip install gcsfs")
+
+
+def test_a_store_with_an_unknown_protocol_is_one_line(tmp_path, factories):
+    path = config(tmp_path, "factories.py:good")
+    proc = orchestrate("pull", "--model", str(path), "--to", "out", "--remote", "nosuch://x/y", tmp_path=tmp_path)
+    assert_user_error(proc, "nosuch://", "s3://")
+
+
+def test_a_cache_command_on_a_backend_that_is_not_installed_is_one_line(tmp_path):
+    if _installed("pyarrow"):
+        pytest.skip("pyarrow is installed here")
+    # hdfs:// imports its package only when the filesystem is made
+    assert_user_error(orchestrate("cache", "ls", "--remote", "hdfs://namenode/cache", tmp_path=tmp_path), "pyarrow")
+
+
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        (["warmup", "--device", "cpu"], "--signing-key-file"),
+        (["cache", "repair"], "--signing-key-file"),
+        (["pull", "--to", "out"], "--trust"),
+        (["cache", "verify"], "--trust"),
+    ],
+)
+def test_a_missing_key_file_is_a_usage_error(tmp_path, factories, command, option):
+    missing = tmp_path / "no-such-key"
+    args = ["--remote", f"file://{tmp_path / 'store'}", option, str(missing)]
+    if command[0] != "cache":
+        args += ["--model", str(config(tmp_path, "factories.py:good"))]
+    proc = orchestrate(*command, *args, tmp_path=tmp_path)
+    assert_user_error(proc, f"{option} {missing}", "does not exist")
+
+
 # --- a run where one bucket fails ---------------------------------------------------------------
 
 

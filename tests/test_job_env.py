@@ -1,6 +1,7 @@
-"""The environment a warmup job gets through Ray's runtime_env (orchestrator.job_env): what it
-passes, what it never passes, and that `orchestrate warmup` on Ray and `orchestrate submit` pass
-the same. No Ray is started: the driver's ray.init is a fake that records its arguments."""
+"""The environment a job gets through Ray's runtime_env (orchestrator.job_env): what it passes,
+what it never passes (secrets: Ray shows a runtime_env to anyone who reaches the cluster), and that
+`orchestrate warmup` on Ray, `orchestrate submit` and `orchestrate serve` pass the same. No Ray is
+started: the driver's ray.init is a fake that records its arguments."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import ray_driver, submit
+from orchestrator import job_env, ray_driver, submit
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.job_env import PASSED_PREFIXES, TORCH_THREADS_ENV, job_env_vars
+from orchestrator.job_env import TORCH_THREADS_ENV, WITHHELD_PREFIXES, is_passed, job_env_vars, withheld
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -41,7 +42,7 @@ NEVER = {
 }
 
 
-def test_passes_the_four_prefixes_and_nothing_else():
+def test_passes_the_allowed_settings_and_nothing_else():
     env = job_env_vars({**PASSED, **NEVER})
     assert env == {**PASSED, TORCH_THREADS_ENV: "8"}
     assert not set(NEVER) & set(env)
@@ -53,17 +54,63 @@ def test_the_drivers_thread_count_travels_as_orchestrate_torch_threads():
     assert job_env_vars({}) == {}
 
 
-def test_secrets_under_the_store_prefixes_are_passed_as_both_places_passed_them():
-    """Both ray_driver and submit passed ORCHESTRATE_* and AWS_* before the rule was shared, secrets
-    included: workers on other nodes sign and reach the store with them. Pinned so that changing
-    it (a Secret mounted on the nodes instead, as the RayJob of k8s.py does) is a deliberate step."""
-    secrets = {
-        "ORCHESTRATE_CACHE_SIGNING_KEY": "k" * 32,
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "AWS_SESSION_TOKEN": "t",
-        "AWS_ACCESS_KEY_ID": "i",
-    }
-    assert job_env_vars(secrets) == secrets
+SECRETS = {
+    "ORCHESTRATE_CACHE_SIGNING_KEY": "signing-key-value-0123456789",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-value",
+    "AWS_SESSION_TOKEN": "aws-session-value",
+    "AWS_ACCESS_KEY_ID": "AKIDVALUE",  # without its secret, botocore would fail, not try the node's identity
+    "AWS_SECURITY_TOKEN": "legacy-session-value",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN": "pod-identity-value",
+    "ORCHESTRATE_SOMETHING_NEW": "not on the list: withheld until someone adds it",
+}
+PATHS = {
+    "ORCHESTRATE_CACHE_SIGNING_KEY_FILE": "/var/run/secrets/orchestrate/signing-key",
+    "AWS_SHARED_CREDENTIALS_FILE": "/var/run/secrets/aws/credentials",
+    "AWS_CONFIG_FILE": "/var/run/secrets/aws/config",
+    "AWS_WEB_IDENTITY_TOKEN_FILE": "/var/run/secrets/eks.amazonaws.com/serviceaccount/token",
+}
+SETTINGS = {
+    "AWS_DEFAULT_REGION": "eu-west-1",
+    "AWS_ENDPOINT_URL_S3": "http://minio:9000",
+    "AWS_PROFILE": "cache-writer",
+    "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/cache",
+    "ORCHESTRATE_CACHE_DIR": "/nvme/orchestrate",
+    "ORCHESTRATE_GPU_WAIT_SECONDS": "60",
+    "ORCHESTRATE_STORE_READ_TIMEOUT": "30",
+    TORCH_THREADS_ENV: "4",
+}
+
+
+def test_secrets_are_never_passed_paths_and_settings_are():
+    """Ray keeps a runtime_env in its job records: only the allow-list goes there."""
+    env = job_env_vars({**SECRETS, **PATHS, **SETTINGS})
+    assert env == {**PATHS, **SETTINGS}
+    assert not set(SECRETS.values()) & set(env.values())
+
+
+def test_the_rule_is_an_allow_list():
+    assert all(is_passed(name) for name in [*PASSED, *PATHS, *SETTINGS])
+    assert not any(is_passed(name) for name in [*SECRETS, *NEVER])
+    # a path is a path only under the two store families: anything else ending in _FILE is not passed
+    assert not is_passed("HF_TOKEN_FILE") and not is_passed("RAY_AUTH_TOKEN_FILE")
+
+
+def test_withheld_names_the_secrets_that_are_set():
+    environ = {**SECRETS, **PATHS, **SETTINGS, **NEVER, "AWS_SESSION_TOKEN": ""}
+    assert withheld(environ) == sorted(set(SECRETS) - {"AWS_SESSION_TOKEN"})  # an empty one is not set
+
+
+def test_the_note_names_each_withheld_variable_once_and_never_a_value(monkeypatch):
+    monkeypatch.setattr(job_env, "_noted", set())
+    lines: list[str] = []
+    job_env.note_withheld(SECRETS, log=lines.append)
+    job_env.note_withheld(SECRETS, log=lines.append)  # said once per process
+    [line] = lines
+    assert "\n" not in line and all(name in line for name in SECRETS)
+    assert not any(value in line for value in SECRETS.values())
+    assert "ORCHESTRATE_CACHE_SIGNING_KEY_FILE" in line  # the way a worker gets the key instead
+    job_env.note_withheld({**PATHS, **SETTINGS}, log=lines.append)
+    assert len(lines) == 1  # nothing withheld: nothing said
 
 
 def test_defaults_to_this_processs_environment(monkeypatch):
@@ -76,7 +123,7 @@ def test_defaults_to_this_processs_environment(monkeypatch):
 def set_environment(monkeypatch, variables: dict[str, str]) -> None:
     """This process's environment holds `variables` and none of the passed kind besides (an earlier
     test in the session may have set, say, TORCHINDUCTOR_CACHE_DIR)."""
-    for name in [n for n in os.environ if n.startswith(PASSED_PREFIXES)]:
+    for name in [n for n in os.environ if is_passed(n) or n.startswith(WITHHELD_PREFIXES)]:
         monkeypatch.delenv(name)
     for name in ("OMP_NUM_THREADS", "RAY_JOB_CONFIG_JSON_ENV_VAR"):
         monkeypatch.delenv(name, raising=False)
@@ -159,3 +206,65 @@ def test_submit_raises_any_other_refusal_at_once():
     with pytest.raises(RuntimeError, match="invalid runtime_env"):
         submit._submit_once_an_agent_answers(client, entrypoint="x", submission_id="job-1")
     assert len(client.calls) == 1
+
+
+def test_no_secret_reaches_the_drivers_or_a_submitted_jobs_runtime_env(monkeypatch, tmp_path):
+    set_environment(monkeypatch, {**SECRETS, **PATHS, **SETTINGS})
+    monkeypatch.setattr(job_env, "_noted", set())
+    driver = drivers_runtime_env(monkeypatch)  # a local instance: its processes inherit ours instead
+    submitted = submit.runtime_env(tmp_path / "mlp.yaml")
+    for env in (driver["env_vars"], submitted["env_vars"]):
+        assert env == {**PATHS, **SETTINGS}
+        assert not set(SECRETS.values()) & set(env.values())
+
+
+def test_joining_a_cluster_says_what_its_workers_do_not_get(monkeypatch, capsys):
+    set_environment(monkeypatch, SECRETS)
+    monkeypatch.setattr(job_env, "_noted", set())
+
+    def init(**kwargs):
+        raise ConnectionError("fake ray: not started")
+
+    fake = SimpleNamespace(is_initialized=lambda: False, init=init)
+    with pytest.raises(ClusterUnreachable):
+        ray_driver._join(fake, "auto", job_env_vars())
+    notes = [line for line in capsys.readouterr().err.splitlines() if "orchestrate: note:" in line]
+    assert len(notes) == 1 and "AWS_SECRET_ACCESS_KEY" in notes[0] and "aws-secret-value" not in notes[0]
+    with pytest.raises(ClusterUnreachable):  # a local instance of our own: its workers inherit, nothing to say
+        monkeypatch.setattr(job_env, "_noted", set())
+        ray_driver._join(fake, None, job_env_vars())
+    assert "orchestrate: note:" not in capsys.readouterr().err
+
+
+def test_serves_replica_options_carry_no_secret(monkeypatch):
+    """`orchestrate serve` hands its replica the same runtime_env; Serve keeps deployment options in
+    its controller's records and shows them through its API."""
+    import ray
+
+    from orchestrator import serve
+
+    set_environment(monkeypatch, {**SECRETS, **PATHS, **SETTINGS})
+    options: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    class FakeDeployment:
+        def options(self, **kwargs):
+            options.append(kwargs)
+            raise Stop
+
+    monkeypatch.setattr(ray_driver, "_join", lambda ray_, address, env: None)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(serve.serve, "start", lambda **kwargs: None)
+    monkeypatch.setattr(serve, "ModelServer", FakeDeployment())
+    spec = WarmupSpec.model_validate(
+        {"name": "m", "model": {"factory": "json:loads"}, "inputs": [{"shape": ["batch"]}], "device": "cpu"}
+    )
+    with pytest.raises(Stop):
+        serve.run_server(spec, host="127.0.0.1", port=8000)
+    [call] = options
+    env = call["ray_actor_options"]["runtime_env"]["env_vars"]
+    assert env == {**PATHS, **SETTINGS}
+    assert not any(value in repr(call) for value in SECRETS.values())

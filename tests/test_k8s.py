@@ -157,3 +157,42 @@ def test_serving_pod_pulls_into_the_volume_its_server_uses():
     env = {e["name"]: e.get("value") for e in server["env"]}
     assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{target}/inductor" and env["TRITON_CACHE_DIR"] == f"{target}/triton"
     assert any(m["name"] == cache_mount["name"] and m["mountPath"] == target for m in server["volumeMounts"])
+
+
+def _containers(document):
+    """Every container spec in a manifest, wherever it sits (pod templates, init containers)."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            if key in ("containers", "initContainers"):
+                yield from value
+            else:
+                yield from _containers(value)
+    elif isinstance(document, list):
+        for item in document:
+            yield from _containers(item)
+
+
+def test_no_secret_is_inline_in_any_manifest():
+    """A manifest is read by anyone who can read the RayJob or Deployment: a credential comes from
+    a Secret by reference, and an inline value is only ever one that job_env would pass to Ray."""
+    from orchestrator.job_env import is_passed
+
+    secrets = {"ORCHESTRATE_CACHE_SIGNING_KEY": "marker-signing-5a1d", "AWS_SECRET_ACCESS_KEY": "marker-aws-77c0"}
+    proc = orchestrate(
+        "render", "k8s", "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1", env=secrets
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not any(value in proc.stdout for value in secrets.values())
+    shipped = [
+        document
+        for path in [*(ROOT / "k8s" / "warmup").glob("*.yaml"), ROOT / "k8s" / "serving" / "deployment.yaml"]
+        for document in yaml.safe_load_all(path.read_text())
+    ]
+    containers = list(_containers([*yaml.safe_load_all(proc.stdout), *shipped]))
+    assert containers
+    for container in containers:
+        for entry in container.get("env", []):
+            if "value" in entry:
+                assert is_passed(entry["name"]), entry
+            else:
+                assert set(entry["valueFrom"]) == {"secretKeyRef"}, entry

@@ -1,0 +1,79 @@
+"""`orchestrate pull` works out its namespace without importing torch (jobs.platform_probe), and
+that namespace is exactly the one a warmup's workers, which ask torch, publish under."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import SigningKey
+from orchestrator.cache.store import open_store
+from orchestrator.config import load_spec_with_overrides
+from orchestrator.jobs import platform_probe
+
+KEY = "pull-test-signing-key-0123456789abcdef"
+# The CLI as `python -m orchestrator`, saying on stderr at exit whether torch was ever imported.
+WRAPPER = """
+import atexit, runpy, sys
+atexit.register(lambda: print("torch imported:", "torch" in sys.modules, file=sys.stderr))
+sys.argv = ["orchestrate", *sys.argv[1:]]
+runpy.run_module("orchestrator", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_the_probe_names_the_namespace_torch_would(device, monkeypatch):
+    from orchestrator.jobs.engine import cache_namespace as with_torch
+
+    spec = load_spec_with_overrides(str(ROOT / "examples" / "mlp.yaml"), device=device)
+    expected = with_torch(spec)
+    monkeypatch.delitem(sys.modules, "torch")  # the probe reads torch/version.py, as in a fresh process
+    assert platform_probe.probe(device) is not None
+    assert platform_probe.cache_namespace(spec) == expected
+
+
+def test_device_cuda_without_a_gpu_is_left_to_torch():
+    """torch's error says why there is no GPU; the probe does not guess."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert platform_probe.probe("cuda") is None
+
+
+def test_pull_fills_the_directory_without_importing_torch(tmp_path):
+    from orchestrator.jobs.engine import cache_namespace
+
+    spec = load_spec_with_overrides(str(ROOT / "examples" / "mlp.yaml"), device="cpu")
+    published = tmp_path / "published"
+    (published / "inductor" / "fxgraph").mkdir(parents=True)
+    (published / "inductor" / "fxgraph" / "entry").write_bytes(b"compiled")
+    store = tmp_path / "store"
+    store.mkdir()
+    sync.publish(
+        open_store(f"file://{store}"),
+        published,
+        cache_namespace(spec),
+        SigningKey(KEY.encode()),
+        allow_unsigned=False,
+    )
+    env = {**os.environ, "ORCHESTRATE_CACHE_SIGNING_KEY": KEY, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAPPER, "pull", "--model", "examples/mlp.yaml", "--device", "cpu"]
+        + ["--to", str(tmp_path / "replica"), "--remote", f"file://{store}", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["hit"] is True
+    assert (tmp_path / "replica" / "inductor" / "fxgraph" / "entry").read_bytes() == b"compiled"
+    assert "torch imported: False" in proc.stderr
