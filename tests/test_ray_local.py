@@ -120,3 +120,40 @@ def test_a_runtime_replica_serves_the_plan_the_fleet_published(fleet, tmp_path, 
     info = served.info()
     assert {b: i.planned for b, i in info.buckets.items()} == chosen
     assert {b: i.variant for b, i in info.buckets.items()} == chosen
+
+
+# A local instance started as `orchestrate warmup` starts one (ray_driver._join, no address), with
+# a secret in this process's environment that job_env keeps out of the runtime_env.
+INHERITS = """
+import json, os, ray
+from orchestrator.job_env import job_env_vars
+from orchestrator.ray_driver import _join
+assert "AWS_SECRET_ACCESS_KEY" not in job_env_vars()
+_join(ray, None, job_env_vars())
+
+@ray.remote(max_restarts=1)
+class Worker:
+    def env(self):
+        return {k: os.environ.get(k) for k in ("AWS_SECRET_ACCESS_KEY", "ORCHESTRATE_CACHE_SIGNING_KEY")}
+
+print(json.dumps(ray.get(Worker.remote().env.remote())))
+ray.shutdown()
+"""
+
+
+def test_a_local_instances_workers_inherit_what_the_runtime_env_withholds():
+    """Credentials stay out of the runtime_env (Ray's records); the local instance's raylet is
+    started from the driver, so its workers still have them without it."""
+    secrets = {"AWS_SECRET_ACCESS_KEY": "local-secret-1f3a", "ORCHESTRATE_CACHE_SIGNING_KEY": "local-key-9b2c" * 3}
+    env = {
+        **os.environ,
+        **secrets,
+        "PYTHONPATH": str(ROOT),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", INHERITS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == secrets

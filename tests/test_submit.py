@@ -139,3 +139,51 @@ def test_a_broken_config_fails_the_job_and_the_cli_says_why(ray_head, tmp_path):
 def test_submit_needs_an_address(tmp_path):
     proc = orchestrate("submit", "--model", str(config(tmp_path, "models.py:tiny")))
     assert proc.returncode == 2 and "--ray-address" in proc.stderr
+
+
+# Reads back, through the Jobs API and the dashboard's HTTP answer, everything Ray keeps of a job.
+JOB_RECORDS = """
+import dataclasses, json, sys, urllib.request, os
+from ray.job_submission import JobSubmissionClient
+client = JobSubmissionClient(sys.argv[1])
+def plain(job):  # JobDetails: a pydantic model in this Ray, a dataclass in older ones
+    return job.model_dump() if hasattr(job, "model_dump") else dataclasses.asdict(job)
+info = client.get_job_info(sys.argv[2])
+listed = [job for job in client.list_jobs() if job.submission_id == sys.argv[2]]
+request = urllib.request.Request(sys.argv[1] + "/api/jobs/", headers={"Authorization": "Bearer " + os.environ["RAY_AUTH_TOKEN"]})
+print(json.dumps({"info": plain(info), "listed": [plain(j) for j in listed]}, default=str))
+print(urllib.request.urlopen(request).read().decode())
+"""
+
+
+def test_no_secret_reaches_rays_job_records(ray_head, tmp_path):
+    """Ray shows a job's runtime_env and entrypoint to anyone who reaches its dashboard: the
+    submitter's credentials stay with it, and the job still runs (its store's key is a file)."""
+    withheld = {
+        "AWS_SECRET_ACCESS_KEY": "marker-aws-secret-" + secrets_hex(),
+        "AWS_SESSION_TOKEN": "marker-aws-session-" + secrets_hex(),
+        "ORCHESTRATE_CACHE_SIGNING_KEY": "marker-signing-key-" + secrets_hex(),
+    }
+    cfg = config(tmp_path, "models.py:tiny")
+    cfg.write_text(cfg.read_text().replace("submitted-tiny", "submitted-secrets"))
+    proc = submit({**ray_head, "env": {**ray_head["env"], **withheld, "AWS_REGION": "eu-west-1"}}, cfg, "--wait")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job_id = json.loads(proc.stdout)["submission_id"]
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: note:")]
+    assert len(notes) == 1 and all(name in notes[0] for name in withheld)
+    records = subprocess.run(
+        [sys.executable, "-c", JOB_RECORDS, ray_head["address"], job_id],
+        env=ray_head["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert records.returncode == 0, records.stderr
+    assert job_id in records.stdout and "eu-west-1" in records.stdout  # the records are there, settings included
+    for name, value in withheld.items():
+        assert value not in records.stdout, name
+        assert value not in proc.stdout + proc.stderr, name
+
+
+def secrets_hex() -> str:
+    return secrets.token_hex(8)
