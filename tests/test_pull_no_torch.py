@@ -17,7 +17,7 @@ from orchestrator.cache.store import open_store
 from orchestrator.config import load_spec_with_overrides
 from orchestrator.jobs import platform_probe
 
-KEY = "pull-test-signing-key-0123456789abcdef"
+KEY = SigningKey.generate()  # the publisher's; the replica below holds only its public half
 # The CLI as `python -m orchestrator`, saying on stderr at exit whether torch was ever imported.
 WRAPPER = """
 import atexit, runpy, sys
@@ -60,13 +60,15 @@ def test_pull_fills_the_directory_without_importing_torch(tmp_path):
         open_store(f"file://{store}"),
         published,
         cache_namespace(spec),
-        SigningKey(KEY.encode()),
+        KEY,
         allow_unsigned=False,
     )
-    env = {**os.environ, "ORCHESTRATE_CACHE_SIGNING_KEY": KEY, "PYTHONPATH": str(ROOT)}
+    public = tmp_path / "publisher.pub"
+    public.write_text(KEY.public.pem())
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-c", WRAPPER, "pull", "--model", "examples/mlp.yaml", "--device", "cpu"]
-        + ["--to", str(tmp_path / "replica"), "--remote", f"file://{store}", "--json"],
+        + ["--to", str(tmp_path / "replica"), "--remote", f"file://{store}", "--trust", str(public), "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
