@@ -3,6 +3,7 @@ a real warmup pushes, Prometheus scrapes, and every dashboard panel's query retu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -25,10 +26,14 @@ DASHBOARD = ROOT / "k8s" / "monitoring" / "grafana-dashboard.json"
 MODEL = "tiny-metrics"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports: every socket stays bound until all are chosen, so the kernel cannot
+    hand the same port out twice (one released at once can come straight back)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def get(url: str, timeout: float = 5) -> str:
@@ -55,7 +60,7 @@ def monitoring(tmp_path_factory):
         if shutil.which(binary) is None:
             pytest.fail(f"{binary} is not installed; scripts/install.sh installs Debian's package")
     work = tmp_path_factory.mktemp("monitoring")
-    gateway_port, prometheus_port = free_port(), free_port()
+    gateway_port, prometheus_port = free_ports(2)
     (work / "prometheus.yml").write_text(
         textwrap.dedent(f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
@@ -237,7 +242,7 @@ def test_dashboard_is_generated_and_portable():
 
 
 def test_a_missing_pushgateway_is_only_a_warning(tmp_path):
-    port = free_port()
+    [port] = free_ports(1)
     proc = orchestrate(
         "warmup",
         "--no-ray",
@@ -253,7 +258,7 @@ def test_a_missing_pushgateway_is_only_a_warning(tmp_path):
 
 
 def test_metrics_port_serves_while_running(tmp_path):
-    port = free_port()
+    [port] = free_ports(1)
     cmd = [
         sys.executable,
         "-m",
