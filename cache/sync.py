@@ -489,8 +489,8 @@ class BadShard(IntegrityError):
 
 
 def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], staging: Path, transfer: Transfer) -> None:
-    """Download the shards holding `needed` files, verify shard and file hashes, extract to staging."""
-    check_paths(manifest)
+    """Download the shards holding `needed` files, verify shard and file hashes, extract to staging.
+    The caller has checked the manifest's paths (check_paths) before anything was written."""
     by_shard: dict[str, list[str]] = {}
     for rel, entry in needed.items():
         by_shard.setdefault(entry.shard, []).append(rel)
@@ -701,9 +701,7 @@ def repair(
         with tempfile.TemporaryDirectory(prefix="orchestrate-repair-") as tmp:
             for shard, entries in sorted(in_head.items()):
                 have = {
-                    rel: local[rel]
-                    for rel, entry in entries.items()
-                    if rel in local and local[rel][1] == entry.size and sha256_file(local[rel][0]) == entry.sha256
+                    rel: local[rel] for rel, entry in entries.items() if rel in local and _matches(local[rel][0], entry)
                 }
                 if len(have) == len(entries):
                     rebuilt = Path(tmp) / f"rebuilt-{shard}"
