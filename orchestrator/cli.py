@@ -110,6 +110,15 @@ def _check_store(url: Optional[str]) -> None:
             raise UserError(str(exc)) from None
 
 
+def _local_store_option(command):
+    return click.option(
+        "--cache-dir",
+        metavar="DIR",
+        help="Local cache root: its store is the default one, as for warmup; repair rebuilds shards "
+        "from its files (default $ORCHESTRATE_CACHE_DIR, then ~/.cache/orchestrate).",
+    )(command)
+
+
 def _buckets_option(command):
     """--buckets, the same for every command that runs or renders a warmup (load_spec_with_overrides)."""
     return click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")(command)
@@ -278,11 +287,13 @@ def _metrics(spec, port: Optional[int]):
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
 @click.option("--allow-miss", is_flag=True, help="Exit 0 when the namespace was never published.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON on stdout.")
+@_local_store_option
 @_store_options
 def pull(
     model_path: str,
     to_dir: str,
     device: Optional[str],
+    cache_dir: Optional[str],
     allow_miss: bool,
     as_json: bool,
     remote: Optional[str],
@@ -290,12 +301,11 @@ def pull(
     trust: tuple[str, ...],
 ) -> None:
     """Fill a serving replica's cache directory from the store (for init containers)."""
-    spec = load_spec_with_overrides(model_path, device=device)
+    spec = load_spec_with_overrides(model_path, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
-    if not store_url:
-        raise UserError("no store: pass --remote URL or set `remote:` in the config")
     _check_store(store_url)
     from orchestrator.cache import sync
+    from orchestrator.cache.manifest import TrustedKeys
     from orchestrator.cache.store import open_store
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.platform_probe import cache_namespace  # imports torch only where it must
@@ -305,7 +315,11 @@ def pull(
     except SetupError as exc:
         raise UserError(str(exc)) from None
     target = Path(to_dir).expanduser().resolve()
-    trusted = _trusted(trust)
+    if store_url:
+        trusted = _trusted(trust)
+    else:  # the store warmup publishes to when it is given none, with its own public key
+        embedded = embedded_store(cache_root(spec), allow_unsigned, trust)
+        store_url, trusted = embedded.url, TrustedKeys.from_pems(embedded.trusted)
     transfer = sync.pull(open_store(store_url), namespace, target, trusted, allow_unsigned=allow_unsigned)
     summary = {
         "namespace": namespace,
@@ -544,15 +558,6 @@ def _emit_k8s(
     if apply and apply_manifests(documents, log=lambda line: click.echo(line, err=True)):
         return
     click.echo(to_yaml(documents), nl=False)
-
-
-def _local_store_option(command):
-    return click.option(
-        "--cache-dir",
-        metavar="DIR",
-        help="Local cache root: its store is the default one, as for warmup; repair rebuilds shards "
-        "from its files (default $ORCHESTRATE_CACHE_DIR, then ~/.cache/orchestrate).",
-    )(command)
 
 
 def _store_and_keys(remote: Optional[str], cache_dir: Optional[str], allow_unsigned: bool, trust: tuple[str, ...]):

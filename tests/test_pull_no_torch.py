@@ -79,3 +79,39 @@ def test_pull_fills_the_directory_without_importing_torch(tmp_path):
     assert json.loads(proc.stdout)["hit"] is True
     assert (tmp_path / "replica" / "inductor" / "fxgraph" / "entry").read_bytes() == b"compiled"
     assert "torch imported: False" in proc.stderr
+
+
+def test_pull_defaults_to_the_store_warmup_publishes_to(tmp_path):
+    """No --remote and no `remote:`: pull reads the store beside the local cache, trusting its own
+    key pair, as `warmup` writes it when it is given no store."""
+    from orchestrator.config import embedded_store
+    from orchestrator.jobs.engine import cache_namespace
+
+    spec = load_spec_with_overrides(str(ROOT / "examples" / "mlp.yaml"), device="cpu")
+    root = tmp_path / "cache"
+    local = embedded_store(root, allow_unsigned=False)
+    published = tmp_path / "published" / "inductor"
+    published.mkdir(parents=True)
+    (published / "entry").write_bytes(b"compiled")
+    sync.publish(
+        open_store(local.url),
+        published.parent,
+        cache_namespace(spec),
+        SigningKey.from_env(local.key_file),
+        allow_unsigned=False,
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ORCHESTRATE_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAPPER, "pull", "--model", "examples/mlp.yaml", "--device", "cpu"]
+        + ["--to", str(tmp_path / "replica"), "--cache-dir", str(root), "--json"],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["hit"] is True and summary["remote"] == local.url
+    assert (tmp_path / "replica" / "inductor" / "entry").read_bytes() == b"compiled"
+    assert "torch imported: False" in proc.stderr
