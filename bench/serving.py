@@ -57,7 +57,7 @@ with torch.no_grad():
         runner = served._runners[bucket]
         def variant_call():  # the chosen variant alone, as warmup timed it: what the report's figure is of
             outputs = runner(*args, **kwargs)
-            return copy_out(outputs) if replays_into_buffers(served.variant(bucket), spec) else outputs
+            return copy_out(outputs) if replays_into_buffers(served.variant(bucket), spec, device.type) else outputs
         variants = {"runtime": lambda: served(*args, **kwargs), "alone": variant_call,
                     "eager": lambda: eager(*args, **kwargs), "reduce-overhead": plain_call}
         samples = clock.interleaved(variants, 200, 20)

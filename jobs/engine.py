@@ -10,8 +10,9 @@ Per bucket, in this order, each timed on its own:
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
   4. compiled outputs (first call and a replay) against eager's, through orchestrator.jobs.gate
   5. on CUDA, the serving variants captured whole in a CUDA graph of our own (`graphed`: the
-     config's compile with CUDA graphs off; `eager-graphed`), each through the same gate; one that
-     cannot be built or captured is recorded as unavailable, the bucket does not fail
+     config's compile with CUDA graphs off; `eager-graphed`), and the `aot` function (compiled
+     ahead of time, or found in the namespace), each through the same gate; one that cannot be built or captured is
+     recorded as unavailable with its reason, the bucket does not fail
   6. interleaved latency of eager, compiled and every built variant -> eager_ms, compiled_ms,
      speedup, variants; the fastest correct variant is chosen to serve (orchestrator.jobs.variants)
      and written into the namespace as the bucket's serving plan
@@ -38,6 +39,7 @@ from orchestrator.cache.local import LocalCache
 from orchestrator.cache.manifest import IntegrityError, SigningKey, TrustedKeys
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import Store, StoreError, open_store
+from orchestrator.jobs import aot
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
 from orchestrator.jobs.gate import Gate, Outputs, snapshot
@@ -208,7 +210,8 @@ class Session:
         self.setup_seconds = time.perf_counter() - self.started
         self._work: dict[int, _BucketWork] = {}
         self._quarantined: list[str] = []
-        self.plans: list[str] = []  # serving plans this process wrote, relative to the namespace directory
+        # serving plans and aot functions this process wrote, relative to the namespace directory
+        self.serving_files: list[str] = []
 
     def pull(self) -> Optional[sync.Transfer]:
         """Bring the local directory up to the store's newest generation (None: not published yet,
@@ -263,18 +266,19 @@ class Session:
         if work.result.status == "ok" and work.result.speedup is None:
             self._guard(work, work.benchmark)
             if work.result.status == "ok":
-                plan = write_plan(self.local.path, self.spec, work.result)
+                plan = write_plan(self.local.path, self.spec, work.result, work.artifacts)
                 if plan is not None:
-                    self.plans.append(plan)
+                    self.serving_files.append(plan)
                 self.event(f"benchmarked bucket {bucket}")
         return self._finished(work)
 
     def publish_plans(self) -> None:
-        """Publish only the serving plans this process wrote (a rank: it publishes nothing else)."""
-        if self.store is None or self.remote is None or not self.plans:
+        """Publish only the serving plans and aot functions this process wrote (a rank: it
+        publishes nothing else)."""
+        if self.store is None or self.remote is None or not self.serving_files:
             return
         with tempfile.TemporaryDirectory(prefix=".plans-", dir=self.local.root) as staging:
-            for rel in self.plans:
+            for rel in self.serving_files:
                 (Path(staging) / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(self.local.path / rel, Path(staging) / rel)
             try:
@@ -438,7 +442,9 @@ class _BucketWork:
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
         self.compiled = False
-        self.graphed: dict[str, GraphedCall] = {}  # the serving variants captured in CUDA graphs of our own
+        # the serving variants built beside the compiled one (graphed, eager-graphed, aot), ready to call
+        self.graphed: dict[str, Callable[..., Any]] = {}
+        self.artifacts: dict[str, dict[str, Any]] = {}  # a variant's files: aot's function and its platform
         self._inputs: Optional[tuple[Any, Any]] = None
         self._stage_started: Optional[float] = None
 
@@ -515,6 +521,8 @@ class _BucketWork:
             raise RuntimeError("the eager reference call has not run")
         _check(result, self.gate, self.reference, {"first call": first, "replay": replay})
         self.build_graphed_variants()
+        if "aot" in self.session.candidates:
+            self.build_aot()
         result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
         self.compiled = True
         self.pause()
@@ -547,14 +555,46 @@ class _BucketWork:
             self.graphed[name] = call
             self.result.variants[name] = VariantMeasure(ok=True, build_seconds=time.perf_counter() - started)
 
+    def build_aot(self) -> None:
+        """The bucket's aot function: the one the namespace already holds (pulled, or built by an
+        earlier run: saved functions are not byte-reproducible, so reusing one is what keeps a
+        warm rerun from publishing anything new), else compiled ahead of time now; then loaded as
+        a replica loads it, captured on CUDA, and checked like every variant."""
+        self.enter("aot compile")
+        session, bucket = self.session, self.result.bucket
+        args, kwargs = self.inputs
+        directory = session.local.path
+        started = time.perf_counter()
+        try:
+            rel = _existing_function(directory, bucket)
+            if rel is None:
+                options = self.spec.compile
+                compile_options = aot.compile_kwargs(options.mode, options.options, options.backend, self.device.type)
+                rel = aot.build(self.model, args, kwargs, directory, bucket, compile_options)
+                session.serving_files.append(rel)
+            loaded = aot.load(directory / rel, self.model)
+            call = GraphedCall(loaded, args, kwargs) if self.device.type == "cuda" else loaded
+            with torch.no_grad():
+                first = snapshot(call(*args, **kwargs))
+                replay = snapshot(call(*args, **kwargs))
+            for label, outputs in (("first call", first), ("second call", replay)):
+                self.gate.compare(self.reference or [], outputs, call=f"aot {label}")
+        except Exception as exc:  # unavailable: never a failed bucket
+            reason = str(exc) if isinstance(exc, (aot.Unexportable, CaptureError, OutputMismatch)) else brief(exc)
+            self.result.variants["aot"] = VariantMeasure(ok=False, reason=reason)
+            return
+        self.graphed["aot"] = call
+        self.artifacts["aot"] = {"path": rel, "platform": asdict(session.platform)}
+        self.result.variants["aot"] = VariantMeasure(ok=True, build_seconds=time.perf_counter() - started)
+
     def benchmark(self) -> None:
         spec, result = self.spec, self.result
         args, kwargs = self.inputs
         pair = {"eager": self.eager, "compiled": self.run_compiled}
         # each variant timed as a server runs it: outputs in CUDA-graph buffers are copied out
-        timed = {"eager": self.eager, "compiled": _served("compiled", self.run_compiled, spec)}
+        timed = {"eager": self.eager, "compiled": _served("compiled", self.run_compiled, spec, self.device.type)}
         for name, call in self.graphed.items():
-            timed[name] = _served(name, functools.partial(call, *args, **kwargs), spec)
+            timed[name] = _served(name, functools.partial(call, *args, **kwargs), spec, self.device.type)
         rounds = max(3, spec.bench.iterations // BACK_TO_BACK_CALLS)
         bucket = result.bucket
         self.enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
@@ -596,10 +636,20 @@ class _BucketWork:
         self.result.stage = "done"
 
 
-def _served(variant: str, call: Callable[[], Any], spec: WarmupSpec) -> Callable[[], Any]:
-    if not replays_into_buffers(variant, spec):
+def _served(variant: str, call: Callable[[], Any], spec: WarmupSpec, device_type: str) -> Callable[[], Any]:
+    if not replays_into_buffers(variant, spec, device_type):
         return call
     return lambda: copy_out(call())
+
+
+def _existing_function(directory: Path, bucket: int) -> Optional[str]:
+    """The bucket's aot function in the namespace directory: the one its serving plan names, else
+    any (every one there was built for this namespace's model, config and platform)."""
+    planned = read_plans(directory).get(bucket, {}).get("artifacts", {}).get("aot")
+    if planned and (directory / planned["path"]).is_file():
+        return planned["path"]
+    found = sorted((directory / aot.AOT_DIR).glob(f"b{bucket}-*.bin"))
+    return found[0].relative_to(directory).as_posix() if found else None
 
 
 def _record_compile(

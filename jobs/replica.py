@@ -5,7 +5,8 @@ Per bucket, largest first (so that its graphs set the size of the memory pool al
   1. eager reference call at the bucket's deterministic inputs (also what the outputs' bucket
      dimensions are found from),
   2. the chosen variant built from the cache: `compiled` and `graphed` must find their artifacts
-     there (a miss is counted, and refused with require_warm), the graphed ones captured,
+     there (a miss is counted, and refused with require_warm), `aot` loads its saved function (no
+     tracing, no Inductor cache; refused when built for another platform), the graphed ones captured,
   3. its output checked against eager with the warmup's correctness gate; a bucket whose variant
      fails the check, or cannot be built, serves eager instead, and says why in `info()`.
 """
@@ -24,8 +25,9 @@ import torch
 from orchestrator.cache import sync
 from orchestrator.cache.local import LocalCache
 from orchestrator.cache.manifest import TrustedKeys
-from orchestrator.cache.namespace import namespace
+from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import open_store
+from orchestrator.jobs import aot
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
@@ -95,14 +97,15 @@ def load_replica(
     plans = read_plans(local.path)
     model = build_model(spec, device)
     frames = ti.CounterWindow()
-    loader = _Loader(spec, model, device, require_warm)
-    ti.allow_recompiles(2 * len(spec.buckets))
+    loader = _Loader(spec, model, device, require_warm, local.path, platform)
+    if any(plan["variant"] in ("compiled", "graphed") for plan in plans.values()):  # else no Dynamo import
+        ti.allow_recompiles(2 * len(spec.buckets))
     runners: dict[int, Callable[..., Any]] = {}
     infos: dict[int, BucketInfo] = {}
     references: dict[int, Any] = {}
     for bucket in sorted(spec.buckets, reverse=True):  # the largest first: it sizes the shared pool
         plan = plans.get(bucket)
-        runners[bucket], infos[bucket], references[bucket] = loader.load(bucket, plan["variant"] if plan else None)
+        runners[bucket], infos[bucket], references[bucket] = loader.load(bucket, plan)
     shaper = RequestShaper(spec, list(spec.buckets), device, spec.serve.oversize)
     try:
         dims = output_bucket_dims(references, shaper.input_dim)
@@ -142,7 +145,9 @@ class BucketedModel:
         self.spec, self.device, self._runners, self._variants = spec, device, runners, variants
         self._shaper, self._dims, self._info = shaper, dims, info
         # replays write their outputs into the same buffers: the caller gets copies
-        self._copies = {bucket: replays_into_buffers(variant, spec) for bucket, variant in variants.items()}
+        self._copies = {
+            bucket: replays_into_buffers(variant, spec, device.type) for bucket, variant in variants.items()
+        }
         self._lock = threading.Lock()
         self._no_grad = torch.no_grad()  # one for every call: calls are serialized by the lock
         self.buckets = sorted(runners)
@@ -177,13 +182,23 @@ class BucketedModel:
 
 
 class _Loader:
-    def __init__(self, spec: WarmupSpec, model: torch.nn.Module, device: torch.device, require_warm: bool) -> None:
+    def __init__(
+        self,
+        spec: WarmupSpec,
+        model: torch.nn.Module,
+        device: torch.device,
+        require_warm: bool,
+        directory: Path,
+        platform: Platform,
+    ) -> None:
         self.spec, self.model, self.device, self.require_warm = spec, model, device, require_warm
+        self.directory, self.platform = directory, platform
         self.gate = Gate.from_options(spec.check)
         self.pool: Any = None  # the memory pool every bucket's CUDA graph shares
         self._compiled: dict[str, Any] = {}
 
-    def load(self, bucket: int, planned: Optional[str]) -> tuple[Callable[..., Any], BucketInfo, Any]:
+    def load(self, bucket: int, plan: Optional[dict[str, Any]]) -> tuple[Callable[..., Any], BucketInfo, Any]:
+        planned = plan["variant"] if plan else None
         args, kwargs = make_inputs(self.spec, bucket, self.device)
         with torch.no_grad():
             reference = self.model(*args, **kwargs)
@@ -195,7 +210,7 @@ class _Loader:
         window = ti.CounterWindow()
         started = time.perf_counter()
         try:
-            runner, capture_seconds = self._build(planned, args, kwargs)
+            runner, capture_seconds = self._build(planned, args, kwargs, (plan or {}).get("artifacts", {}))
             stats = window.stats()
             info.cache_hits, info.cache_misses = stats.cache_hits, stats.cache_misses
             if self.require_warm and stats.cache_misses:
@@ -218,7 +233,21 @@ class _Loader:
             info.memory_bytes = torch.cuda.memory_allocated(self.device) - memory_before
         return runner, info, reference
 
-    def _build(self, variant: str, args: Any, kwargs: dict[str, Any]) -> tuple[Callable[..., Any], float]:
+    def _build(
+        self, variant: str, args: Any, kwargs: dict[str, Any], artifacts: dict[str, Any]
+    ) -> tuple[Callable[..., Any], float]:
+        if variant == "aot":
+            saved = artifacts.get("aot")
+            if not saved:
+                raise aot.Unexportable("the serving plan names no aot function")
+            aot.check_platform(saved["platform"], self.platform)
+            loaded = aot.load(self.directory / saved["path"], self.model)
+            if self.device.type != "cuda":
+                return loaded, 0.0
+            started = time.perf_counter()
+            call = GraphedCall(loaded, args, kwargs, pool=self.pool)
+            self.pool = self.pool or call.pool
+            return call, time.perf_counter() - started
         if variant == "compiled":
             compiled = self._compile("compiled")
 

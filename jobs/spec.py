@@ -135,9 +135,10 @@ class CheckOptions(_Strict):
 
 
 # How a bucket may be served (orchestrator.runtime): the model as it is, the config's compile,
-# and each of those captured whole in one CUDA graph of the tool's own (CUDA only)
-VariantName = Literal["eager", "compiled", "graphed", "eager-graphed"]
-VARIANTS: tuple[VariantName, ...] = ("eager", "compiled", "graphed", "eager-graphed")
+# each of those captured whole in one CUDA graph of the tool's own (CUDA only), and a function
+# compiled ahead of time (Dynamo's precompile) that a replica loads without tracing
+VariantName = Literal["eager", "compiled", "graphed", "eager-graphed", "aot"]
+VARIANTS: tuple[VariantName, ...] = ("eager", "compiled", "graphed", "eager-graphed", "aot")
 GRAPHED_VARIANTS: tuple[VariantName, ...] = ("graphed", "eager-graphed")
 
 
@@ -145,7 +146,8 @@ class ServeOptions(_Strict):
     variants: Optional[list[VariantName]] = Field(
         default=None,
         description="variants measured at warmup, the fastest correct one serves each bucket; "
-        "default: all that apply on the device (on the CPU: eager and compiled)",
+        "default: all that apply on the device (on the CPU: eager and compiled; `aot` there only "
+        "when listed: its C++ build takes tens of seconds per bucket)",
     )
     oversize: Literal["split", "error"] = Field(
         default="split",

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 import torch
-from torch._dynamo.utils import counters
 
 from orchestrator.cache.namespace import Platform
 from orchestrator.jobs.platform_probe import triton_version
@@ -287,13 +286,21 @@ class CounterWindow:
         )
 
 
+# Dynamo is imported only by what compiles or loads compiled code (seconds of imports): a replica
+# whose buckets need neither never pays for it, and a process that never imported it compiled nothing.
+def _dynamo_utils() -> Any:
+    return sys.modules.get("torch._dynamo.utils")
+
+
 def _snapshot() -> dict[str, dict[str, int]]:
-    return {group: dict(values) for group, values in counters.items()}
+    utils = _dynamo_utils()
+    return {group: dict(values) for group, values in utils.counters.items()} if utils else {}
 
 
 def _autotuned() -> int:
     # Inductor counts no autotuning in `counters`; its timer keeps one entry per benchmarked kernel
-    timings = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
+    utils = _dynamo_utils()
+    timings = getattr(utils, "compilation_time_metrics", {}) if utils else {}
     return len(timings.get("CachingAutotuner.benchmark_all_configs", ()))
 
 

@@ -5,6 +5,8 @@ A variant displaces the one in place only when it is faster by more than both me
 own spread: a difference inside the noise is no reason to serve a more complex variant. Eager
 is in place first (it needs nothing); the config's compiled mode displaces it when clearly
 faster; then the fastest of the others displaces whichever is in place, when clearly faster.
+Last, among the variants tied with the winner (neither clearly faster), the one a replica starts
+fastest serves: equal latency, less start-up.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, VariantName, Warm
 
 PLAN_DIR = "serving"  # in the namespace directory, published and pulled with the compiled files
 PLAN_FORMAT = 1
+# What a replica pays to load each variant, cheapest first: nothing; a CUDA-graph capture; loading a
+# saved function (no tracing); then a Dynamo trace and cache load each, the config's own compile
+# before its uncaptured twin (the same cost: what the user configured wins the tie)
+START_COST: tuple[str, ...] = ("eager", "eager-graphed", "aot", "compiled", "graphed")
 
 
 def spread(samples: Sequence[float]) -> float:
@@ -64,7 +70,16 @@ def choose(measured: Mapping[str, VariantMeasure], incumbent: Optional[str] = No
     for name in others:
         if clearly_faster(measured[name], measured[chosen]):
             chosen = name
-    return chosen
+    tied = [
+        name
+        for name, m in measured.items()
+        if _usable(m) and not clearly_faster(measured[chosen], m) and not clearly_faster(m, measured[chosen])
+    ]
+    return min(tied, key=_start_cost)
+
+
+def _start_cost(name: str) -> int:
+    return START_COST.index(name) if name in START_COST else len(START_COST)
 
 
 def _usable(measure: VariantMeasure | None) -> bool:
@@ -82,6 +97,8 @@ def serving_candidates(spec: WarmupSpec, device_type: str) -> tuple[list[Variant
             if asked is not None and name in asked:
                 unavailable[name] = "needs CUDA: the model runs on the CPU"
         wanted = [name for name in wanted if name not in GRAPHED_VARIANTS]
+        if asked is None:  # a C++ build per bucket: on the CPU only when asked for
+            wanted.remove("aot")
     if spec.compile.backend != "inductor" and "graphed" in wanted:
         wanted.remove("graphed")
         unavailable["graphed"] = f"needs the inductor backend to turn CUDA graphs off, not {spec.compile.backend!r}"
@@ -95,12 +112,14 @@ def graphed_compile(mode: Optional[str], options: Mapping[str, Any]) -> tuple[Op
     return without.get(mode or "", mode), {k: v for k, v in options.items() if k != "triton.cudagraphs"}
 
 
-def replays_into_buffers(variant: str, spec: WarmupSpec) -> bool:
+def replays_into_buffers(variant: str, spec: WarmupSpec, device_type: str) -> bool:
     """Whether a variant's outputs live in CUDA-graph buffers that its next call overwrites: a
     server copies those out before answering, and warmup times the copy with the call. Unknown
     backends are taken to replay (an extra copy is safe, a missing one is not)."""
     if variant in GRAPHED_VARIANTS:
         return True
+    if variant == "aot":  # captured in a CUDA graph of the tool's own on CUDA; a plain call on the CPU
+        return device_type == "cuda"
     if variant != "compiled":
         return False
     options = spec.compile
@@ -109,19 +128,25 @@ def replays_into_buffers(variant: str, spec: WarmupSpec) -> bool:
     return options.backend not in ("eager", "aot_eager")
 
 
-def write_plan(directory: Path, spec: WarmupSpec, result: BucketResult) -> Optional[str]:
+def write_plan(
+    directory: Path, spec: WarmupSpec, result: BucketResult, artifacts: Optional[Mapping[str, Any]] = None
+) -> Optional[str]:
     """Write the bucket's serving plan into the namespace directory; its path relative to it,
-    or None where the newest plan there already chose the same variant (a warm rerun that
-    confirms the choice publishes nothing new). Named by its content: published files are never
-    replaced, so a changed choice adds a plan and readers take the newest (read_plans)."""
+    or None where the newest plan there already chose the same variant from the same artifacts
+    (a warm rerun that confirms the choice publishes nothing new). Named by its content:
+    published files are never replaced, so a changed choice adds a plan and readers take the
+    newest (read_plans). `artifacts`: the files each built variant loads, relative to the
+    directory (`aot`: its saved function and the platform it was built for), chosen or not."""
+    artifacts = dict(artifacts or {})
     current = read_plans(directory).get(result.bucket)
-    if current is not None and current["variant"] == result.variant:
+    if current is not None and current["variant"] == result.variant and current.get("artifacts", {}) == artifacts:
         return None
     plan = {
         "format": PLAN_FORMAT,
         "bucket": result.bucket,
         "variant": result.variant,
         "variants": {name: asdict(m) for name, m in result.variants.items()},
+        "artifacts": artifacts,
         "config_hash": spec.identity_hash(),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
     }

@@ -5,12 +5,15 @@ breaking, and may be called from any thread."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import orchestrate
+from conftest import ROOT, orchestrate
 
 from orchestrator import runtime
 from orchestrator.config import load_spec
@@ -70,6 +73,20 @@ def eager_of(path: Path, n: int):
     args, kwargs = make_inputs(spec, n, torch.device("cpu"))
     with torch.no_grad():
         return args, kwargs, model(*args, **kwargs)
+
+
+def test_a_replica_whose_buckets_need_no_compile_never_imports_dynamo(rows_config, tmp_path):
+    """Importing Dynamo costs seconds of a replica's start: only compiled buckets may pay it."""
+    code = (
+        "import sys, torch; from orchestrator import runtime; "
+        f"served = runtime.load({str(rows_config)!r}, cache_dir={str(tmp_path / 'cache')!r}); "
+        "served(torch.zeros(3, 6)); "
+        "print(sorted({b.variant for b in served.info().buckets.values()}), 'torch._dynamo' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["['eager']", "False"]
 
 
 def test_without_a_serving_plan_every_bucket_serves_eager_and_says_so(rows_config, tmp_path):

@@ -1,0 +1,127 @@
+"""The `aot` serving variant: one precompiled function per bucket, built at warmup with Dynamo's
+ahead-of-time compile (`torch.compile(model, fullgraph=True).forward.aot_compile`) and saved with
+`save_compiled_function`; a replica loads it with `torch.compiler.load_compiled_function`, which
+brings back Dynamo's guards and Inductor's compiled code as they were: no tracing, no Inductor
+cache lookups.
+
+The model itself is not in the file: it is named as external data and handed back at load, so the
+replica's own module (its weights) is what the function runs on, and a file stays the size of its
+code. Files live in the namespace directory as `aot/b<bucket>-<sha256 prefix>.bin`, published,
+signed and verified with every other cache file. The serving plan names the bucket's file and the
+platform it was built for; a replica elsewhere refuses it before loading (`PlatformMismatch`).
+
+AOTInductor (`torch.export` + `aoti_compile_and_package`) was measured against this and not kept:
+docs/performance.md has the comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import inspect
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from orchestrator.cache.namespace import Platform
+from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.errors import brief
+from orchestrator.jobs.variants import graphed_compile
+
+AOT_DIR = "aot"  # in the namespace directory
+MODEL_KEY = "model"  # the external data a saved function is bound to: the replica's module
+
+
+class Unexportable(RuntimeError):
+    """Dynamo could not compile the model ahead of time for this bucket (a graph break,
+    data-dependent control flow, an input it cannot save): the variant is unavailable with torch's
+    own reason, and the bucket is served by the next-best variant."""
+
+
+class PlatformMismatch(RuntimeError):
+    """A function built for another torch, CUDA, GPU or Python: never loaded."""
+
+
+def file_name(bucket: int, path: Path) -> str:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return f"{AOT_DIR}/b{bucket}-{digest}.bin"
+
+
+def compile_kwargs(mode: Optional[str], options: Mapping[str, Any], backend: str, device_type: str) -> dict[str, Any]:
+    """The config's compile, whole-graph, for a function that a replica runs inside the tool's own
+    CUDA graph: on CUDA without Inductor's CUDA graphs (as `graphed`)."""
+    if device_type == "cuda":
+        mode, options = graphed_compile(mode, options)
+    return ti.compile_kwargs(mode, False, True, backend, dict(options))
+
+
+@contextlib.contextmanager
+def _aot_compile_enabled() -> Iterator[None]:
+    """torch 2.11 keeps ahead-of-time compile behind a Dynamo flag; later versions have it on."""
+    config = torch._dynamo.config
+    if not hasattr(config, "enable_aot_compile"):
+        yield
+        return
+    with config.patch(enable_aot_compile=True):
+        yield
+
+
+def build(
+    model: torch.nn.Module,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    directory: Path,
+    bucket: int,
+    compile_options: Mapping[str, Any],
+) -> str:
+    """Compile the model ahead of time at this bucket's inputs and place the saved function in
+    `directory`; its path relative to it. Raises Unexportable with torch's reason."""
+    # written beside the namespace directory and moved in whole: a publish never sees half a file
+    with tempfile.TemporaryDirectory(prefix=".aot-", dir=directory.parent) as scratch:
+        target = Path(scratch) / "function.bin"
+        try:
+            with torch.no_grad(), _aot_compile_enabled():
+                compiled = torch.compile(model, **compile_options)
+                function = compiled.forward.aot_compile((tuple(args), dict(kwargs)))
+                function.save_compiled_function(str(target), external_data={MODEL_KEY: model})
+        except Exception as exc:
+            raise Unexportable(f"Dynamo ahead-of-time compile: {brief(exc)}") from exc
+        rel = file_name(bucket, target)
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(target, directory / rel)
+    return rel
+
+
+def check_platform(built_for: Mapping[str, Any], here: Platform) -> None:
+    """A function runs only where it was built: the same torch, Triton, CUDA, GPU class and Python."""
+    differs = [
+        f"{name} {built_for.get(name)!r} (this replica: {value!r})"
+        for name, value in asdict(here).items()
+        if name != "torch_git" and built_for.get(name) != value
+    ]
+    if differs:
+        raise PlatformMismatch(f"aot function built for another platform: {'; '.join(differs)}")
+
+
+def load(path: Path, model: torch.nn.Module) -> Any:
+    """The saved function, bound to `model`: call it as the model's forward."""
+    with open(path, "rb") as file, _aot_compile_enabled():
+        function = torch.compiler.load_compiled_function(file, external_data={MODEL_KEY: model})
+    return functools.partial(function, model) if _takes_self(function) else function
+
+
+def _takes_self(function: Any) -> bool:
+    """Whether the saved frame is a method that wants its module first: Dynamo saves the frame it
+    compiled (`Module._wrapped_call_impl(self, *args, **kwargs)` for most modules, the bare
+    `(*args, **kwargs)` for some containers) and checks the call against it with guards."""
+    signature = getattr(getattr(function, "_artifacts", None), "signature", None)
+    if signature is None:  # a torch that keeps it elsewhere: the usual case, a module's method
+        return True
+    first = next(iter(signature.parameters.values()), None)
+    return first is not None and first.name == "self" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD

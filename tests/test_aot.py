@@ -1,0 +1,217 @@
+"""The `aot` serving variant on the CPU: warmup compiles one function per bucket ahead of time and
+publishes it signed; a fresh replica process pulls it into an empty directory and serves the
+bucket from that file, with no Dynamo frame compiled and no Inductor cache to read. A model that
+cannot be compiled whole keeps its bucket, served by the next-best variant, with torch's reason
+in the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, orchestrate
+
+from orchestrator.cache.manifest import SigningKey
+from orchestrator.cache.namespace import Platform
+from orchestrator.config import load_spec
+from orchestrator.jobs import aot
+from orchestrator.jobs.records import BucketResult, VariantMeasure
+from orchestrator.jobs.variants import read_plans, write_plan
+
+MODELS = """
+import torch
+
+class Deep(torch.nn.Module):
+    # launch-bound: many small layers, where one compiled C++ call beats eager's per-op overhead
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            *[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU()) for _ in range(12)]
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+
+class Branchy(torch.nn.Module):
+    # control flow on a value: Dynamo breaks the graph and carries on, a whole-graph compile cannot
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if y.sum() > 0:
+            return y * 2
+        return y - 1
+
+def deep():
+    return Deep()
+
+def branchy():
+    return Branchy()
+"""
+
+KEY = "5a" * 32  # an Ed25519 private key (seed, hex): the publisher's
+
+# A replica in a fresh process: load from what was pulled, report what it did as JSON.
+REPLICA = """
+import json, sys, torch
+from orchestrator import runtime
+from orchestrator.config import load_spec
+from orchestrator.jobs.model import build_model, make_inputs
+
+config, cache_dir = sys.argv[1], sys.argv[2]
+remote = sys.argv[3] if len(sys.argv) > 3 else None
+trust = sys.argv[4:5]
+served = runtime.load(config, cache_dir=cache_dir, remote=remote, trust=trust, require_warm=True)
+spec = load_spec(config)
+model = build_model(spec, torch.device("cpu"))
+errors = {}
+for n in (1, 3, 4, 9):
+    args, kwargs = make_inputs(spec, n, torch.device("cpu"))
+    with torch.no_grad():
+        errors[n] = (served(*args, **kwargs) - model(*args, **kwargs)).abs().max().item()
+info = served.info()
+print(json.dumps({
+    "namespace": info.namespace,
+    "frames": info.dynamo_frames_compiled,
+    "buckets": {b: {"variant": i.variant, "planned": i.planned, "reason": i.reason,
+                    "hits": i.cache_hits, "misses": i.cache_misses} for b, i in info.buckets.items()},
+    "errors": errors,
+    "pulled": info.pull.files if info.pull else None,
+}))
+"""
+
+
+def config(tmp_path: Path, factory: str) -> Path:
+    (tmp_path / "models.py").write_text(MODELS)
+    path = tmp_path / f"{factory}.yaml"
+    path.write_text(
+        f"model: {{factory: models.py:{factory}}}\ninputs: [{{shape: [batch, {32 if factory == 'deep' else 8}]}}]\n"
+        "buckets: [4]\ndevice: cpu\ncompile: {mode: default}\nserve: {variants: [aot]}\n"
+        "bench: {iterations: 40, warmup: 4}\n"
+    )
+    return path
+
+
+def replica(*args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("ORCHESTRATE_CACHE_DIR", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", REPLICA, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles_nothing(tmp_path):
+    cfg = config(tmp_path, "deep")
+    (tmp_path / "store").mkdir()
+    store = f"file://{tmp_path / 'store'}"
+    proc = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        str(cfg),
+        "--remote",
+        store,
+        "--json",
+        cache_dir=tmp_path / "warm",
+        env={"ORCHESTRATE_CACHE_SIGNING_KEY": KEY},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["status"] == "ok"
+    assert list(result["variants"]) == ["eager", "compiled", "aot"]
+    built = result["variants"]["aot"]
+    assert built["ok"] and built["ms"] > 0 and built["build_seconds"] > 0, built
+
+    public = tmp_path / "publisher.pub"  # the replica holds only the public half
+    public.write_text(SigningKey.from_text(KEY.encode(), "test key").public.pem())
+
+    # a fresh process on an empty directory: pulls, then serves what warmup chose
+    pulled = replica(str(cfg), str(tmp_path / "replica"), store, str(public))
+    assert pulled["pulled"] > 0
+    assert pulled["buckets"]["4"]["planned"] == pulled["buckets"]["4"]["variant"] == result["variant"]
+    assert all(error < 1e-4 for error in pulled["errors"].values()), pulled["errors"]
+
+    # the plan names the function whatever was chosen; served from it (a plan that says so), without
+    # the Inductor and Triton caches at all: the saved function is all a replica needs
+    namespace_dir = tmp_path / "replica" / pulled["namespace"]
+    saved = sorted(p.name for p in (namespace_dir / aot.AOT_DIR).iterdir())
+    assert len(saved) == 1 and saved[0].startswith("b4-") and saved[0].endswith(".bin")
+    plan = read_plans(namespace_dir)[4]
+    assert plan["artifacts"]["aot"]["path"] == f"{aot.AOT_DIR}/{saved[0]}"
+    measured = {name: VariantMeasure(**m) for name, m in plan["variants"].items()}
+    write_plan(namespace_dir, load_spec(cfg), BucketResult(4, variant="aot", variants=measured), plan["artifacts"])
+    for cache in ("inductor", "triton"):
+        shutil.rmtree(namespace_dir / cache, ignore_errors=True)
+    alone = replica(str(cfg), str(tmp_path / "replica"))
+    assert alone["buckets"]["4"] == {"variant": "aot", "planned": "aot", "reason": None, "hits": 0, "misses": 0}
+    assert alone["frames"] == 0
+    assert all(error < 1e-4 for error in alone["errors"].values()), alone["errors"]
+    assert not list((namespace_dir / "inductor").glob("fxgraph/**/*")), "a compiled graph was written"
+
+    # a function built for another platform is refused before it is loaded: the bucket serves eager
+    plan = read_plans(namespace_dir)[4]
+    assert plan["variant"] == "aot"
+    plan["artifacts"]["aot"]["platform"]["torch_version"] = "0.0.1"
+    plan["measured_at"] = "9999-01-01T00:00:00.000000+00:00"
+    (namespace_dir / "serving" / "plan-b4-elsewhere.json").write_text(json.dumps(plan))
+    elsewhere = replica(str(cfg), str(tmp_path / "replica"))
+    bucket = elsewhere["buckets"]["4"]
+    assert bucket["variant"] == "eager" and bucket["planned"] == "aot"
+    assert "built for another platform" in bucket["reason"] and "torch_version '0.0.1'" in bucket["reason"]
+
+
+@pytest.mark.slow
+def test_a_model_that_cannot_compile_whole_falls_back_with_torchs_reason(tmp_path):
+    cfg = config(tmp_path, "branchy")
+    proc = orchestrate("warmup", "--no-ray", "--model", str(cfg), "--json", cache_dir=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["status"] == "ok"
+    refused = result["variants"]["aot"]
+    assert refused["ok"] is False and refused["ms"] is None
+    assert refused["reason"].startswith("Dynamo ahead-of-time compile:"), refused
+    assert "data-dependent" in refused["reason"].lower() or "graph break" in refused["reason"].lower(), refused
+    assert result["variant"] == "eager"  # the next-best of the candidates asked for
+    namespace_dir = next(p for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name.startswith("branchy-"))
+    assert not (namespace_dir / aot.AOT_DIR).exists() or not any((namespace_dir / aot.AOT_DIR).iterdir())
+
+
+def test_a_package_is_refused_on_any_other_platform():
+    here = Platform("2.11.0", "abc", "3.6.0", "13.0", "NVIDIA H200", "3.12.3")
+    aot.check_platform(asdict(here), here)
+    aot.check_platform({**asdict(here), "torch_git": "other"}, here)  # the version names the build
+    for field, value in (("gpu_name", "NVIDIA A100-SXM4-80GB"), ("cuda_version", "12.8"), ("python_version", "3.11.9")):
+        with pytest.raises(aot.PlatformMismatch, match=f"{field} '{value}' \\(this replica: "):
+            aot.check_platform({**asdict(here), field: value}, here)
+
+
+def test_the_function_compiles_whole_and_without_inductors_cuda_graphs_on_cuda():
+    plain = aot.compile_kwargs("reduce-overhead", {}, "inductor", "cuda")
+    assert plain == {"mode": "default", "dynamic": False, "fullgraph": True, "backend": "inductor"}
+    tuned = aot.compile_kwargs(
+        "max-autotune", {"triton.cudagraphs": True, "epilogue_fusion": False}, "inductor", "cuda"
+    )
+    assert tuned["fullgraph"] is True and tuned["options"]["max_autotune"] is True
+    assert not tuned["options"].get("triton.cudagraphs") and tuned["options"]["epilogue_fusion"] is False
+    on_cpu = aot.compile_kwargs("default", {}, "inductor", "cpu")
+    assert on_cpu["fullgraph"] is True and on_cpu["mode"] == "default"
+
+
+def test_a_saved_function_lives_under_its_bucket_and_content(tmp_path):
+    saved = tmp_path / "f.bin"
+    saved.write_bytes(b"function bytes")
+    name = aot.file_name(8, saved)
+    assert name.startswith("aot/b8-") and len(name) == len("aot/b8-") + 16 + len(".bin")
+    saved.write_bytes(b"other bytes")
+    assert aot.file_name(8, saved) != name
