@@ -1144,3 +1144,170 @@ def test_a_local_listing_shows_namespaces_only(tmp_path):
         (root / other).mkdir(parents=True)
     [listed] = local_namespaces(root)
     assert (listed.namespace, listed.files, listed.bytes) == (namespace, 1, 3)
+
+
+# --- where a manifest is stored: copies, replays and roll-backs ---------------------------------------
+
+
+def test_a_manifest_copied_into_another_namespace_is_refused(store, tmp_path):
+    """Another namespace's generation 1, validly signed, copied to this namespace's generation 1:
+    the number fits, only the signed namespace gives it away."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), "other-ns", KEY, allow_unsigned=False)
+    assert store.create(sync._manifest_key(NS, 1), store.read(sync._manifest_key("other-ns", 1)))
+    message = re.escape(
+        f"{store.url}/v1/namespaces/{NS}/gen-00000001.json: manifest says namespace other-ns generation 1 "
+        "but is stored elsewhere: copied or replayed; refusing it"
+    )
+    with pytest.raises(IntegrityError, match=f"^{message}$"):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    with pytest.raises(IntegrityError, match=f"^{message}$"):
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+
+
+def test_an_old_generation_replayed_under_a_newer_number_is_refused(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[2])
+    assert store.create(sync._manifest_key(NS, 3), store.read(sync._manifest_key(NS, 1)))
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
+            f"{store.url}/v1/namespaces/{NS}/gen-00000003.json: manifest says namespace {NS} generation 1 "
+            "but is stored elsewhere"
+        ),
+    ):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists()
+
+
+def test_the_namespace_a_refusal_quotes_is_cut_at_100_characters():
+    body = {**GOLDEN.body(), "namespace": "n" * 120}
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"w: manifest says namespace {'n' * 100} generation 3 but is stored elsewhere: copied or replayed; "
+            "refusing it"
+        )
+        + "$",
+    ):
+        decode(signed(body), TRUST, allow_unsigned=False, where="w", namespace="elsewhere", generation=3)
+
+
+def test_a_store_rolled_back_to_an_older_generation_is_refused_by_a_node_that_pulled_a_newer_one(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    make_cache(node, {"inductor/new.py": b"new"})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[2])
+    target = tmp_path / "node"
+    assert sync.pull(store, NS, target, TRUST, allow_unsigned=False).generation == 2
+    store.delete([sync._manifest_key(NS, 2)])  # the store as it was before generation 2
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"{store.url}/v1/namespaces/{NS}/gen-00000001.json: generation 1 is older than generation 2 already "
+            f"pulled into {target} (store rolled back or replayed); refusing it (remove "
+            f"{target / sync.APPLIED_MARKER} if the namespace was republished on purpose)"
+        )
+        + "$",
+    ):
+        sync.pull(store, NS, target, TRUST, allow_unsigned=False)
+    assert tree(target) == {**ARTIFACTS, "inductor/new.py": b"new"} and sync.pulled_generation(target) == 2
+
+
+def test_a_pulled_directory_records_namespace_generation_and_manifest_digest(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    target = tmp_path / "node"
+    sync.pull(store, NS, target, TRUST, allow_unsigned=False)
+    assert json.loads((target / sync.APPLIED_MARKER).read_text()) == {
+        "namespace": NS,
+        "generation": 1,
+        "manifest": manifest_digest(store.read(sync._manifest_key(NS, 1))),
+    }
+    # a record without a readable whole-number generation counts as none
+    assert sync.pulled_generation(tmp_path / "never-pulled") == 0
+    for text in ("{}", '{"generation": "2"}', "[2]", "not json"):
+        (target / sync.APPLIED_MARKER).write_text(text)
+        assert sync.pulled_generation(target) == 0, text
+
+
+def test_verify_refuses_a_generation_that_does_not_name_the_one_before(store, tmp_path):
+    """A key holder's generation 2 that chains to something other than generation 1's manifest
+    (generation 1 replaced after the fact, or 2 taken from another history) fails verify while
+    generation 1 is in the store; once gc deleted generation 1 there is nothing to compare."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    body = {**envelope(store, NS, 1)["body"], "generation": 2, "previous": "00" * 32}
+    assert store.create(sync._manifest_key(NS, 2), signed(body))
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"{store.url}/v1/namespaces/{NS}/gen-00000002.json: does not name generation 1's manifest as its "
+            "previous one (replaced or reordered generations); refusing it"
+        )
+        + "$",
+    ):
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
+    store.delete([sync._manifest_key(NS, 1)])
+    assert sync.verify(store, NS, TRUST, allow_unsigned=False).generation == 2
+
+
+def test_verify_downloads_each_shard_once_however_many_generations_name_it(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(sync, "SHARD_BYTES", 10)
+    node = make_cache(tmp_path / "a", {"f1": b"1" * 6, "f2": b"2" * 6})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    make_cache(node, {"f3": b"3" * 6})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    download, fetched = type(store).download, []
+
+    def counted(self, key, path):
+        fetched.append(key)
+        return download(self, key, path)
+
+    monkeypatch.setattr(type(store), "download", counted)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert sorted(fetched) == sorted(i.key for i in store.list("v1/objects/")) and len(fetched) == 3
+
+
+# --- listing a store -----------------------------------------------------------------------------------
+
+
+def test_listing_shows_each_namespaces_newest_generation_or_why_it_cannot(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, "good", KEY, allow_unsigned=False, buckets=[1])
+    make_cache(node, {"inductor/new.py": b"new"})
+    sync.publish(store, node, "good", KEY, allow_unsigned=False, buckets=[2])
+    sync.publish(store, node, "foreign", OTHER_KEY, allow_unsigned=False)
+    sync.publish(store, node, "unsigned", None, allow_unsigned=True)
+    good = sync.newest(store, "good", TRUST, allow_unsigned=False)
+    rows = sync.listing(store, TRUST, allow_unsigned=False)
+    assert [row.namespace for row in rows] == ["foreign", "good", "unsigned"]
+    foreign, listed, unsigned = rows
+    assert listed == sync.NamespaceListing(
+        namespace="good",
+        generations=2,
+        generation=2,
+        files=len(ARTIFACTS) + 1,
+        bytes=good.total_bytes,
+        buckets=[1, 2],
+        created_at=good.created_at,
+        error=None,
+    )
+    assert (foreign.generations, foreign.generation, foreign.files, foreign.bytes) == (1, None, None, None)
+    assert (foreign.buckets, foreign.created_at) == (None, None)
+    assert foreign.error.startswith(f"{store.url}/v1/namespaces/foreign/gen-00000001.json: manifest is signed by")
+    assert unsigned.generation is None and "manifest is unsigned" in unsigned.error
+    relaxed = {row.namespace: row for row in sync.listing(store, TRUST, allow_unsigned=True)}
+    assert (relaxed["unsigned"].generation, relaxed["unsigned"].files, relaxed["unsigned"].error) == (
+        1,
+        len(ARTIFACTS) + 1,
+        None,
+    )
+    (tmp_path / "empty").mkdir()
+    assert sync.listing(open_store(f"file://{tmp_path / 'empty'}"), TRUST, allow_unsigned=False) == []
+
+
+def test_newest_of_a_namespace_never_published_is_none(store):
+    assert sync.newest(store, "never-published", TRUST, allow_unsigned=False) is None
