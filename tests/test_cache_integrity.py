@@ -6,6 +6,8 @@ Fast and CPU only: generated files, a directory store, no torch. Mutation testin
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import io
 import json
 import os
@@ -1311,3 +1313,150 @@ def test_listing_shows_each_namespaces_newest_generation_or_why_it_cannot(store,
 
 def test_newest_of_a_namespace_never_published_is_none(store):
     assert sync.newest(store, "never-published", TRUST, allow_unsigned=False) is None
+
+
+# --- pull: what is carried over from the directory, and how the swap ends ----------------------------
+
+
+def test_local_files_where_the_manifest_needs_a_directory_are_dropped_and_the_rest_stay(store, tmp_path):
+    """Files only this node has are carried into the pulled directory, except one standing where the
+    manifest needs a directory (`triton`, `inductor/fxgraph`). A stale file's own folder is scanned
+    before its subfolder, so the local file below it comes after it."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = make_cache(
+        tmp_path / "node",
+        {
+            "triton": b"a file where a folder goes",
+            "inductor/fxgraph": b"another one, one level down",
+            "inductor/pr/cprf.py": b"stale",
+            "inductor/pr/sub/mine.txt": b"mine",
+        },
+    )
+    pulled = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert pulled.files == len(ARTIFACTS)
+    assert tree(node) == {**ARTIFACTS, "inductor/pr/sub/mine.txt": b"mine"}
+
+
+def test_local_files_under_a_path_the_manifest_names_as_a_file_are_dropped(store, tmp_path):
+    """The manifest names `top`, `r1/f` and `r2/f` as files; this node has folders there. What is
+    under them goes; everything else stays, in whichever order the folders are read."""
+    published = {"top": b"t", "r1/f": b"1", "r2/f": b"2"}
+    sync.publish(store, make_cache(tmp_path / "a", published), NS, KEY, allow_unsigned=False)
+    node = make_cache(
+        tmp_path / "node",
+        {"top/x": b"old", "r1/f/x": b"old", "r1/keep.txt": b"k1", "r2/f/x": b"old", "r2/keep.txt": b"k2"},
+    )
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert tree(node) == {**published, "r1/keep.txt": b"k1", "r2/keep.txt": b"k2"}
+
+
+def test_where_hard_links_fail_local_files_are_copied_except_on_a_full_disk(store, tmp_path, monkeypatch):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = make_cache(tmp_path / "node", {**ARTIFACTS, "inductor/pr/cprf.py": b"stale", "local/keep": b"k"})
+
+    def no_link(code):
+        def link(src, dst):
+            raise OSError(code, os.strerror(code))
+
+        return link
+
+    monkeypatch.setattr(sync.os, "link", no_link(errno.ENOSPC))
+    with pytest.raises(sync.DiskFull):
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert tree(node) == {**ARTIFACTS, "inductor/pr/cprf.py": b"stale", "local/keep": b"k"}
+    monkeypatch.setattr(sync.os, "link", no_link(errno.EXDEV))  # a filesystem without hard links
+    assert sync.pull(store, NS, node, TRUST, allow_unsigned=False).files == 1
+    assert tree(node) == {**ARTIFACTS, "local/keep": b"k"} and no_staging_left(tmp_path)
+
+
+def test_a_pull_into_a_link_to_a_directory_works_in_the_real_directory(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    real = make_cache(tmp_path / "real", {"local/keep": b"k"})
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    sync.pull(store, NS, link, TRUST, allow_unsigned=False)
+    assert link.is_symlink() and tree(real) == {**ARTIFACTS, "local/keep": b"k"}
+    assert no_staging_left(tmp_path)
+
+
+def test_the_old_directory_moved_aside_is_removed_once_the_new_one_is_in_place(store, tmp_path, monkeypatch):
+    """Without an atomic exchange the swap is two renames; after the second the old directory goes,
+    and one left by a pull killed just after the second rename goes on the next pull."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    make_cache(tmp_path / "a", {"inductor/new.py": b"new"})
+    sync.publish(store, tmp_path / "a", NS, KEY, allow_unsigned=False)
+    monkeypatch.setattr(sync, "_exchange", lambda a, b: False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert tree(node) == {**ARTIFACTS, "inductor/new.py": b"new"}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".node.pull-lock"]
+    left = make_cache(tmp_path / ".previous-node", {"inductor/old.py": b"old"})
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert not left.exists() and tree(node) == {**ARTIFACTS, "inductor/new.py": b"new"}
+
+
+def _renameat2_exchanges(a: Path, b: Path) -> bool:
+    """Whether this kernel and filesystem exchange two directories: asked directly, not through sync."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    return renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0
+
+
+def test_the_exchange_takes_paths_relative_to_the_working_directory_and_reports_failures(tmp_path, monkeypatch):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "which").write_text(name)
+    if not _renameat2_exchanges(tmp_path / "a", tmp_path / "b"):
+        pytest.skip("this kernel or filesystem has no renameat2(RENAME_EXCHANGE)")
+    monkeypatch.chdir(tmp_path)  # the probe swapped them: a holds "b"
+    assert sync._exchange(Path("a"), Path("b")) is True
+    assert (tmp_path / "a" / "which").read_text() == "a" and (tmp_path / "b" / "which").read_text() == "b"
+    with pytest.raises(FileNotFoundError) as missing:
+        sync._exchange(tmp_path / "a", tmp_path / "missing")
+    assert (missing.value.errno, missing.value.strerror, missing.value.filename) == (
+        errno.ENOENT,
+        os.strerror(errno.ENOENT),
+        str(tmp_path / "missing"),
+    )
+    (tmp_path / "a" / "sub").mkdir()
+    assert sync._exchange(tmp_path / "a", tmp_path / "a" / "sub") is False  # EINVAL: the caller renames instead
+
+
+def test_a_full_disk_says_how_much_the_namespace_takes(store, tmp_path, monkeypatch):
+    sync.publish(store, make_cache(tmp_path / "a", {"big.bin": b"x" * 1_050_000}), NS, KEY, allow_unsigned=False)
+
+    def no_space(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", no_space)
+    with pytest.raises(
+        sync.DiskFull,
+        match="^"
+        + re.escape(
+            f"no space left on the device of {tmp_path} while pulling {NS} (its files take 1.1 MB); "
+            "free space there or pull to a larger disk; the directory is unchanged"
+        )
+        + "$",
+    ):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("inductor/a\0b.py", "names an unsafe path 'inductor/a\\x00b.py'"),
+        ("triton", "names 'triton' as a file and as the directory of 'triton/HASH/"),
+    ],
+)
+def test_a_nul_in_a_path_or_a_top_level_clash_is_refused(store, tmp_path, name, message):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    body = envelope(store, NS, 1)["body"]
+    body["generation"] = 2
+    body["files"][name] = body["files"]["inductor/pr/cprf.py"]
+    write_signed(store, NS, body)
+    with pytest.raises(IntegrityError, match=re.escape(message)):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
