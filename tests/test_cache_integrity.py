@@ -1460,3 +1460,125 @@ def test_a_nul_in_a_path_or_a_top_level_clash_is_refused(store, tmp_path, name, 
     with pytest.raises(IntegrityError, match=re.escape(message)):
         sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+
+
+# --- repair and gc: counts, chains and boundaries ------------------------------------------------------
+
+
+def _two_shards(store, tmp_path, monkeypatch, key=KEY) -> Path:
+    monkeypatch.setattr(sync, "SHARD_BYTES", 10)
+    source = make_cache(tmp_path / "a", {"f1": b"1" * 6, "f2": b"2" * 6})
+    sync.publish(store, source, NS, key, allow_unsigned=key is None)
+    assert len(_shard_paths(store)) == 2
+    return source
+
+
+def test_repair_restores_every_damaged_shard_and_counts_them(store, tmp_path, monkeypatch):
+    source = _two_shards(store, tmp_path, monkeypatch)
+    for shard in _shard_paths(store):
+        shard.write_bytes(b"garbage")
+    done = sync.repair(store, NS, source, KEY, allow_unsigned=False)
+    assert (done.namespace, done.shards, len(done.bad), done.restored, done.generation) == (NS, 2, 2, 2, None)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
+
+
+def test_repair_without_a_directory_drops_every_file_of_every_lost_shard(store, tmp_path, monkeypatch):
+    """No directory: nothing local is read, not even the working directory, which here holds the
+    very files. The new generation names no shard it does not use and nothing new is uploaded."""
+    source = _two_shards(store, tmp_path, monkeypatch)
+    for shard in _shard_paths(store):
+        shard.unlink()
+    monkeypatch.chdir(source)
+    done = sync.repair(store, NS, None, KEY, allow_unsigned=False)
+    assert (done.dropped, done.moved, done.restored, done.generation, done.retired) == (["f1", "f2"], 0, 0, 2, [1])
+    manifest = sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert (manifest.files, manifest.shards) == ({}, {}) and store.list("v1/objects/") == []
+
+
+def test_a_repaired_generation_chains_to_the_newest_one_it_replaces(store, tmp_path):
+    node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    make_cache(node, {"inductor/b.py": b"b"})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    second = store.read(sync._manifest_key(NS, 2))
+    lost = envelope(store, NS, 2)["body"]["files"]["inductor/b.py"]["shard"]
+    (Path(store.root) / sync._object_key(lost)).unlink()
+    done = sync.repair(store, NS, None, KEY, allow_unsigned=False)
+    assert (done.generation, done.retired, done.dropped) == (3, [2], ["inductor/b.py"])
+    assert sync.generations(store, NS) == [1, 3]
+    repaired = sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert repaired.previous == manifest_digest(second) and set(repaired.shards) == {
+        e.shard for e in repaired.files.values()
+    }
+
+
+def test_repair_of_an_unsigned_namespace_with_allow_unsigned(store, tmp_path, monkeypatch):
+    _two_shards(store, tmp_path, monkeypatch, key=None)
+    _shard_paths(store)[0].unlink()
+    done = sync.repair(store, NS, None, None, allow_unsigned=True)
+    assert done.generation == 2 and len(done.dropped) == 1
+    assert sync.verify(store, NS, None, allow_unsigned=True).generation == 2
+
+
+def test_repair_that_a_publisher_beats_to_the_next_generation_repairs_from_its_generation(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    [shard] = _shard_paths(store)
+    shard.unlink()
+    rival = make_cache(tmp_path / "rival", {"inductor/rival.py": b"r"})
+    done = sync.repair(RacingStore(store, [rival], KEY, False), NS, None, KEY, allow_unsigned=False)
+    assert (done.generation, done.retired) == (3, [1, 2])  # the rival's generation 2 named the lost shard too
+    assert sync.verify(store, NS, TRUST, allow_unsigned=False).files.keys() == {"inductor/rival.py"}
+
+
+def test_repair_says_when_a_namespace_was_never_published_or_every_race_was_lost(store, tmp_path, monkeypatch):
+    with pytest.raises(NotFound, match=f"^{re.escape(store.url)}: namespace nope was never published$"):
+        sync.repair(store, "nope", None, KEY, allow_unsigned=False)
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    _shard_paths(store)[0].unlink()
+    monkeypatch.setattr(sync, "MAX_PUBLISH_RACES", 2)
+    losing = SimpleNamespace(
+        url=store.url,
+        list=store.list,
+        read=store.read,
+        download=store.download,
+        upload=store.upload,
+        delete=store.delete,
+        create=lambda key, data: False,
+    )
+    with pytest.raises(StoreError, match=f"^repair {NS}: lost 2 races for the next manifest generation$"):
+        sync.repair(losing, NS, None, KEY, allow_unsigned=False)
+
+
+def test_gc_keeps_at_least_one_generation():
+    with pytest.raises(ValueError, match="^gc keeps at least the newest generation of every namespace$"):
+        sync.gc(None, 0, TRUST, allow_unsigned=False)
+
+
+def test_gc_retires_namespaces_unused_for_longer_than_the_limit_and_goes_on_with_the_rest(store, tmp_path, gc_time):
+    """Namespaces are read in name order: two retired ones come before one exactly at the limit
+    (kept) and one still in use whose older generation goes."""
+    ages = {"a-old": 30 * 86400 + 10, "b-old": 31 * 86400, "c-edge": 30 * 86400, "d-live": 60}
+    for namespace in ages:
+        node = make_cache(tmp_path / namespace, {f"{namespace}.py": namespace.encode()})
+        sync.publish(store, node, namespace, KEY, allow_unsigned=False)
+    sync.publish(store, make_cache(tmp_path / "d-live", {"more.py": b"more"}), "d-live", KEY, allow_unsigned=False)
+    for namespace, age in ages.items():
+        for path in (Path(store.root) / "v1" / "namespaces" / namespace).iterdir():
+            os.utime(path, (NOW - age, NOW - age))
+    age_objects(store, 40 * 86400)
+    sizes = {
+        namespace: (Path(store.root) / sync._object_key(entry.shard)).stat().st_size
+        for namespace in ("a-old", "b-old")
+        for entry in sync.newest(store, namespace, TRUST, allow_unsigned=False).files.values()
+    }
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False, unused_days=30)
+    assert done.retired_namespaces == ["a-old", "b-old"]
+    assert done.manifests == [
+        sync._manifest_key("a-old", 1),
+        sync._manifest_key("b-old", 1),
+        sync._manifest_key("d-live", 1),
+    ]
+    assert len(done.objects) == 2 and done.bytes_freed == sum(sizes.values())
+    assert sync.namespaces(store) == ["c-edge", "d-live"]
+    for namespace in ("c-edge", "d-live"):
+        sync.verify(store, namespace, TRUST, allow_unsigned=False)
