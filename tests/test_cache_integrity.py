@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from test_cache_protocol import (  # noqa: F401  clock: fixture
     ARTIFACTS,
     KEY,
@@ -1582,3 +1583,59 @@ def test_gc_retires_namespaces_unused_for_longer_than_the_limit_and_goes_on_with
     assert sync.namespaces(store) == ["c-edge", "d-live"]
     for namespace in ("c-edge", "d-live"):
         sync.verify(store, namespace, TRUST, allow_unsigned=False)
+
+
+# --- manifest.py: what a refusal quotes, and the keys' smaller surfaces --------------------------------
+
+
+def test_refusals_quote_at_most_32_characters_of_an_algorithm_or_key_id_and_every_trusted_key():
+    data = json.dumps({"body": GOLDEN.body(), "signature": {"alg": "a" * 40, "key_id": "x", "value": "00"}}).encode()
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"w: manifest is signed with {'a' * 32!r}, not ed25519; refusing it "
+            "(republish it with this version of orchestrate)"
+        )
+        + "$",
+    ):
+        decode(data, TRUST, allow_unsigned=False, where="w")
+    data = json.dumps({"body": GOLDEN.body(), "signature": {"alg": "ed25519", "key_id": "k" * 40, "value": "00"}})
+    both = TrustedKeys([KEY.public, OTHER_KEY.public])
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
+            f"w: manifest is signed by key id {'k' * 32}, which is not trusted "
+            f"(trusted: {', '.join(sorted([KEY.key_id, OTHER_KEY.key_id]))}); refusing it"
+        ),
+    ):
+        decode(data.encode(), both, allow_unsigned=False, where="w")
+
+
+def test_a_malformed_body_is_named_in_one_short_line():
+    with pytest.raises(IntegrityError, match=r"^w: manifest is malformed \(a field has the wrong type\); refusing it$"):
+        decode(signed({**GOLDEN.body(), "generation": "3"}), TRUST, allow_unsigned=False, where="w")
+    entry = {"sha256": "ab" * 32, "size": 1, "shard": "cd" * 32, "z" * 100: 1}
+    with pytest.raises(IntegrityError) as info:
+        decode(signed({**GOLDEN.body(), "files": {"a.py": entry}}), TRUST, allow_unsigned=False, where="w")
+    detail = re.fullmatch(r"w: manifest is malformed \((.*)\); refusing it", str(info.value)).group(1)
+    assert len(detail) == 80 and "unexpected keyword argument 'zzzz" in detail
+
+
+def test_a_public_key_in_hex_and_how_keys_compare_and_print():
+    raw = (
+        serialization.load_pem_public_key(GOLDEN_PUBLIC.encode())
+        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        .hex()
+    )
+    public = PublicKey.from_text(raw.encode(), "k")
+    assert public == KEY.public and public.key_id == GOLDEN_KEY_ID
+    assert public != KEY and public != GOLDEN_KEY_ID  # a signing key of the same id is not a public key
+    assert len({public, KEY.public, OTHER_KEY.public}) == 2
+    with pytest.raises(IntegrityError, match=r"^k: not an Ed25519 public key \(PEM or 64 hex digits\)"):
+        PublicKey.from_text(raw[:-2].encode(), "k")
+    assert repr(TrustedKeys()) == "TrustedKeys(none)"
+    assert repr(TrustedKeys([KEY.public, OTHER_KEY.public])) == f"TrustedKeys({KEY.key_id}, {OTHER_KEY.key_id})"
+    assert TrustedKeys([KEY.public]).get(["not", "an", "id"]) is None and TrustedKeys([KEY.public]).get(None) is None
+    with pytest.raises(IntegrityError, match=r"^trusted key: not an Ed25519 public key"):
+        TrustedKeys.from_pems(["-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n"])
