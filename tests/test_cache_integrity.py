@@ -6,6 +6,8 @@ Fast and CPU only: generated files, a directory store, no torch. Mutation testin
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import io
 import json
 import os
@@ -18,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from test_cache_protocol import (  # noqa: F401  clock: fixture
     ARTIFACTS,
     KEY,
@@ -1144,3 +1147,495 @@ def test_a_local_listing_shows_namespaces_only(tmp_path):
         (root / other).mkdir(parents=True)
     [listed] = local_namespaces(root)
     assert (listed.namespace, listed.files, listed.bytes) == (namespace, 1, 3)
+
+
+# --- where a manifest is stored: copies, replays and roll-backs ---------------------------------------
+
+
+def test_a_manifest_copied_into_another_namespace_is_refused(store, tmp_path):
+    """Another namespace's generation 1, validly signed, copied to this namespace's generation 1:
+    the number fits, only the signed namespace gives it away."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), "other-ns", KEY, allow_unsigned=False)
+    assert store.create(sync._manifest_key(NS, 1), store.read(sync._manifest_key("other-ns", 1)))
+    message = re.escape(
+        f"{store.url}/v1/namespaces/{NS}/gen-00000001.json: manifest says namespace other-ns generation 1 "
+        "but is stored elsewhere: copied or replayed; refusing it"
+    )
+    with pytest.raises(IntegrityError, match=f"^{message}$"):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    with pytest.raises(IntegrityError, match=f"^{message}$"):
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+
+
+def test_an_old_generation_replayed_under_a_newer_number_is_refused(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[2])
+    assert store.create(sync._manifest_key(NS, 3), store.read(sync._manifest_key(NS, 1)))
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
+            f"{store.url}/v1/namespaces/{NS}/gen-00000003.json: manifest says namespace {NS} generation 1 "
+            "but is stored elsewhere"
+        ),
+    ):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists()
+
+
+def test_the_namespace_a_refusal_quotes_is_cut_at_100_characters():
+    body = {**GOLDEN.body(), "namespace": "n" * 120}
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"w: manifest says namespace {'n' * 100} generation 3 but is stored elsewhere: copied or replayed; "
+            "refusing it"
+        )
+        + "$",
+    ):
+        decode(signed(body), TRUST, allow_unsigned=False, where="w", namespace="elsewhere", generation=3)
+
+
+def test_a_store_rolled_back_to_an_older_generation_is_refused_by_a_node_that_pulled_a_newer_one(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    make_cache(node, {"inductor/new.py": b"new"})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[2])
+    target = tmp_path / "node"
+    assert sync.pull(store, NS, target, TRUST, allow_unsigned=False).generation == 2
+    store.delete([sync._manifest_key(NS, 2)])  # the store as it was before generation 2
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"{store.url}/v1/namespaces/{NS}/gen-00000001.json: generation 1 is older than generation 2 already "
+            f"pulled into {target} (store rolled back or replayed); refusing it (remove "
+            f"{target / sync.APPLIED_MARKER} if the namespace was republished on purpose)"
+        )
+        + "$",
+    ):
+        sync.pull(store, NS, target, TRUST, allow_unsigned=False)
+    assert tree(target) == {**ARTIFACTS, "inductor/new.py": b"new"} and sync.pulled_generation(target) == 2
+
+
+def test_a_pulled_directory_records_namespace_generation_and_manifest_digest(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    target = tmp_path / "node"
+    sync.pull(store, NS, target, TRUST, allow_unsigned=False)
+    assert json.loads((target / sync.APPLIED_MARKER).read_text()) == {
+        "namespace": NS,
+        "generation": 1,
+        "manifest": manifest_digest(store.read(sync._manifest_key(NS, 1))),
+    }
+    # a record without a readable whole-number generation counts as none
+    assert sync.pulled_generation(tmp_path / "never-pulled") == 0
+    for text in ("{}", '{"generation": "2"}', "[2]", "not json"):
+        (target / sync.APPLIED_MARKER).write_text(text)
+        assert sync.pulled_generation(target) == 0, text
+
+
+def test_verify_refuses_a_generation_that_does_not_name_the_one_before(store, tmp_path):
+    """A key holder's generation 2 that chains to something other than generation 1's manifest
+    (generation 1 replaced after the fact, or 2 taken from another history) fails verify while
+    generation 1 is in the store; once gc deleted generation 1 there is nothing to compare."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    body = {**envelope(store, NS, 1)["body"], "generation": 2, "previous": "00" * 32}
+    assert store.create(sync._manifest_key(NS, 2), signed(body))
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"{store.url}/v1/namespaces/{NS}/gen-00000002.json: does not name generation 1's manifest as its "
+            "previous one (replaced or reordered generations); refusing it"
+        )
+        + "$",
+    ):
+        sync.verify(store, NS, TRUST, allow_unsigned=False)
+    store.delete([sync._manifest_key(NS, 1)])
+    assert sync.verify(store, NS, TRUST, allow_unsigned=False).generation == 2
+
+
+def test_verify_downloads_each_shard_once_however_many_generations_name_it(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(sync, "SHARD_BYTES", 10)
+    node = make_cache(tmp_path / "a", {"f1": b"1" * 6, "f2": b"2" * 6})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    make_cache(node, {"f3": b"3" * 6})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    download, fetched = type(store).download, []
+
+    def counted(self, key, path):
+        fetched.append(key)
+        return download(self, key, path)
+
+    monkeypatch.setattr(type(store), "download", counted)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert sorted(fetched) == sorted(i.key for i in store.list("v1/objects/")) and len(fetched) == 3
+
+
+# --- listing a store -----------------------------------------------------------------------------------
+
+
+def test_listing_shows_each_namespaces_newest_generation_or_why_it_cannot(store, tmp_path):
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(store, node, "good", KEY, allow_unsigned=False, buckets=[1])
+    make_cache(node, {"inductor/new.py": b"new"})
+    sync.publish(store, node, "good", KEY, allow_unsigned=False, buckets=[2])
+    sync.publish(store, node, "foreign", OTHER_KEY, allow_unsigned=False)
+    sync.publish(store, node, "unsigned", None, allow_unsigned=True)
+    good = sync.newest(store, "good", TRUST, allow_unsigned=False)
+    rows = sync.listing(store, TRUST, allow_unsigned=False)
+    assert [row.namespace for row in rows] == ["foreign", "good", "unsigned"]
+    foreign, listed, unsigned = rows
+    assert listed == sync.NamespaceListing(
+        namespace="good",
+        generations=2,
+        generation=2,
+        files=len(ARTIFACTS) + 1,
+        bytes=good.total_bytes,
+        buckets=[1, 2],
+        created_at=good.created_at,
+        error=None,
+    )
+    assert (foreign.generations, foreign.generation, foreign.files, foreign.bytes) == (1, None, None, None)
+    assert (foreign.buckets, foreign.created_at) == (None, None)
+    assert foreign.error.startswith(f"{store.url}/v1/namespaces/foreign/gen-00000001.json: manifest is signed by")
+    assert unsigned.generation is None and "manifest is unsigned" in unsigned.error
+    relaxed = {row.namespace: row for row in sync.listing(store, TRUST, allow_unsigned=True)}
+    assert (relaxed["unsigned"].generation, relaxed["unsigned"].files, relaxed["unsigned"].error) == (
+        1,
+        len(ARTIFACTS) + 1,
+        None,
+    )
+    (tmp_path / "empty").mkdir()
+    assert sync.listing(open_store(f"file://{tmp_path / 'empty'}"), TRUST, allow_unsigned=False) == []
+
+
+def test_newest_of_a_namespace_never_published_is_none(store):
+    assert sync.newest(store, "never-published", TRUST, allow_unsigned=False) is None
+
+
+# --- pull: what is carried over from the directory, and how the swap ends ----------------------------
+
+
+def test_local_files_where_the_manifest_needs_a_directory_are_dropped_and_the_rest_stay(store, tmp_path):
+    """Files only this node has are carried into the pulled directory, except one standing where the
+    manifest needs a directory (`triton`, `inductor/fxgraph`). A stale file's own folder is scanned
+    before its subfolder, so the local file below it comes after it."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = make_cache(
+        tmp_path / "node",
+        {
+            "triton": b"a file where a folder goes",
+            "inductor/fxgraph": b"another one, one level down",
+            "inductor/pr/cprf.py": b"stale",
+            "inductor/pr/sub/mine.txt": b"mine",
+        },
+    )
+    pulled = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert pulled.files == len(ARTIFACTS)
+    assert tree(node) == {**ARTIFACTS, "inductor/pr/sub/mine.txt": b"mine"}
+
+
+def test_local_files_under_a_path_the_manifest_names_as_a_file_are_dropped(store, tmp_path):
+    """The manifest names `top`, `r1/f` and `r2/f` as files; this node has folders there. What is
+    under them goes; everything else stays, in whichever order the folders are read."""
+    published = {"top": b"t", "r1/f": b"1", "r2/f": b"2"}
+    sync.publish(store, make_cache(tmp_path / "a", published), NS, KEY, allow_unsigned=False)
+    node = make_cache(
+        tmp_path / "node",
+        {"top/x": b"old", "r1/f/x": b"old", "r1/keep.txt": b"k1", "r2/f/x": b"old", "r2/keep.txt": b"k2"},
+    )
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert tree(node) == {**published, "r1/keep.txt": b"k1", "r2/keep.txt": b"k2"}
+
+
+def test_where_hard_links_fail_local_files_are_copied_except_on_a_full_disk(store, tmp_path, monkeypatch):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = make_cache(tmp_path / "node", {**ARTIFACTS, "inductor/pr/cprf.py": b"stale", "local/keep": b"k"})
+
+    def no_link(code):
+        def link(src, dst):
+            raise OSError(code, os.strerror(code))
+
+        return link
+
+    monkeypatch.setattr(sync.os, "link", no_link(errno.ENOSPC))
+    with pytest.raises(sync.DiskFull):
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert tree(node) == {**ARTIFACTS, "inductor/pr/cprf.py": b"stale", "local/keep": b"k"}
+    monkeypatch.setattr(sync.os, "link", no_link(errno.EXDEV))  # a filesystem without hard links
+    assert sync.pull(store, NS, node, TRUST, allow_unsigned=False).files == 1
+    assert tree(node) == {**ARTIFACTS, "local/keep": b"k"} and no_staging_left(tmp_path)
+
+
+def test_a_pull_into_a_link_to_a_directory_works_in_the_real_directory(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    real = make_cache(tmp_path / "real", {"local/keep": b"k"})
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    sync.pull(store, NS, link, TRUST, allow_unsigned=False)
+    assert link.is_symlink() and tree(real) == {**ARTIFACTS, "local/keep": b"k"}
+    assert no_staging_left(tmp_path)
+
+
+def test_the_old_directory_moved_aside_is_removed_once_the_new_one_is_in_place(store, tmp_path, monkeypatch):
+    """Without an atomic exchange the swap is two renames; after the second the old directory goes,
+    and one left by a pull killed just after the second rename goes on the next pull."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    make_cache(tmp_path / "a", {"inductor/new.py": b"new"})
+    sync.publish(store, tmp_path / "a", NS, KEY, allow_unsigned=False)
+    monkeypatch.setattr(sync, "_exchange", lambda a, b: False)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert tree(node) == {**ARTIFACTS, "inductor/new.py": b"new"}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".node.pull-lock"]
+    left = make_cache(tmp_path / ".previous-node", {"inductor/old.py": b"old"})
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert not left.exists() and tree(node) == {**ARTIFACTS, "inductor/new.py": b"new"}
+
+
+def _renameat2_exchanges(a: Path, b: Path) -> bool:
+    """Whether this kernel and filesystem exchange two directories: asked directly, not through sync."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    return renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0
+
+
+def test_the_exchange_takes_paths_relative_to_the_working_directory_and_reports_failures(tmp_path, monkeypatch):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "which").write_text(name)
+    if not _renameat2_exchanges(tmp_path / "a", tmp_path / "b"):
+        pytest.skip("this kernel or filesystem has no renameat2(RENAME_EXCHANGE)")
+    monkeypatch.chdir(tmp_path)  # the probe swapped them: a holds "b"
+    assert sync._exchange(Path("a"), Path("b")) is True
+    assert (tmp_path / "a" / "which").read_text() == "a" and (tmp_path / "b" / "which").read_text() == "b"
+    with pytest.raises(FileNotFoundError) as missing:
+        sync._exchange(tmp_path / "a", tmp_path / "missing")
+    assert (missing.value.errno, missing.value.strerror, missing.value.filename) == (
+        errno.ENOENT,
+        os.strerror(errno.ENOENT),
+        str(tmp_path / "missing"),
+    )
+    (tmp_path / "a" / "sub").mkdir()
+    assert sync._exchange(tmp_path / "a", tmp_path / "a" / "sub") is False  # EINVAL: the caller renames instead
+
+
+def test_a_full_disk_says_how_much_the_namespace_takes(store, tmp_path, monkeypatch):
+    sync.publish(store, make_cache(tmp_path / "a", {"big.bin": b"x" * 1_050_000}), NS, KEY, allow_unsigned=False)
+
+    def no_space(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", no_space)
+    with pytest.raises(
+        sync.DiskFull,
+        match="^"
+        + re.escape(
+            f"no space left on the device of {tmp_path} while pulling {NS} (its files take 1.1 MB); "
+            "free space there or pull to a larger disk; the directory is unchanged"
+        )
+        + "$",
+    ):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("inductor/a\0b.py", "names an unsafe path 'inductor/a\\x00b.py'"),
+        ("triton", "names 'triton' as a file and as the directory of 'triton/HASH/"),
+    ],
+)
+def test_a_nul_in_a_path_or_a_top_level_clash_is_refused(store, tmp_path, name, message):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    body = envelope(store, NS, 1)["body"]
+    body["generation"] = 2
+    body["files"][name] = body["files"]["inductor/pr/cprf.py"]
+    write_signed(store, NS, body)
+    with pytest.raises(IntegrityError, match=re.escape(message)):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
+
+
+# --- repair and gc: counts, chains and boundaries ------------------------------------------------------
+
+
+def _two_shards(store, tmp_path, monkeypatch, key=KEY) -> Path:
+    monkeypatch.setattr(sync, "SHARD_BYTES", 10)
+    source = make_cache(tmp_path / "a", {"f1": b"1" * 6, "f2": b"2" * 6})
+    sync.publish(store, source, NS, key, allow_unsigned=key is None)
+    assert len(_shard_paths(store)) == 2
+    return source
+
+
+def test_repair_restores_every_damaged_shard_and_counts_them(store, tmp_path, monkeypatch):
+    source = _two_shards(store, tmp_path, monkeypatch)
+    for shard in _shard_paths(store):
+        shard.write_bytes(b"garbage")
+    done = sync.repair(store, NS, source, KEY, allow_unsigned=False)
+    assert (done.namespace, done.shards, len(done.bad), done.restored, done.generation) == (NS, 2, 2, 2, None)
+    sync.verify(store, NS, TRUST, allow_unsigned=False)
+
+
+def test_repair_without_a_directory_drops_every_file_of_every_lost_shard(store, tmp_path, monkeypatch):
+    """No directory: nothing local is read, not even the working directory, which here holds the
+    very files. The new generation names no shard it does not use and nothing new is uploaded."""
+    source = _two_shards(store, tmp_path, monkeypatch)
+    for shard in _shard_paths(store):
+        shard.unlink()
+    monkeypatch.chdir(source)
+    done = sync.repair(store, NS, None, KEY, allow_unsigned=False)
+    assert (done.dropped, done.moved, done.restored, done.generation, done.retired) == (["f1", "f2"], 0, 0, 2, [1])
+    manifest = sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert (manifest.files, manifest.shards) == ({}, {}) and store.list("v1/objects/") == []
+
+
+def test_a_repaired_generation_chains_to_the_newest_one_it_replaces(store, tmp_path):
+    node = make_cache(tmp_path / "a", {"inductor/a.py": b"a"})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    make_cache(node, {"inductor/b.py": b"b"})
+    sync.publish(store, node, NS, KEY, allow_unsigned=False)
+    second = store.read(sync._manifest_key(NS, 2))
+    lost = envelope(store, NS, 2)["body"]["files"]["inductor/b.py"]["shard"]
+    (Path(store.root) / sync._object_key(lost)).unlink()
+    done = sync.repair(store, NS, None, KEY, allow_unsigned=False)
+    assert (done.generation, done.retired, done.dropped) == (3, [2], ["inductor/b.py"])
+    assert sync.generations(store, NS) == [1, 3]
+    repaired = sync.verify(store, NS, TRUST, allow_unsigned=False)
+    assert repaired.previous == manifest_digest(second) and set(repaired.shards) == {
+        e.shard for e in repaired.files.values()
+    }
+
+
+def test_repair_of_an_unsigned_namespace_with_allow_unsigned(store, tmp_path, monkeypatch):
+    _two_shards(store, tmp_path, monkeypatch, key=None)
+    _shard_paths(store)[0].unlink()
+    done = sync.repair(store, NS, None, None, allow_unsigned=True)
+    assert done.generation == 2 and len(done.dropped) == 1
+    assert sync.verify(store, NS, None, allow_unsigned=True).generation == 2
+
+
+def test_repair_that_a_publisher_beats_to_the_next_generation_repairs_from_its_generation(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    [shard] = _shard_paths(store)
+    shard.unlink()
+    rival = make_cache(tmp_path / "rival", {"inductor/rival.py": b"r"})
+    done = sync.repair(RacingStore(store, [rival], KEY, False), NS, None, KEY, allow_unsigned=False)
+    assert (done.generation, done.retired) == (3, [1, 2])  # the rival's generation 2 named the lost shard too
+    assert sync.verify(store, NS, TRUST, allow_unsigned=False).files.keys() == {"inductor/rival.py"}
+
+
+def test_repair_says_when_a_namespace_was_never_published_or_every_race_was_lost(store, tmp_path, monkeypatch):
+    with pytest.raises(NotFound, match=f"^{re.escape(store.url)}: namespace nope was never published$"):
+        sync.repair(store, "nope", None, KEY, allow_unsigned=False)
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    _shard_paths(store)[0].unlink()
+    monkeypatch.setattr(sync, "MAX_PUBLISH_RACES", 2)
+    losing = SimpleNamespace(
+        url=store.url,
+        list=store.list,
+        read=store.read,
+        download=store.download,
+        upload=store.upload,
+        delete=store.delete,
+        create=lambda key, data: False,
+    )
+    with pytest.raises(StoreError, match=f"^repair {NS}: lost 2 races for the next manifest generation$"):
+        sync.repair(losing, NS, None, KEY, allow_unsigned=False)
+
+
+def test_gc_keeps_at_least_one_generation():
+    with pytest.raises(ValueError, match="^gc keeps at least the newest generation of every namespace$"):
+        sync.gc(None, 0, TRUST, allow_unsigned=False)
+
+
+def test_gc_retires_namespaces_unused_for_longer_than_the_limit_and_goes_on_with_the_rest(store, tmp_path, gc_time):
+    """Namespaces are read in name order: two retired ones come before one exactly at the limit
+    (kept) and one still in use whose older generation goes."""
+    ages = {"a-old": 30 * 86400 + 10, "b-old": 31 * 86400, "c-edge": 30 * 86400, "d-live": 60}
+    for namespace in ages:
+        node = make_cache(tmp_path / namespace, {f"{namespace}.py": namespace.encode()})
+        sync.publish(store, node, namespace, KEY, allow_unsigned=False)
+    sync.publish(store, make_cache(tmp_path / "d-live", {"more.py": b"more"}), "d-live", KEY, allow_unsigned=False)
+    for namespace, age in ages.items():
+        for path in (Path(store.root) / "v1" / "namespaces" / namespace).iterdir():
+            os.utime(path, (NOW - age, NOW - age))
+    age_objects(store, 40 * 86400)
+    sizes = {
+        namespace: (Path(store.root) / sync._object_key(entry.shard)).stat().st_size
+        for namespace in ("a-old", "b-old")
+        for entry in sync.newest(store, namespace, TRUST, allow_unsigned=False).files.values()
+    }
+    done = sync.gc(store, 1, TRUST, allow_unsigned=False, unused_days=30)
+    assert done.retired_namespaces == ["a-old", "b-old"]
+    assert done.manifests == [
+        sync._manifest_key("a-old", 1),
+        sync._manifest_key("b-old", 1),
+        sync._manifest_key("d-live", 1),
+    ]
+    assert len(done.objects) == 2 and done.bytes_freed == sum(sizes.values())
+    assert sync.namespaces(store) == ["c-edge", "d-live"]
+    for namespace in ("c-edge", "d-live"):
+        sync.verify(store, namespace, TRUST, allow_unsigned=False)
+
+
+# --- manifest.py: what a refusal quotes, and the keys' smaller surfaces --------------------------------
+
+
+def test_refusals_quote_at_most_32_characters_of_an_algorithm_or_key_id_and_every_trusted_key():
+    data = json.dumps({"body": GOLDEN.body(), "signature": {"alg": "a" * 40, "key_id": "x", "value": "00"}}).encode()
+    with pytest.raises(
+        IntegrityError,
+        match="^"
+        + re.escape(
+            f"w: manifest is signed with {'a' * 32!r}, not ed25519; refusing it "
+            "(republish it with this version of orchestrate)"
+        )
+        + "$",
+    ):
+        decode(data, TRUST, allow_unsigned=False, where="w")
+    data = json.dumps({"body": GOLDEN.body(), "signature": {"alg": "ed25519", "key_id": "k" * 40, "value": "00"}})
+    both = TrustedKeys([KEY.public, OTHER_KEY.public])
+    with pytest.raises(
+        IntegrityError,
+        match=re.escape(
+            f"w: manifest is signed by key id {'k' * 32}, which is not trusted "
+            f"(trusted: {', '.join(sorted([KEY.key_id, OTHER_KEY.key_id]))}); refusing it"
+        ),
+    ):
+        decode(data.encode(), both, allow_unsigned=False, where="w")
+
+
+def test_a_malformed_body_is_named_in_one_short_line():
+    with pytest.raises(IntegrityError, match=r"^w: manifest is malformed \(a field has the wrong type\); refusing it$"):
+        decode(signed({**GOLDEN.body(), "generation": "3"}), TRUST, allow_unsigned=False, where="w")
+    entry = {"sha256": "ab" * 32, "size": 1, "shard": "cd" * 32, "z" * 100: 1}
+    with pytest.raises(IntegrityError) as info:
+        decode(signed({**GOLDEN.body(), "files": {"a.py": entry}}), TRUST, allow_unsigned=False, where="w")
+    detail = re.fullmatch(r"w: manifest is malformed \((.*)\); refusing it", str(info.value)).group(1)
+    assert len(detail) == 80 and "unexpected keyword argument 'zzzz" in detail
+
+
+def test_a_public_key_in_hex_and_how_keys_compare_and_print():
+    raw = (
+        serialization.load_pem_public_key(GOLDEN_PUBLIC.encode())
+        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        .hex()
+    )
+    public = PublicKey.from_text(raw.encode(), "k")
+    assert public == KEY.public and public.key_id == GOLDEN_KEY_ID
+    assert public != KEY and public != GOLDEN_KEY_ID  # a signing key of the same id is not a public key
+    assert len({public, KEY.public, OTHER_KEY.public}) == 2
+    with pytest.raises(IntegrityError, match=r"^k: not an Ed25519 public key \(PEM or 64 hex digits\)"):
+        PublicKey.from_text(raw[:-2].encode(), "k")
+    assert repr(TrustedKeys()) == "TrustedKeys(none)"
+    assert repr(TrustedKeys([KEY.public, OTHER_KEY.public])) == f"TrustedKeys({KEY.key_id}, {OTHER_KEY.key_id})"
+    assert TrustedKeys([KEY.public]).get(["not", "an", "id"]) is None and TrustedKeys([KEY.public]).get(None) is None
+    with pytest.raises(IntegrityError, match=r"^trusted key: not an Ed25519 public key"):
+        TrustedKeys.from_pems(["-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n"])
