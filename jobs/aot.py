@@ -87,7 +87,7 @@ def build(
         target = Path(scratch) / "function.bin"
         try:
             with torch.no_grad(), _aot_compile_enabled():
-                compiled = torch.compile(model, **compile_options)
+                compiled: Any = torch.compile(model, **compile_options)  # an OptimizedModule
                 function = compiled.forward.aot_compile((tuple(args), dict(kwargs)))
                 function.save_compiled_function(str(target), external_data={MODEL_KEY: model})
         except Exception as exc:
