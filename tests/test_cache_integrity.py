@@ -751,6 +751,76 @@ def test_what_a_killed_pull_left_is_removed_and_local_files_stay(store, tmp_path
     assert tree(node) == {**ARTIFACTS, "local/only-here.txt": b"mine"}
 
 
+PULLER = """
+import sys, time
+from pathlib import Path
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import TrustedKeys
+from orchestrator.cache.store import open_store
+url, namespace, target, public = sys.argv[1:5]
+print("pulling", flush=True)
+started = time.perf_counter()
+sync.pull(open_store(url), namespace, Path(target), TrustedKeys.from_pems([Path(public).read_text()]), allow_unsigned=False)
+print(time.perf_counter() - started, flush=True)
+"""
+
+
+def test_a_pull_killed_at_any_moment_leaves_the_old_generation_or_the_new(store, tmp_path):
+    """SIGKILL, not a simulated failure: a pull process is killed at random moments of a pull that
+    moves a node from one generation to the next. Each time the directory holds exactly the old
+    generation or exactly the new one, and the next pull completes it and leaves nothing behind."""
+    import random
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    rng = random.Random(7)
+    old = {f"inductor/old/{i:03}.py": rng.randbytes(2_000) for i in range(40)}
+    new = {f"inductor/new/{i:03}.py": rng.randbytes(20_000) for i in range(300)}
+    url = f"file://{tmp_path / 'store'}"
+    public = tmp_path / "publisher.pub"
+    public.write_text(KEY.public.pem())
+    sync.publish(store, make_cache(tmp_path / "gen1", old), NS, KEY, allow_unsigned=False)
+    base = tmp_path / "base" / "node"
+    sync.pull(store, NS, base, TRUST, allow_unsigned=False)
+    sync.publish(store, make_cache(tmp_path / "gen2", new), NS, KEY, allow_unsigned=False)  # merged: old + new
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def start(target: Path) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PULLER, url, NS, str(target), str(public)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "pulling"
+        return proc
+
+    timed = tmp_path / "timed" / "node"
+    shutil.copytree(base, timed)
+    first = start(timed)
+    pull_seconds = float(first.communicate(timeout=120)[0])
+    assert tree(timed) == {**old, **new}
+
+    killed = 0
+    for trial in range(10):
+        node = tmp_path / f"trial-{trial}" / "node"
+        shutil.copytree(base, node)
+        proc = start(node)
+        time.sleep(rng.uniform(0.0, pull_seconds))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        killed += proc.returncode == -signal.SIGKILL
+        assert tree(node) in (old, {**old, **new}), f"trial {trial}: a mix of generations"
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+        assert tree(node) == {**old, **new} and no_staging_left(node.parent)
+    assert killed >= 5  # most kills land inside the pull, not after it
+
+
 def test_a_symlink_inside_the_target_is_never_followed(store, tmp_path):
     """A directory inside the target that links elsewhere: the pull writes nothing there and
     reads nothing from there; the target ends with real directories."""
