@@ -16,13 +16,11 @@ docs/performance.md has the comparison.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import inspect
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
@@ -61,17 +59,6 @@ def compile_kwargs(mode: Optional[str], options: Mapping[str, Any], backend: str
     return ti.compile_kwargs(mode, False, True, backend, dict(options))
 
 
-@contextlib.contextmanager
-def _aot_compile_enabled() -> Iterator[None]:
-    """torch 2.11 keeps ahead-of-time compile behind a Dynamo flag; later versions have it on."""
-    config = torch._dynamo.config
-    if not hasattr(config, "enable_aot_compile"):
-        yield
-        return
-    with config.patch(enable_aot_compile=True):
-        yield
-
-
 def build(
     model: torch.nn.Module,
     args: list[Any],
@@ -86,7 +73,7 @@ def build(
     with tempfile.TemporaryDirectory(prefix=".aot-", dir=directory.parent) as scratch:
         target = Path(scratch) / "function.bin"
         try:
-            with torch.no_grad(), _aot_compile_enabled():
+            with torch.no_grad(), ti.aot_compile_enabled():
                 compiled: Any = torch.compile(model, **compile_options)  # an OptimizedModule
                 function = compiled.forward.aot_compile((tuple(args), dict(kwargs)))
                 function.save_compiled_function(str(target), external_data={MODEL_KEY: model})
@@ -111,17 +98,6 @@ def check_platform(built_for: Mapping[str, Any], here: Platform) -> None:
 
 def load(path: Path, model: torch.nn.Module) -> Any:
     """The saved function, bound to `model`: call it as the model's forward."""
-    with open(path, "rb") as file, _aot_compile_enabled():
+    with open(path, "rb") as file, ti.aot_compile_enabled():
         function = torch.compiler.load_compiled_function(file, external_data={MODEL_KEY: model})
-    return functools.partial(function, model) if _takes_self(function) else function
-
-
-def _takes_self(function: Any) -> bool:
-    """Whether the saved frame is a method that wants its module first: Dynamo saves the frame it
-    compiled (`Module._wrapped_call_impl(self, *args, **kwargs)` for most modules, the bare
-    `(*args, **kwargs)` for some containers) and checks the call against it with guards."""
-    signature = getattr(getattr(function, "_artifacts", None), "signature", None)
-    if signature is None:  # a torch that keeps it elsewhere: the usual case, a module's method
-        return True
-    first = next(iter(signature.parameters.values()), None)
-    return first is not None and first.name == "self" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return functools.partial(function, model) if ti.saved_function_takes_self(function) else function

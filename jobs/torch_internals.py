@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import platform as host_platform
@@ -217,6 +218,28 @@ class TraceAhead:
 
     def reset(self) -> None:  # torch._dynamo.reset(): drop the CUDA-graph trees as Inductor's would
         self.inductor.reset()
+
+
+@contextlib.contextmanager
+def aot_compile_enabled() -> Iterator[None]:
+    """torch 2.11 keeps Dynamo's ahead-of-time compile behind a config flag; later versions have it on."""
+    config = torch._dynamo.config
+    if not hasattr(config, "enable_aot_compile"):
+        yield
+        return
+    with config.patch(enable_aot_compile=True):
+        yield
+
+
+def saved_function_takes_self(function: Any) -> bool:
+    """Whether a function loaded with load_compiled_function wants its module first: Dynamo saves
+    the frame it compiled (`Module._wrapped_call_impl(self, *args, **kwargs)` for most modules, a
+    bare `(*args, **kwargs)` for some containers) and checks each call against it with guards."""
+    signature = getattr(getattr(function, "_artifacts", None), "signature", None)
+    if signature is None:  # a torch that keeps it elsewhere: the usual case, a module's method
+        return True
+    first = next(iter(signature.parameters.values()), None)
+    return first is not None and first.name == "self" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 
 def mark_step() -> None:
