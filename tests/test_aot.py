@@ -215,3 +215,42 @@ def test_a_saved_function_lives_under_its_bucket_and_content(tmp_path):
     assert name.startswith("aot/b8-") and len(name) == len("aot/b8-") + 16 + len(".bin")
     saved.write_bytes(b"other bytes")
     assert aot.file_name(8, saved) != name
+
+
+@pytest.mark.slow
+def test_on_ray_the_compile_wave_builds_each_function_once_and_the_ranks_serve_from_it(tmp_path):
+    """The README's main path: a local Ray instance and the local store. The compile wave builds and
+    publishes each bucket's function; the rank pulls it, loads it and measures it (it builds none of
+    its own), and the published plans name the files the store holds."""
+    cfg = config(tmp_path, "deep")
+    cfg.write_text(cfg.read_text().replace("buckets: [4]", "buckets: [1, 4]"))
+    cache = tmp_path / "cache"
+    proc = orchestrate(
+        "warmup",
+        "--model",
+        str(cfg),
+        "--json",
+        cache_dir=cache,
+        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    ranks = [r for r in report["results"] if r["phase"] == "warm"]
+    assert sorted(r["bucket"] for r in ranks) == [1, 4]
+    for result in ranks:
+        assert result["variants"]["aot"]["ok"], result["variants"]["aot"]
+
+    # one function per bucket in the store, and the plans there name exactly those
+    from orchestrator.cache import sync
+    from orchestrator.cache.manifest import TrustedKeys
+    from orchestrator.cache.store import open_store
+
+    store = open_store(report["remote"]["url"])
+    trusted = TrustedKeys.load([cache / ".signing-key.pub"], environ=False)
+    (namespace,) = sync.namespaces(store)
+    replica_dir = tmp_path / "replica" / namespace
+    sync.pull(store, namespace, replica_dir, trusted, allow_unsigned=False)
+    saved = sorted(p.relative_to(replica_dir).as_posix() for p in (replica_dir / aot.AOT_DIR).iterdir())
+    assert [name.split("-")[0] for name in saved] == ["aot/b1", "aot/b4"]
+    plans = read_plans(replica_dir)
+    assert sorted(plans[b]["artifacts"]["aot"]["path"] for b in (1, 4)) == saved
