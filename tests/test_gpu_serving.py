@@ -47,7 +47,7 @@ def test_graphed_variants_match_eager_and_the_runtime_replays_the_chosen_one(tmp
     chosen = {}
     for result in report["results"]:
         variants = result["variants"]
-        assert list(variants) == ["eager", "compiled", "graphed", "eager-graphed"]
+        assert list(variants) == ["eager", "compiled", "graphed", "eager-graphed", "aot"]
         for name, measure in variants.items():
             assert measure["ok"], (name, measure["reason"])
             assert measure["ms"] > 0 and measure["p90_ms"] >= measure["ms"] and measure["spread_ms"] >= 0
@@ -90,4 +90,6 @@ def test_a_model_that_syncs_the_host_serves_without_graphs_and_says_why(tmp_path
         for name in ("graphed", "eager-graphed"):
             measure = result["variants"][name]
             assert measure["ok"] is False and "CUDA graph" in measure["reason"], measure
+        # a host sync: no whole graph for Dynamo, or no capture
+        assert result["variants"]["aot"]["ok"] is False and result["variants"]["aot"]["reason"]
         assert result["variant"] in ("eager", "compiled")
