@@ -1,9 +1,12 @@
-"""Every rendered and shipped manifest validates offline: RayJob against KubeRay's CRD with unknown
-fields rejected, core kinds with kubernetes-validate --strict, and `kubectl kustomize k8s/` builds."""
+"""Every rendered and shipped manifest validates offline: RayJob against KubeRay's CRD and the
+monitoring resources against prometheus-operator's, unknown fields rejected; core kinds with
+kubernetes-validate --strict; `kubectl kustomize k8s/` builds; the shipped alerts pass
+`promtool check rules` and fire (and stay quiet) on the series their unit tests feed them."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 import subprocess
 
@@ -14,6 +17,11 @@ import yaml
 from conftest import ROOT, orchestrate
 
 SCHEMAS = ROOT / "tests" / "schemas" / "kuberay"  # vendored: see its README.md
+OPERATOR_SCHEMAS = ROOT / "tests" / "schemas" / "prometheus-operator"  # vendored: see its README.md
+OPERATOR_KINDS = {
+    "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml.gz",
+    "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml.gz",
+}
 K8S_VERSION = "1.32"
 
 
@@ -49,7 +57,14 @@ def rayjob_validator():
 
 
 def validate(document, rayjob_validator):
-    if document["kind"] == "RayJob":
+    if document["kind"] in OPERATOR_KINDS:
+        assert document["apiVersion"] == "monitoring.coreos.com/v1"
+        validator = jsonschema.Draft4Validator(
+            k8s_like(crd_schema(OPERATOR_SCHEMAS / OPERATOR_KINDS[document["kind"]]))
+        )
+        errors = sorted(validator.iter_errors(document), key=lambda e: list(e.path))
+        assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
+    elif document["kind"] == "RayJob":
         assert document["apiVersion"] == "ray.io/v1"
         errors = sorted(rayjob_validator.iter_errors(document), key=lambda e: list(e.path))
         assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
@@ -138,8 +153,18 @@ def test_kustomize_builds_and_everything_validates(rayjob_validator):
     built = subprocess.run(["kubectl", "kustomize", str(ROOT / "k8s")], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     documents = list(yaml.safe_load_all(built.stdout))
-    assert {d["kind"] for d in documents} == {"ConfigMap", "Deployment", "RayJob"}
-    for document in documents:
+    assert {d["kind"] for d in documents} == {"ConfigMap", "Deployment", "RayJob"}  # no CRD beyond KubeRay's
+    operator = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / "k8s" / "monitoring" / "operator")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert operator.returncode == 0, operator.stderr
+    operator_documents = list(yaml.safe_load_all(operator.stdout))
+    assert sorted(d["kind"] for d in operator_documents) == ["PrometheusRule", "ServiceMonitor"]
+    assert all(d["metadata"]["namespace"] == "monitoring" for d in operator_documents)
+    for document in [*documents, *operator_documents]:
         validate(document, rayjob_validator)
     for document in yaml.safe_load_all((ROOT / "k8s" / "secrets.example.yaml").read_text()):
         validate(document, rayjob_validator)
@@ -196,3 +221,94 @@ def test_no_secret_is_inline_in_any_manifest():
                 assert is_passed(entry["name"]), entry
             else:
                 assert set(entry["valueFrom"]) == {"secretKeyRef"}, entry
+
+
+def test_a_typo_in_a_prometheus_rule_is_caught(rayjob_validator):
+    rule = yaml.safe_load((ROOT / "k8s" / "monitoring" / "operator" / "prometheus-rules.yaml").read_text())
+    rule["spec"]["groups"][0]["rules"][0]["expresion"] = rule["spec"]["groups"][0]["rules"][0].pop("expr")
+    with pytest.raises(AssertionError, match="expresion"):
+        validate(rule, rayjob_validator)
+
+
+# Each alert against series as the Pushgateway serves them (job and model labels kept).
+ALERT_TESTS = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="mlp"}'
+        values: '1 1 0 0 0'
+      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="resnet18"}'
+        values: '1 1 1 1 1'
+      - series: 'orchestrate_bucket_failures{job="orchestrate_warmup", model="mlp"}'
+        values: '0 0 2 2 2'
+      - series: 'orchestrate_speedup_ratio{job="orchestrate_warmup", model="mlp", bucket="32", mode="reduce-overhead", gpu="NVIDIA H200"}'
+        values: '1.5 1.5 0.8 0.8 0.8'
+      - series: 'orchestrate_speedup_ratio{job="orchestrate_warmup", model="mlp", bucket="1", mode="reduce-overhead", gpu="NVIDIA H200"}'
+        values: '3 3 3 3 3'
+    alert_rule_test:
+      - {eval_time: 1m, alertname: OrchestrateWarmupFailed, exp_alerts: []}
+      - eval_time: 3m
+        alertname: OrchestrateWarmupFailed
+        exp_alerts:
+          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp}
+            exp_annotations:
+              summary: The last warmup of mlp did not finish every bucket
+              description: @OrchestrateWarmupFailed@
+      - eval_time: 3m
+        alertname: OrchestrateBucketsFailing
+        exp_alerts:
+          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp}
+            exp_annotations:
+              summary: 2 bucket record(s) of mlp failed in the last warmup
+              description: @OrchestrateBucketsFailing@
+      - {eval_time: 1m, alertname: OrchestrateBucketSlowerThanEager, exp_alerts: []}
+      - eval_time: 3m
+        alertname: OrchestrateBucketSlowerThanEager
+        exp_alerts:
+          - exp_labels: {severity: info, job: orchestrate_warmup, model: mlp, bucket: "32", mode: reduce-overhead, gpu: NVIDIA H200}
+            exp_annotations:
+              summary: "mlp bucket 32 on NVIDIA H200: compiled is slower than eager (speedup 0.80x)"
+              description: @OrchestrateBucketSlowerThanEager@
+  - interval: 1m
+    input_series:
+      # a success at the start of time and none since; another model succeeds every minute
+      - series: 'orchestrate_last_success_timestamp_seconds{job="orchestrate_warmup", model="mlp"}'
+        values: '0x1600'
+      - series: 'orchestrate_last_success_timestamp_seconds{job="orchestrate_warmup", model="resnet18"}'
+        values: '0+60x1600'
+    alert_rule_test:
+      - {eval_time: 23h, alertname: OrchestrateNoRecentSuccess, exp_alerts: []}
+      - {eval_time: 24h10m, alertname: OrchestrateNoRecentSuccess, exp_alerts: []}  # pending: `for: 15m`
+      - eval_time: 26h
+        alertname: OrchestrateNoRecentSuccess
+        exp_alerts:
+          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp}
+            exp_annotations:
+              summary: No successful warmup of mlp for 1d 2h 0m 0s
+              description: @OrchestrateNoRecentSuccess@
+"""
+
+
+def test_the_shipped_alerts_check_and_fire_on_what_they_are_about(tmp_path):
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool (Debian's prometheus package) is not installed")
+    rule = yaml.safe_load((ROOT / "k8s" / "monitoring" / "operator" / "prometheus-rules.yaml").read_text())
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    checked = subprocess.run(
+        ["promtool", "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # the descriptions are fixed text: the expected ones are the file's own, quoted for YAML
+    descriptions = {
+        r["alert"]: json.dumps(r["annotations"]["description"]) for g in rule["spec"]["groups"] for r in g["rules"]
+    }
+    tests = ALERT_TESTS
+    for alert, description in descriptions.items():
+        tests = tests.replace(f"@{alert}@", description)
+    (tmp_path / "alerts_test.yaml").write_text(tests)
+    tested = subprocess.run(
+        ["promtool", "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
