@@ -511,6 +511,14 @@ def render() -> None:
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="GPU worker pods.")
 @click.option("--gpus-per-worker", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--cache-volume",
+    default="emptyDir",
+    show_default=True,
+    metavar="emptyDir|pvc:NAME|hostPath:/PATH",
+    help="The pods' compile-cache volume; a hostPath (node-local NVMe shared across pods) is outside "
+    "the restricted Pod Security profile.",
+)
 def render_k8s(
     model_path: str,
     buckets: Optional[str],
@@ -520,13 +528,16 @@ def render_k8s(
     namespace: str,
     workers: int,
     gpus_per_worker: int,
+    cache_volume: str,
 ) -> None:
     """A RayJob (ray.io/v1) and the ConfigMap carrying the model config, as YAML on stdout."""
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     from orchestrator.k8s import ClusterShape, to_yaml
     from orchestrator.k8s import render as render_manifests
 
-    shape = ClusterShape(image=image, namespace=namespace, workers=workers, gpus_per_worker=gpus_per_worker)
+    shape = ClusterShape(
+        image=image, namespace=namespace, workers=workers, gpus_per_worker=gpus_per_worker, cache_volume=cache_volume
+    )
     try:
         documents = render_manifests(
             spec,

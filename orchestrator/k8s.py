@@ -1,9 +1,14 @@
 """Kubernetes manifests for a warmup: a KubeRay RayJob (ray.io/v1) and the ConfigMap that carries
 the model config. Rendered from a WarmupSpec so the job runs exactly what `warmup` would here.
 
-Layout inside the pods: the config at /etc/orchestrate/<file>, the node-local NVMe cache at
-/nvme/orchestrate (a hostPath, so the next warmup and the serving pods on that node reuse it),
-store credentials and the signing key from Secrets, never inline.
+Layout inside the pods: the config at /etc/orchestrate/<file>, the compile cache at
+/nvme/orchestrate (`--cache-volume`: an emptyDir by default, a PersistentVolumeClaim, or a hostPath
+only when asked), store credentials and the signing key from Secrets, never inline.
+
+Every pod meets the Pod Security Standards' "restricted" profile (a hostPath cache volume aside,
+which only an explicit `--cache-volume hostPath:...` asks for): non-root, no privilege escalation,
+every capability dropped, the runtime's default seccomp profile, a read-only root filesystem with
+/tmp (Ray's session files) and /dev/shm (its object store) as writable emptyDirs.
 """
 
 from __future__ import annotations
@@ -22,6 +27,35 @@ from orchestrator.jobs.spec import WarmupSpec
 
 CONFIG_DIR = "/etc/orchestrate"
 CACHE_DIR = "/nvme/orchestrate"
+RUN_AS = 1000  # the image's non-root user and group; cache volumes are made writable for the group
+
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def cache_volume(choice: str) -> dict[str, Any]:
+    """`emptyDir` (the pod's own, gone with it), `pvc:NAME` (a PersistentVolumeClaim that outlives
+    pods) or `hostPath:/path` (node-local NVMe shared by every pod of the node; the restricted profile
+    refuses it, so only when asked) -> the volume source."""
+    kind, _, argument = choice.partition(":")
+    if kind == "emptyDir" and not argument:
+        return {"emptyDir": {}}
+    if kind == "pvc" and argument:
+        return {"persistentVolumeClaim": {"claimName": argument}}
+    if kind == "hostPath" and argument.startswith("/"):
+        return {"hostPath": {"path": argument, "type": "DirectoryOrCreate"}}
+    raise ValueError(f"--cache-volume {choice!r}: write emptyDir, pvc:CLAIM-NAME or hostPath:/absolute/path")
 
 
 @dataclass
@@ -34,7 +68,7 @@ class ClusterShape:
     worker_memory: str = "64Gi"
     head_cpu: str = "2"
     head_memory: str = "8Gi"
-    nvme_path: str = "/mnt/nvme/orchestrate"
+    cache_volume: str = "emptyDir"  # see cache_volume()
     store_secret: str = "orchestrate-store"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (optional keys)
     signing_secret: str = "orchestrate-signing-key"  # key: signing-key
     ttl_seconds: int = 3600
@@ -120,11 +154,15 @@ def render(
     ]
     mounts = [
         {"name": "model-config", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "nvme-cache", "mountPath": CACHE_DIR},
+        {"name": "compile-cache", "mountPath": CACHE_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
     ]
     volumes = [
         {"name": "model-config", "configMap": {"name": f"{name}-config"}},
-        {"name": "nvme-cache", "hostPath": {"path": shape.nvme_path, "type": "DirectoryOrCreate"}},
+        {"name": "compile-cache", **cache_volume(shape.cache_volume)},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
 
     def pod(role: str, resources: dict[str, Any], tolerations: Optional[list] = None) -> dict[str, Any]:
@@ -134,8 +172,9 @@ def render(
             "env": env,
             "volumeMounts": mounts,
             "resources": resources,
+            "securityContext": CONTAINER_SECURITY,
         }
-        spec_ = {"containers": [container], "volumes": volumes}
+        spec_ = {"securityContext": POD_SECURITY, "containers": [container], "volumes": volumes}
         if tolerations:
             spec_["tolerations"] = tolerations
         return {"metadata": {"labels": labels}, "spec": spec_}

@@ -107,7 +107,7 @@ def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert container["resources"]["requests"]["nvidia.com/gpu"] == 4
     assert workers["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert {"name": "nvme-cache", "mountPath": "/nvme/orchestrate"} in container["volumeMounts"]
+    assert {"name": "compile-cache", "mountPath": "/nvme/orchestrate"} in container["volumeMounts"]
     secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
     assert secrets == {"orchestrate-signing-key", "orchestrate-store"}  # credentials only by reference
 
@@ -312,3 +312,109 @@ def test_the_shipped_alerts_check_and_fire_on_what_they_are_about(tmp_path):
         ["promtool", "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True, text=True
     )
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+# --- the Pod Security Standards' "restricted" profile (Kubernetes 1.32), checked on every pod ----
+
+ALLOWED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def _pod_specs(document):
+    """Every pod spec in a manifest: a Deployment's template, a RayJob's head and worker templates."""
+    if isinstance(document, dict):
+        if isinstance(document.get("spec"), dict) and "containers" in document["spec"]:
+            yield document["spec"]
+        for value in document.values():
+            yield from _pod_specs(value)
+    elif isinstance(document, list):
+        for item in document:
+            yield from _pod_specs(item)
+
+
+def restricted_violations(pod):
+    """What the restricted profile refuses in one pod spec, as readable lines (empty: admitted)."""
+    found = []
+    pod_context = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            found.append(f"{key} is set")
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= ALLOWED_VOLUMES:
+            found.append(f"volume {volume['name']} is {sorted(kinds - ALLOWED_VOLUMES)}")
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        context = container.get("securityContext", {})
+        where = f"container {container['name']}"
+        if context.get("privileged"):
+            found.append(f"{where}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{where}: allowPrivilegeEscalation is not false")
+        if not context.get("runAsNonRoot", pod_context.get("runAsNonRoot")):
+            found.append(f"{where}: runAsNonRoot is not true")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            found.append(f"{where}: runs as user 0")
+        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{where}: seccompProfile is {seccomp!r}")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            found.append(f"{where}: capabilities do not drop ALL")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{where}: adds capabilities {capabilities['add']}")
+        if any(port.get("hostPort") for port in container.get("ports", [])):
+            found.append(f"{where}: a hostPort")
+        if not context.get("readOnlyRootFilesystem"):  # beyond the profile: what these images need
+            found.append(f"{where}: root filesystem writable")
+    return found
+
+
+def test_every_pod_render_and_kustomize_emit_meets_the_restricted_profile():
+    documents = [*rendered(), *rendered("--cache-volume", "pvc:warm-cache")]
+    if shutil.which("kubectl") is not None:
+        built = subprocess.run(["kubectl", "kustomize", str(ROOT / "k8s")], capture_output=True, text=True, timeout=120)
+        assert built.returncode == 0, built.stderr
+        documents += list(yaml.safe_load_all(built.stdout))
+    pods = list(_pod_specs(documents))
+    assert len(pods) >= 5  # head and worker of two renders, the serving Deployment, the shipped RayJob's two
+    for pod in pods:
+        assert restricted_violations(pod) == [], [c["name"] for c in pod["containers"]]
+    claimed = [v for pod in _pod_specs(rendered("--cache-volume", "pvc:warm-cache")) for v in pod["volumes"]]
+    assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "warm-cache"}} in claimed
+
+
+def test_a_hostpath_cache_is_only_there_when_asked_and_the_profile_check_names_it():
+    pods = list(_pod_specs(rendered("--cache-volume", "hostPath:/mnt/nvme/orchestrate")))
+    assert all(restricted_violations(pod) == ["volume compile-cache is ['hostPath']"] for pod in pods)
+    assert not any("hostPath" in volume for pod in _pod_specs(rendered()) for volume in pod["volumes"])
+    # the checker itself refuses what the profile refuses
+    bad = {"hostNetwork": True, "containers": [{"name": "c", "securityContext": {"privileged": True}}]}
+    assert {"hostNetwork is set", "container c: privileged", "container c: runAsNonRoot is not true"} <= set(
+        restricted_violations(bad)
+    )
+
+
+@pytest.mark.parametrize("choice", ["pvc:", "hostPath:relative/path", "nfs:server", "emptyDir:x"])
+def test_a_cache_volume_that_is_not_one_of_the_three_is_one_line(choice):
+    proc = orchestrate(
+        "render",
+        "k8s",
+        "--model",
+        "examples/mlp.yaml",
+        "--image",
+        "example.com/orchestrate:1",
+        "--cache-volume",
+        choice,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"orchestrate: error: --cache-volume {choice!r}: write emptyDir, pvc:CLAIM-NAME or hostPath:/absolute/path"
+    ]
