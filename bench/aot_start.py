@@ -25,7 +25,6 @@ Written as it goes to OUT_DIR/aot-<example>.json; a summary to stdout and OUT_DI
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from serving import FLOOR, run_python  # noqa: E402  (bench/serving.py: the eager floor, a fresh process)
 
 from orchestrator.jobs.records import VariantMeasure  # noqa: E402
 from orchestrator.jobs.variants import PLAN_DIR, choose, read_plans  # noqa: E402
@@ -51,24 +52,6 @@ print(json.dumps({"ready_from_spawn": info.ready_seconds_from_spawn, "ready": in
                   "reasons": {b: i.reason for b, i in info.buckets.items() if i.reason},
                   "load_seconds": {b: i.load_seconds for b, i in info.buckets.items()},
                   "misses": sum(i.cache_misses for i in info.buckets.values())}))
-"""
-
-FLOOR = r"""
-import json, sys, time, torch
-from orchestrator.config import load_spec_with_overrides
-from orchestrator.jobs.model import build_model, make_inputs
-from orchestrator.jobs.timing import process_age_seconds
-spec = load_spec_with_overrides(sys.argv[1], device=sys.argv[2])
-started, age = time.perf_counter(), process_age_seconds()
-device = torch.device(sys.argv[2])
-model = build_model(spec, device)
-with torch.no_grad():
-    for bucket in spec.buckets:
-        args, kwargs = make_inputs(spec, bucket, device)
-        model(*args, **kwargs)
-if device.type == "cuda":
-    torch.cuda.synchronize()
-print(json.dumps({"ready_from_spawn": age + time.perf_counter() - started}))
 """
 
 # argv: config, bucket, artifact path, mechanism
@@ -136,17 +119,6 @@ print(json.dumps({"load_seconds": load_seconds, "frames": frames.stats().frames_
 """
 
 
-def run_python(code: str, *args: str, env: dict | None = None, timeout: int = 900) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})},
-    )  # fmt: skip
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise RuntimeError(" | ".join(lines[-3:])[:600])
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def without_aot(cache: Path) -> Path:
     """A copy of the cache whose newest plans choose, on the recorded measurements, among every
     variant but aot."""
@@ -180,7 +152,8 @@ def mechanisms(config: Path, names: list[str], out: dict, save) -> None:
                 LOAD, str(config), "8", str(path), mechanism, env={"TORCHINDUCTOR_CACHE_DIR": str(empty)}
             )
         except Exception as exc:  # a mechanism that refuses the model: its error is the finding
-            row["error"] = str(exc)
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            row["error"] = " | ".join(lines[-3:])[:600]
         save()
 
 

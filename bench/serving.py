@@ -18,6 +18,7 @@ Everything is written to OUT_DIR/serving-<example>.json; a summary table goes to
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -80,28 +81,33 @@ print(json.dumps({"ready_from_spawn": info.ready_seconds_from_spawn, "ready": in
                   "misses": sum(i.cache_misses for i in info.buckets.values())}))
 """
 
+# argv: config [device, default cuda]
 FLOOR = r"""
 import json, sys, time, torch
 from orchestrator.config import load_spec_with_overrides
 from orchestrator.jobs.model import build_model, make_inputs
 from orchestrator.jobs.timing import process_age_seconds
-spec = load_spec_with_overrides(sys.argv[1], device="cuda")
+device_name = sys.argv[2] if len(sys.argv) > 2 else "cuda"
+spec = load_spec_with_overrides(sys.argv[1], device=device_name)
 started, age = time.perf_counter(), process_age_seconds()
-device = torch.device("cuda")
+device = torch.device(device_name)
 model = build_model(spec, device)
 with torch.no_grad():
     for bucket in spec.buckets:
         args, kwargs = make_inputs(spec, bucket, device)
         model(*args, **kwargs)
-torch.cuda.synchronize()
+if device.type == "cuda":
+    torch.cuda.synchronize()
 print(json.dumps({"ready_from_spawn": age + time.perf_counter() - started}))
 """
 
 
-def run_python(code: str, *args: str, timeout: int = 600) -> dict:
+def run_python(code: str, *args: str, timeout: int = 600, env: dict | None = None) -> dict:
+    """Run `code` in a fresh process; its last line of stdout, as JSON."""
     done = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+        [sys.executable, "-c", code, *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})},
+    )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
