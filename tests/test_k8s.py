@@ -72,8 +72,14 @@ def validate(document, rayjob_validator):
         kubernetes_validate.validate(document, K8S_VERSION, strict=True)
 
 
+def render_mlp(*extra, env=None):
+    return orchestrate(
+        "render", "k8s", "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1", *extra, env=env
+    )
+
+
 def rendered(*extra):
-    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1", *extra)
+    proc = render_mlp(*extra)
     assert proc.returncode == 0, proc.stderr
     return list(yaml.safe_load_all(proc.stdout))
 
@@ -147,21 +153,21 @@ def test_shipped_warmup_manifest_is_what_render_writes():
     assert list(yaml.safe_load_all(proc.stdout)) == shipped  # re-render k8s/warmup/ after changing examples/mlp.yaml
 
 
+def kustomized(*path):
+    """`kubectl kustomize` of a directory under the repository, which must build: its documents."""
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT.joinpath(*path))], capture_output=True, text=True, timeout=120
+    )
+    assert built.returncode == 0, built.stderr
+    return list(yaml.safe_load_all(built.stdout))
+
+
 def test_kustomize_builds_and_everything_validates(rayjob_validator):
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl (with kustomize) is not installed")
-    built = subprocess.run(["kubectl", "kustomize", str(ROOT / "k8s")], capture_output=True, text=True, timeout=120)
-    assert built.returncode == 0, built.stderr
-    documents = list(yaml.safe_load_all(built.stdout))
+    documents = kustomized("k8s")
     assert {d["kind"] for d in documents} == {"ConfigMap", "Deployment", "RayJob"}  # no CRD beyond KubeRay's
-    operator = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / "k8s" / "monitoring" / "operator")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert operator.returncode == 0, operator.stderr
-    operator_documents = list(yaml.safe_load_all(operator.stdout))
+    operator_documents = kustomized("k8s", "monitoring", "operator")
     assert sorted(d["kind"] for d in operator_documents) == ["PrometheusRule", "ServiceMonitor"]
     assert all(d["metadata"]["namespace"] == "monitoring" for d in operator_documents)
     for document in [*documents, *operator_documents]:
@@ -203,9 +209,7 @@ def test_no_secret_is_inline_in_any_manifest():
     from orchestrator.job_env import is_passed
 
     secrets = {"ORCHESTRATE_CACHE_SIGNING_KEY": "marker-signing-5a1d", "AWS_SECRET_ACCESS_KEY": "marker-aws-77c0"}
-    proc = orchestrate(
-        "render", "k8s", "--model", "examples/mlp.yaml", "--image", "example.com/orchestrate:1", env=secrets
-    )
+    proc = render_mlp(env=secrets)
     assert proc.returncode == 0, proc.stderr
     assert not any(value in proc.stdout for value in secrets.values())
     shipped = [
@@ -378,17 +382,16 @@ def restricted_violations(pod):
 
 
 def test_every_pod_render_and_kustomize_emit_meets_the_restricted_profile():
-    documents = [*rendered(), *rendered("--cache-volume", "pvc:warm-cache")]
+    claimed = rendered("--cache-volume", "pvc:warm-cache")
+    documents = [*rendered(), *claimed]
     if shutil.which("kubectl") is not None:
-        built = subprocess.run(["kubectl", "kustomize", str(ROOT / "k8s")], capture_output=True, text=True, timeout=120)
-        assert built.returncode == 0, built.stderr
-        documents += list(yaml.safe_load_all(built.stdout))
+        documents += kustomized("k8s")
     pods = list(_pod_specs(documents))
     assert len(pods) >= 5  # head and worker of two renders, the serving Deployment, the shipped RayJob's two
     for pod in pods:
         assert restricted_violations(pod) == [], [c["name"] for c in pod["containers"]]
-    claimed = [v for pod in _pod_specs(rendered("--cache-volume", "pvc:warm-cache")) for v in pod["volumes"]]
-    assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "warm-cache"}} in claimed
+    volumes = [v for pod in _pod_specs(claimed) for v in pod["volumes"]]
+    assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "warm-cache"}} in volumes
 
 
 def test_a_hostpath_cache_is_only_there_when_asked_and_the_profile_check_names_it():
@@ -404,16 +407,7 @@ def test_a_hostpath_cache_is_only_there_when_asked_and_the_profile_check_names_i
 
 @pytest.mark.parametrize("choice", ["pvc:", "hostPath:relative/path", "nfs:server", "emptyDir:x"])
 def test_a_cache_volume_that_is_not_one_of_the_three_is_one_line(choice):
-    proc = orchestrate(
-        "render",
-        "k8s",
-        "--model",
-        "examples/mlp.yaml",
-        "--image",
-        "example.com/orchestrate:1",
-        "--cache-volume",
-        choice,
-    )
+    proc = render_mlp("--cache-volume", choice)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"orchestrate: error: --cache-volume {choice!r}: write emptyDir, pvc:CLAIM-NAME or hostPath:/absolute/path"

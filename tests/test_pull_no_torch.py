@@ -27,6 +27,20 @@ runpy.run_module("orchestrator", run_name="__main__")
 """
 
 
+def pull_mlp(*args: str) -> subprocess.CompletedProcess:
+    """`orchestrate pull --json` of examples/mlp.yaml on the CPU in a fresh process, through
+    WRAPPER; no ORCHESTRATE_* setting of this environment reaches it."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ORCHESTRATE_")}
+    return subprocess.run(
+        [sys.executable, "-c", WRAPPER, "pull", "--model", "examples/mlp.yaml", "--device", "cpu", "--json", *args],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.parametrize("device", ["cpu", "auto"])
 def test_the_probe_names_the_namespace_torch_would(device, monkeypatch):
     from orchestrator.jobs.engine import cache_namespace as with_torch
@@ -65,16 +79,7 @@ def test_pull_fills_the_directory_without_importing_torch(tmp_path):
     )
     public = tmp_path / "publisher.pub"
     public.write_text(KEY.public.pem())
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", WRAPPER, "pull", "--model", "examples/mlp.yaml", "--device", "cpu"]
-        + ["--to", str(tmp_path / "replica"), "--remote", f"file://{store}", "--trust", str(public), "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = pull_mlp("--to", str(tmp_path / "replica"), "--remote", f"file://{store}", "--trust", str(public))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["hit"] is True
     assert (tmp_path / "replica" / "inductor" / "fxgraph" / "entry").read_bytes() == b"compiled"
@@ -100,16 +105,7 @@ def test_pull_defaults_to_the_store_warmup_publishes_to(tmp_path):
         SigningKey.from_env(local.key_file),
         allow_unsigned=False,
     )
-    env = {key: value for key, value in os.environ.items() if not key.startswith("ORCHESTRATE_")}
-    proc = subprocess.run(
-        [sys.executable, "-c", WRAPPER, "pull", "--model", "examples/mlp.yaml", "--device", "cpu"]
-        + ["--to", str(tmp_path / "replica"), "--cache-dir", str(root), "--json"],
-        cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = pull_mlp("--to", str(tmp_path / "replica"), "--cache-dir", str(root))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["hit"] is True and summary["remote"] == local.url
