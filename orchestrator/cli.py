@@ -430,13 +430,63 @@ def serve(
     click.echo("orchestrate: stopped", err=True)
 
 
+def _cluster_shape_options(image_required: bool):
+    """The options that shape the pods, the same for `render k8s` and `submit --k8s`."""
+
+    def decorate(command):
+        options = [
+            click.option(
+                "--image",
+                required=image_required,
+                metavar="IMAGE",
+                help="The one image of warmup and serving pods, pinned (a version tag or @sha256 digest).",
+            ),
+            click.option("--namespace", default="default", show_default=True, help="Kubernetes namespace."),
+            click.option(
+                "--workers", type=click.IntRange(min=1), default=1, show_default=True, help="GPU worker pods."
+            ),
+            click.option("--gpus-per-worker", type=click.IntRange(min=1), default=1, show_default=True),
+            click.option(
+                "--gpu",
+                metavar="NAME",
+                help="Pin warmup and serving pods to nodes with this GPU, named as CUDA names it "
+                "('NVIDIA H200'; matched on nvidia.com/gpu.product).",
+            ),
+            click.option(
+                "--serving-replicas",
+                type=click.IntRange(min=0),
+                default=2,
+                show_default=True,
+                help="Serving pods (0: the warmup alone).",
+            ),
+            click.option("--service-account", metavar="NAME", help="The pods' service account."),
+            click.option(
+                "--cache-volume",
+                default="emptyDir",
+                show_default=True,
+                metavar="emptyDir|pvc:NAME|hostPath:/PATH",
+                help="The pods' compile-cache volume; a hostPath (node-local NVMe shared across pods) is outside "
+                "the restricted Pod Security profile.",
+            ),
+        ]
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
 @cli.command()
 @click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
 @_buckets_option
 @click.option("--ray-address", metavar="URL", help="The Ray dashboard (Jobs API), e.g. http://head:8265.")
-@click.option("--k8s", "as_k8s", is_flag=True, help="Render a KubeRay RayJob instead (see `render k8s`).")
-@click.option("--image", metavar="IMAGE", help="--k8s: container image with orchestrate, torch and ray.")
-@click.option("--apply", is_flag=True, help="--k8s: create it with the kubernetes client where a cluster answers.")
+@click.option("--k8s", "as_k8s", is_flag=True, help="Kubernetes instead: the manifests of `render k8s`.")
+@click.option(
+    "--apply",
+    is_flag=True,
+    help="--k8s: server-side apply them to the cluster of the kubeconfig (or the pod's account).",
+)
+@_cluster_shape_options(image_required=False)
 @click.option("--remote", metavar="URL", help="Shared store the job pulls from and publishes to.")
 @click.option("--pushgateway", metavar="URL", help="Pushgateway the job pushes its metrics to.")
 @click.option("--wait", is_flag=True, help="Follow the job's logs and exit with its outcome.")
@@ -451,19 +501,35 @@ def submit(
     buckets: Optional[str],
     ray_address: Optional[str],
     as_k8s: bool,
-    image: Optional[str],
     apply: bool,
     remote: Optional[str],
     pushgateway: Optional[str],
     wait: bool,
     report_path: Optional[Path],
+    **shape: Any,
 ) -> None:
-    """Run a warmup on a Ray cluster (Jobs API) or as a KubeRay RayJob."""
+    """Run a warmup on a Ray cluster (Jobs API) or on Kubernetes (a KubeRay RayJob, and the serving
+    Deployment that starts from what it publishes)."""
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     remote = remote or spec.remote
     if as_k8s:
-        _emit_k8s(spec, Path(model_path), image, remote, pushgateway, apply)
+        if not shape["image"]:
+            raise UserError("--k8s needs --image (a container image with orchestrate, torch and ray)")
+        documents = _k8s_documents(spec, Path(model_path), shape, remote, pushgateway)
+        if apply:
+            from orchestrator.k8s import ApplyFailed, apply_manifests
+
+            try:
+                apply_manifests(documents, log=lambda line: click.echo(line, err=True))
+            except ApplyFailed as exc:
+                _fail(str(exc), EXIT_STORE)
+        else:
+            from orchestrator.k8s import to_yaml
+
+            click.echo(to_yaml(documents), nl=False)
         return
+    if apply:
+        raise UserError("--apply goes with --k8s")
     if not ray_address:
         raise UserError("submit needs --ray-address http://head:8265 (the Ray dashboard), or --k8s")
     if report_path:
@@ -505,70 +571,44 @@ def render() -> None:
 @render.command("k8s")
 @click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
 @_buckets_option
-@click.option("--image", required=True, metavar="IMAGE", help="Container image with orchestrate, torch and ray.")
-@click.option("--remote", metavar="URL", help="Shared store (s3://bucket/prefix).")
+@_cluster_shape_options(image_required=True)
+@click.option("--remote", metavar="URL", help="Shared store (s3://bucket/prefix); serving needs one.")
 @click.option("--pushgateway", metavar="URL", help="Pushgateway for the job's metrics.")
-@click.option("--namespace", default="default", show_default=True)
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="GPU worker pods.")
-@click.option("--gpus-per-worker", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option(
-    "--cache-volume",
-    default="emptyDir",
-    show_default=True,
-    metavar="emptyDir|pvc:NAME|hostPath:/PATH",
-    help="The pods' compile-cache volume; a hostPath (node-local NVMe shared across pods) is outside "
-    "the restricted Pod Security profile.",
-)
 def render_k8s(
-    model_path: str,
-    buckets: Optional[str],
-    image: str,
-    remote: Optional[str],
-    pushgateway: Optional[str],
-    namespace: str,
-    workers: int,
-    gpus_per_worker: int,
-    cache_volume: str,
+    model_path: str, buckets: Optional[str], remote: Optional[str], pushgateway: Optional[str], **shape: Any
 ) -> None:
-    """A RayJob (ray.io/v1) and the ConfigMap carrying the model config, as YAML on stdout."""
+    """The warmup (ConfigMap, KubeRay RayJob) and, with a store, the serving side (ConfigMap,
+    Deployment, Service), all on one image, as YAML on stdout."""
     spec = load_spec_with_overrides(model_path, buckets=buckets)
-    from orchestrator.k8s import ClusterShape, to_yaml
+    from orchestrator.k8s import to_yaml
+
+    click.echo(to_yaml(_k8s_documents(spec, Path(model_path), shape, remote or spec.remote, pushgateway)), nl=False)
+
+
+def _k8s_documents(
+    spec, config: Path, shape: dict[str, Any], remote: Optional[str], pushgateway: Optional[str]
+) -> list[dict[str, Any]]:
+    from orchestrator.k8s import ClusterShape
     from orchestrator.k8s import render as render_manifests
 
-    shape = ClusterShape(
-        image=image, namespace=namespace, workers=workers, gpus_per_worker=gpus_per_worker, cache_volume=cache_volume
-    )
     try:
         documents = render_manifests(
-            spec,
-            Path(model_path).read_text(),
-            Path(model_path).name,
-            shape,
-            remote=remote or spec.remote,
-            pushgateway=pushgateway,
+            spec, config.read_text(), config.name, ClusterShape(**shape), remote=remote, pushgateway=pushgateway
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    click.echo(to_yaml(documents), nl=False)
-
-
-def _emit_k8s(
-    spec, config: Path, image: Optional[str], remote: Optional[str], pushgateway: Optional[str], apply: bool
-) -> None:
-    from orchestrator.k8s import ClusterShape, apply_manifests, to_yaml
-    from orchestrator.k8s import render as render_manifests
-
-    if not image:
-        raise UserError("--k8s needs --image (a container image with orchestrate, torch and ray)")
-    try:
-        documents = render_manifests(
-            spec, config.read_text(), config.name, ClusterShape(image=image), remote=remote, pushgateway=pushgateway
+    if shape["serving_replicas"] and not remote:
+        click.echo(
+            "orchestrate: note: no serving Deployment: serving pods pull from a shared store; pass --remote",
+            err=True,
         )
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if apply and apply_manifests(documents, log=lambda line: click.echo(line, err=True)):
-        return
-    click.echo(to_yaml(documents), nl=False)
+    elif shape["serving_replicas"] and not shape["gpu"]:
+        click.echo(
+            "orchestrate: note: no --gpu: serving pods may land on another GPU class than the warmup's, "
+            "and their pull then fails (exit 5)",
+            err=True,
+        )
+    return documents
 
 
 def _store_and_keys(remote: Optional[str], cache_dir: Optional[str], allow_unsigned: bool, trust: tuple[str, ...]):

@@ -97,10 +97,11 @@ def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
         "--namespace",
         "ml",
     )
-    assert [d["kind"] for d in documents] == ["ConfigMap", "RayJob"]
+    assert [d["kind"] for d in documents] == ["ConfigMap", "RayJob", "ConfigMap", "Deployment", "Service"]
     for document in documents:
         validate(document, rayjob_validator)
-    config_map, job = documents
+        assert document["metadata"]["namespace"] == "ml"
+    config_map, job = documents[:2]
     # the config and the factory file next to it travel together
     assert set(config_map["data"]) == {"mlp.yaml", "models.py"}
     spec = job["spec"]
@@ -114,7 +115,7 @@ def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
     assert container["resources"]["requests"]["nvidia.com/gpu"] == 4
     assert workers["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert {"name": "compile-cache", "mountPath": "/nvme/orchestrate"} in container["volumeMounts"]
-    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
     assert secrets == {"orchestrate-signing-key", "orchestrate-store"}  # credentials only by reference
 
 
@@ -134,23 +135,30 @@ def test_a_typo_in_a_rayjob_is_caught(rayjob_validator):
     assert list(rayjob_validator.iter_errors(job))
 
 
-def test_shipped_warmup_manifest_is_what_render_writes():
-    shipped = list(yaml.safe_load_all((ROOT / "k8s" / "warmup" / "warmup-mlp.yaml").read_text()))
-    proc = orchestrate(
-        "render",
-        "k8s",
-        "--model",
-        "examples/mlp.yaml",
-        "--image",
-        "ghcr.io/your-org/orchestrate:0.1.0",
-        "--remote",
-        "s3://your-bucket/compile-cache",
-        "--pushgateway",
-        "http://prometheus-pushgateway.monitoring.svc:9091",
-        "--namespace",
-        "ml-serving",
-    )
-    assert list(yaml.safe_load_all(proc.stdout)) == shipped  # re-render k8s/warmup/ after changing examples/mlp.yaml
+SHIPPED_RENDER = (
+    "--image",
+    "ghcr.io/your-org/orchestrate:0.1.0",
+    "--remote",
+    "s3://your-bucket/compile-cache",
+    "--pushgateway",
+    "http://prometheus-pushgateway.monitoring.svc:9091",
+    "--namespace",
+    "ml-serving",
+    "--gpu",
+    "NVIDIA H200",
+)
+
+
+def shipped(*names):
+    return [document for name in names for document in yaml.safe_load_all((ROOT / "k8s" / name).read_text())]
+
+
+def test_shipped_manifests_are_what_render_writes():
+    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", *SHIPPED_RENDER)
+    assert proc.returncode == 0, proc.stderr
+    # re-render k8s/warmup/ and k8s/serving/ (their kustomization.yaml has the command) after
+    # changing examples/mlp.yaml or what render writes
+    assert list(yaml.safe_load_all(proc.stdout)) == shipped("warmup/warmup-mlp.yaml", "serving/serving-mlp.yaml")
 
 
 def kustomized(*path):
@@ -166,7 +174,7 @@ def test_kustomize_builds_and_everything_validates(rayjob_validator):
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl (with kustomize) is not installed")
     documents = kustomized("k8s")
-    assert {d["kind"] for d in documents} == {"ConfigMap", "Deployment", "RayJob"}  # no CRD beyond KubeRay's
+    assert {d["kind"] for d in documents} == {"ConfigMap", "Deployment", "RayJob", "Service"}  # no CRD but KubeRay's
     operator_documents = kustomized("k8s", "monitoring", "operator")
     assert sorted(d["kind"] for d in operator_documents) == ["PrometheusRule", "ServiceMonitor"]
     assert all(d["metadata"]["namespace"] == "monitoring" for d in operator_documents)
@@ -177,17 +185,126 @@ def test_kustomize_builds_and_everything_validates(rayjob_validator):
         assert all("REPLACE" in v or v == "us-east-1" for v in document["stringData"].values())
 
 
-def test_serving_pod_pulls_into_the_volume_its_server_uses():
-    deployment = yaml.safe_load((ROOT / "k8s" / "serving" / "deployment.yaml").read_text())
-    pod = deployment["spec"]["template"]["spec"]
-    [init] = pod["initContainers"]
-    assert init["command"][:2] == ["orchestrate", "pull"]
-    target = init["command"][init["command"].index("--to") + 1]
-    cache_mount = next(m for m in init["volumeMounts"] if m["mountPath"] == target)
-    [server] = pod["containers"]
-    env = {e["name"]: e.get("value") for e in server["env"]}
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{target}/inductor" and env["TRITON_CACHE_DIR"] == f"{target}/triton"
-    assert any(m["name"] == cache_mount["name"] and m["mountPath"] == target for m in server["volumeMounts"])
+def _serving_pod(documents):
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    return deployment["spec"]["template"]
+
+
+def _argument(command, option):
+    return command[command.index(option) + 1]
+
+
+def test_serving_pod_pulls_into_the_cache_its_server_loads_from_on_the_one_image():
+    documents = shipped("warmup/warmup-mlp.yaml", "serving/serving-mlp.yaml")
+    pod = _serving_pod(documents)["spec"]
+    [init], [server] = pod["initContainers"], pod["containers"]
+    assert init["command"][:2] == ["orchestrate", "pull"] and server["command"][:2] == ["orchestrate", "serve"]
+    for option in ("--model", "--cache-dir", "--device"):
+        assert _argument(init["command"], option) == _argument(server["command"], option)
+    assert _argument(init["command"], "--remote") == "s3://your-bucket/compile-cache"
+    assert "--require-warm" in server["command"]  # a miss fails the pod instead of compiling in it
+    root = _argument(init["command"], "--cache-dir")
+    assert {"name": "compile-cache", "mountPath": root} in init["volumeMounts"]
+    assert {"name": "compile-cache", "mountPath": root} in server["volumeMounts"]
+    # one pinned image for every container of warmup and serving
+    assert {c["image"] for c in _containers(documents)} == {"ghcr.io/your-org/orchestrate:0.1.0"}
+
+
+def test_serving_has_its_own_config_and_rolls_when_it_changes(tmp_path):
+    for name in ("mlp.yaml", "models.py"):
+        shutil.copy(ROOT / "examples" / name, tmp_path / name)
+
+    def render_copy():
+        proc = orchestrate("render", "k8s", "--model", str(tmp_path / "mlp.yaml"), *SHIPPED_RENDER)
+        assert proc.returncode == 0, proc.stderr
+        return list(yaml.safe_load_all(proc.stdout))
+
+    before = render_copy()
+    config = (tmp_path / "mlp.yaml").read_text()
+    (tmp_path / "mlp.yaml").write_text(config.replace("layers: 24", "layers: 12"))
+    after = render_copy()
+    warmup_config, serving_config = (before[0], before[2])
+    assert serving_config["metadata"]["name"] != warmup_config["metadata"]["name"]
+    assert serving_config["data"] == warmup_config["data"]
+    pod = _serving_pod(before)
+    assert {"name": "model-config", "configMap": {"name": serving_config["metadata"]["name"]}} in pod["spec"]["volumes"]
+    # a new config: a new warmup (its name is the config's hash), the same Deployment with new pods
+    assert after[1]["metadata"]["name"] != before[1]["metadata"]["name"]
+    assert [d["metadata"]["name"] for d in after[2:]] == [d["metadata"]["name"] for d in before[2:]]
+    key = "orchestrate/config-sha256"
+    assert _serving_pod(after)["metadata"]["annotations"][key] != pod["metadata"]["annotations"][key]
+
+
+def test_serving_is_ready_when_the_runtime_is_and_has_time_to_load_every_bucket():
+    from orchestrator.k8s import START_SECONDS_PER_BUCKET
+
+    documents = shipped("serving/serving-mlp.yaml")
+    [server] = _serving_pod(documents)["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert ports["http"] == int(_argument(server["command"], "--port"))
+    assert ports["metrics"] == int(_argument(server["command"], "--metrics-port"))
+    # /info answers only once the replica has loaded every bucket; the proxy's health is liveness
+    for probe in ("startupProbe", "readinessProbe"):
+        assert server[probe]["httpGet"] == {"path": "/info", "port": "http"}
+    assert server["livenessProbe"]["httpGet"] == {"path": "/-/healthz", "port": "http"}
+    startup = server["startupProbe"]
+    buckets = len(yaml.safe_load((ROOT / "examples" / "mlp.yaml").read_text())["buckets"])
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= START_SECONDS_PER_BUCKET * buckets
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    service = next(d for d in documents if d["kind"] == "Service")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    template_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    recommended = ("name", "instance", "version", "component", "part-of", "managed-by")
+    for document in shipped("warmup/warmup-mlp.yaml", "serving/serving-mlp.yaml"):
+        assert all(f"app.kubernetes.io/{key}" in document["metadata"]["labels"] for key in recommended)
+
+
+def test_warmup_workers_and_serving_pods_are_pinned_to_the_warmed_gpu_class():
+    documents = rendered("--remote", "s3://b/c", "--gpu", "NVIDIA A100-SXM4-80GB", "--service-account", "warm")
+    pods = list(_pod_specs(documents))
+    assert len(pods) == 3  # RayJob head and worker, serving
+    head, worker, serving = pods
+    term = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}
+    for pod in (worker, serving):
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchExpressions": [term]}]
+    assert "affinity" not in head  # the head runs no GPU work
+    assert all(pod["serviceAccountName"] == "warm" for pod in pods)
+    assert not any("affinity" in pod for pod in _pod_specs(rendered("--remote", "s3://b/c")))
+
+
+@pytest.mark.parametrize(
+    ("cuda_name", "label"),
+    [
+        ("NVIDIA H200", "NVIDIA-H200"),
+        ("Tesla T4", "Tesla-T4"),
+        ("NVIDIA  GeForce RTX 4090 (x)", "NVIDIA-GeForce-RTX-4090-x"),
+    ],
+)
+def test_gpu_names_become_the_labels_gpu_feature_discovery_sets(cuda_name, label):
+    from orchestrator.k8s import gpu_product
+
+    assert gpu_product(cuda_name) == label
+
+
+@pytest.mark.parametrize("image", ["example.com/orchestrate", "example.com/orchestrate:latest", "orch@sha256:12"])
+@pytest.mark.parametrize("command", [("render", "k8s"), ("submit", "--k8s")])
+def test_an_image_that_is_not_pinned_is_refused_in_one_line(command, image):
+    proc = orchestrate(*command, "--model", "examples/mlp.yaml", "--image", image)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"orchestrate: error: --image {image!r}: pin a version tag or a digest")
+
+
+def test_without_a_store_render_writes_the_warmup_alone_and_says_why():
+    proc = render_mlp()
+    assert proc.returncode == 0, proc.stderr
+    assert [d["kind"] for d in yaml.safe_load_all(proc.stdout)] == ["ConfigMap", "RayJob"]
+    assert "no serving Deployment" in proc.stderr and "--remote" in proc.stderr
+    alone = rendered("--remote", "s3://b/c", "--serving-replicas", "0")
+    assert [d["kind"] for d in alone] == ["ConfigMap", "RayJob"]
 
 
 def _containers(document):
@@ -214,15 +331,15 @@ def test_no_secret_is_inline_in_any_manifest():
     assert not any(value in proc.stdout for value in secrets.values())
     shipped = [
         document
-        for path in [*(ROOT / "k8s" / "warmup").glob("*.yaml"), ROOT / "k8s" / "serving" / "deployment.yaml"]
+        for path in [*(ROOT / "k8s" / "warmup").glob("*.yaml"), *(ROOT / "k8s" / "serving").glob("*.yaml")]
         for document in yaml.safe_load_all(path.read_text())
     ]
     containers = list(_containers([*yaml.safe_load_all(proc.stdout), *shipped]))
     assert containers
     for container in containers:
         for entry in container.get("env", []):
-            if "value" in entry:
-                assert is_passed(entry["name"]), entry
+            if "value" in entry:  # HOME: where the read-only image lets Ray and torch write
+                assert is_passed(entry["name"]) or entry["name"] == "HOME", entry
             else:
                 assert set(entry["valueFrom"]) == {"secretKeyRef"}, entry
 
@@ -382,12 +499,12 @@ def restricted_violations(pod):
 
 
 def test_every_pod_render_and_kustomize_emit_meets_the_restricted_profile():
-    claimed = rendered("--cache-volume", "pvc:warm-cache")
+    claimed = rendered("--cache-volume", "pvc:warm-cache", "--remote", "s3://b/c")
     documents = [*rendered(), *claimed]
     if shutil.which("kubectl") is not None:
         documents += kustomized("k8s")
     pods = list(_pod_specs(documents))
-    assert len(pods) >= 5  # head and worker of two renders, the serving Deployment, the shipped RayJob's two
+    assert len(pods) >= 8  # head and worker of two renders, one's serving pod, the shipped RayJob's two and serving
     for pod in pods:
         assert restricted_violations(pod) == [], [c["name"] for c in pod["containers"]]
     volumes = [v for pod in _pod_specs(claimed) for v in pod["volumes"]]
@@ -395,7 +512,8 @@ def test_every_pod_render_and_kustomize_emit_meets_the_restricted_profile():
 
 
 def test_a_hostpath_cache_is_only_there_when_asked_and_the_profile_check_names_it():
-    pods = list(_pod_specs(rendered("--cache-volume", "hostPath:/mnt/nvme/orchestrate")))
+    pods = list(_pod_specs(rendered("--cache-volume", "hostPath:/mnt/nvme/orchestrate", "--remote", "s3://b/c")))
+    assert len(pods) == 3
     assert all(restricted_violations(pod) == ["volume compile-cache is ['hostPath']"] for pod in pods)
     assert not any("hostPath" in volume for pod in _pod_specs(rendered()) for volume in pod["volumes"])
     # the checker itself refuses what the profile refuses
