@@ -280,9 +280,10 @@ def _metrics(spec, port: Optional[int]):
 @click.option(
     "--to",
     "to_dir",
-    required=True,
     metavar="DIR",
-    help="Directory to fill; the server sets TORCHINDUCTOR_CACHE_DIR=DIR/inductor, TRITON_CACHE_DIR=DIR/triton.",
+    help="Directory to fill (default: the namespace's directory under --cache-dir, where `orchestrate serve "
+    "--cache-dir` loads from); a server of its own sets TORCHINDUCTOR_CACHE_DIR=DIR/inductor, "
+    "TRITON_CACHE_DIR=DIR/triton.",
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
 @click.option("--allow-miss", is_flag=True, help="Exit 0 when the namespace was never published (with a warning).")
@@ -291,7 +292,7 @@ def _metrics(spec, port: Optional[int]):
 @_store_options
 def pull(
     model_path: str,
-    to_dir: str,
+    to_dir: Optional[str],
     device: Optional[str],
     cache_dir: Optional[str],
     allow_miss: bool,
@@ -319,7 +320,8 @@ def pull(
     except SetupError as exc:
         raise UserError(str(exc)) from None
     namespace = namespace_of(spec.label, platform, spec.identity_hash())
-    target = Path(to_dir).expanduser().resolve()
+    # the directory runtime.load and `orchestrate serve` read for this namespace under the cache root
+    target = (Path(to_dir).expanduser() if to_dir else cache_root(spec) / namespace).resolve()
     if store_url:
         trusted = _trusted(trust)
     else:  # the store warmup publishes to when it is given none, with its own public key

@@ -1,5 +1,6 @@
 """A replica whose platform differs from the warmup's misses the cache, and `orchestrate pull` says
-so in one line naming both platforms."""
+so in one line naming both platforms; without --to it fills the directory that `orchestrate serve
+--cache-dir` and runtime.load(cache_dir=...) load from."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, orchestrate
 from test_pull_no_torch import pull_mlp
 
 from orchestrator.cache import sync
 from orchestrator.cache.manifest import SigningKey, TrustedKeys
 from orchestrator.cache.namespace import Platform, describe, differing, model_prefix, namespace
 from orchestrator.cache.store import LocalStore, open_store
-from orchestrator.config import load_spec_with_overrides
+from orchestrator.config import cache_root, load_spec_with_overrides
 from orchestrator.errors import EXIT_MISS
 from orchestrator.jobs import platform_probe
 
@@ -163,3 +164,83 @@ def test_a_miss_on_s3_names_the_warmed_platform(moto_server, monkeypatch, tmp_pa
     assert proc.returncode == EXIT_MISS, proc.stderr
     [line] = error_lines(proc.stderr)
     assert "this model's config was warmed for NVIDIA H200" in line and url in line
+
+
+# --- pull without --to ------------------------------------------------------------------------------
+
+
+def test_without_to_the_namespace_lands_under_the_cache_root(store, trust, tmp_path):
+    name = publish_for(store, tmp_path, HERE)
+    proc = pull_mlp("--remote", store.url, "--trust", trust, "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    spec = load_spec_with_overrides(
+        str(ROOT / "examples" / "mlp.yaml"), device="cpu", cache_dir=str(tmp_path / "cache")
+    )
+    assert json.loads(proc.stdout)["to"] == str(cache_root(spec) / name)
+    assert (tmp_path / "cache" / name / "inductor" / "entry").read_bytes() == name.encode()
+    assert not (tmp_path / "cache" / "store").exists()  # a --remote pull makes no local store
+
+
+ROWS = """
+import torch
+
+class Rows(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+def rows():
+    return Rows()
+"""
+
+
+def test_a_pull_without_to_is_what_the_replica_loads_with_no_second_pull(tmp_path, monkeypatch):
+    """The init container's `pull --cache-dir ROOT` and then the server's runtime.load(cache_dir=ROOT)
+    with no store at all: every bucket loads on what warmup chose, compiled ones from the cache."""
+    import torch
+
+    from orchestrator import runtime
+    from orchestrator.config import load_spec
+    from orchestrator.jobs.model import build_model, make_inputs
+
+    (tmp_path / "models.py").write_text(ROWS)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "model: {factory: models.py:rows}\ninputs: [{shape: [batch, 6]}]\nbuckets: [1, 4]\ndevice: cpu\n"
+        "compile: {mode: default}\nbench: {iterations: 20, warmup: 2}\n"
+    )
+    (tmp_path / "store").mkdir()
+    store = f"file://{tmp_path / 'store'}"
+    key = SigningKey.generate()
+    key_file = tmp_path / "signing.key"
+    key_file.write_bytes(key.pem())
+    key_file.chmod(0o600)
+    public = tmp_path / "signing.pub"
+    public.write_text(key.public.pem())
+    signing = {"ORCHESTRATE_CACHE_SIGNING_KEY_FILE": str(key_file)}
+    warm = orchestrate("warmup", "--no-ray", "--model", str(cfg), "--remote", store, "--json", env=signing)
+    assert warm.returncode == 0, warm.stderr
+    chosen = {r["bucket"]: r["variant"] for r in json.loads(warm.stdout)["results"]}
+
+    root = tmp_path / "replica"
+    pulled = orchestrate(
+        "pull", "--model", str(cfg), "--remote", store, "--trust", str(public), "--json", cache_dir=root
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    summary = json.loads(pulled.stdout)
+    assert summary["hit"] is True and summary["files"] > 0
+
+    model = runtime.load(cfg, cache_dir=root, require_warm=True)
+    info = model.info()
+    assert info.pull is None  # nothing to pull from: what it serves is what the init container put there
+    assert str(root.resolve() / info.namespace) == summary["to"]
+    assert {b: i.variant for b, i in info.buckets.items()} == chosen
+    assert all(i.cache_misses == 0 for i in info.buckets.values())
+    spec = load_spec(cfg)
+    args, kwargs = make_inputs(spec, 3, torch.device("cpu"))
+    with torch.no_grad():
+        want = build_model(spec, torch.device("cpu"))(*args, **kwargs)
+    torch.testing.assert_close(model(*args), want)
