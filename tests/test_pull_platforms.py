@@ -197,6 +197,7 @@ def rows():
 """
 
 
+@pytest.mark.slow
 def test_a_pull_without_to_is_what_the_replica_loads_with_no_second_pull(tmp_path, monkeypatch):
     """The init container's `pull --cache-dir ROOT` and then the server's runtime.load(cache_dir=ROOT)
     with no store at all: every bucket loads on what warmup chose, compiled ones from the cache."""
