@@ -609,8 +609,12 @@ def published_elsewhere(
     Those with this config first, then the newest first."""
     from orchestrator.cache.namespace import model_prefix
 
+    try:
+        listed = store.list(f"{PREFIX}/namespaces/{model_prefix(model)}")
+    except StoreError:
+        return []  # the reason for a miss is worth a listing, not turning the miss into a store failure
     newest_gen: dict[str, tuple[float, int]] = {}
-    for info in store.list(f"{PREFIX}/namespaces/{model_prefix(model)}"):
+    for info in listed:
         parts, match = info.key.split("/"), _GEN.search(info.key)
         if len(parts) != 4 or not match:
             continue

@@ -336,21 +336,21 @@ def pull(
         "hit": transfer is not None,
         **(asdict(transfer) if transfer else {}),
     }
-    reason = None
     if transfer is None:
         elsewhere = sync.published_elsewhere(
             store, spec.label, spec.identity_hash(), trusted, allow_unsigned=allow_unsigned
         )
         summary["platform"] = asdict(platform)
         summary["published"] = [asdict(found) for found in elsewhere]
+        if as_json:
+            click.echo(json.dumps(summary, indent=2))
         reason = _miss_reason(namespace, store_url, spec.label, platform, elsewhere)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-    if transfer is None:
         if not allow_miss:
-            _fail(reason or "", EXIT_MISS)
+            _fail(reason, EXIT_MISS)
         click.echo(f"orchestrate: warning: {reason}; starting cold (--allow-miss)", err=True)
-    elif not as_json:
+    elif as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
         click.echo(
             f"{namespace}: generation {transfer.generation}, {transfer.files} files "
             f"({transfer.bytes / 1e6:.1f} MB in {transfer.shards} shards) in {transfer.seconds:.2f} s -> {target}",

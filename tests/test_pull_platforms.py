@@ -15,7 +15,7 @@ from test_pull_no_torch import pull_mlp
 from orchestrator.cache import sync
 from orchestrator.cache.manifest import SigningKey, TrustedKeys
 from orchestrator.cache.namespace import Platform, describe, differing, model_prefix, namespace
-from orchestrator.cache.store import LocalStore, open_store
+from orchestrator.cache.store import LocalStore, StoreUnreachable, open_store
 from orchestrator.config import cache_root, load_spec_with_overrides
 from orchestrator.errors import EXIT_MISS
 from orchestrator.jobs import platform_probe
@@ -129,6 +129,17 @@ def test_the_search_reads_a_bounded_number_of_manifests_the_newest_first(store, 
     trusted = TrustedKeys.from_pems([KEY.public.pem()])
     found = sync.published_elsewhere(store, SPEC.label, SPEC.identity_hash(), trusted, allow_unsigned=False, limit=2)
     assert {f.namespace for f in found} <= set(names) and len(found) == 2
+
+
+def test_a_store_that_fails_the_listing_leaves_the_miss_a_miss(store, tmp_path, monkeypatch):
+    """The reason is worth one listing; a store that refuses it still gives exit 5, not 3."""
+    publish_for(store, tmp_path, H200)
+
+    def refuse(self, prefix):
+        raise StoreUnreachable("store down")
+
+    monkeypatch.setattr(LocalStore, "list", refuse)
+    assert sync.published_elsewhere(store, SPEC.label, SPEC.identity_hash(), None, allow_unsigned=False) == []
 
 
 def test_a_store_lists_by_string_prefix_as_s3_does(store, tmp_path):
