@@ -52,7 +52,7 @@ class Manifest:
     buckets: list[int] = field(default_factory=list)
     created_at: str = ""
     publisher: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)  # model name, platform: for `cache ls`
+    meta: dict[str, Any] = field(default_factory=dict)  # model name, config hash, platform: `cache ls`, a miss
     # sha256 of the stored bytes of generation - 1's manifest (None for the first): the chain a
     # replayed or reordered generation breaks
     previous: Optional[str] = None

@@ -71,7 +71,10 @@ class Store(Protocol):
 
     def download(self, key: str, path: Path) -> None: ...
 
-    def list(self, prefix: str) -> builtins.list[ObjectInfo]: ...
+    def list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        """Every object whose key starts with `prefix`: a string prefix, as S3 has it
+        (`v1/namespaces/mlp-torch` finds the objects under every folder whose name starts so)."""
+        ...
 
     def delete(self, keys: builtins.list[str]) -> None: ...
 
@@ -345,6 +348,8 @@ class LocalStore:
             raise NotFound(f"{self.url}/{key}: not found") from None
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        if prefix and not prefix.endswith("/"):
+            return _by_prefix(self.list(_folder_of(prefix)), prefix)
         base = self._path(prefix)
         found = []
         if base.is_dir():
@@ -417,6 +422,9 @@ class FsspecStore:
         self._call("download", lambda: self.fs.get_file(self._path(key), str(path)))
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        if prefix and not prefix.endswith("/"):
+            return _by_prefix(self.list(_folder_of(prefix)), prefix)
+
         def find() -> builtins.list[ObjectInfo]:
             base = self._path(prefix)
             if not self.fs.exists(base):
@@ -436,3 +444,12 @@ class FsspecStore:
 
     def abort_uploads(self, older_than: float, *, dry_run: bool = False) -> int:
         return 0  # fsspec writes whole objects here: nothing is left half-uploaded
+
+
+def _folder_of(prefix: str) -> str:
+    """The folder a string prefix ends in ("" for the store's root): what a store of folders lists."""
+    return prefix[: prefix.rfind("/") + 1]
+
+
+def _by_prefix(found: builtins.list[ObjectInfo], prefix: str) -> builtins.list[ObjectInfo]:
+    return [item for item in found if item.key.startswith(prefix)]

@@ -579,6 +579,62 @@ def describe(store: Store, trusted: Optional[TrustedKeys], *, allow_unsigned: bo
     return found
 
 
+@dataclass(frozen=True)
+class Elsewhere:
+    """A namespace published for the model a pull looked for, on another platform."""
+
+    namespace: str
+    platform: dict[str, Any]  # Platform's fields, as its manifest's meta records them
+    same_config: bool  # the manifest records this config's identity hash; False: only the model name matches
+    created_at: str
+
+
+MAX_ELSEWHERE = 20  # manifests a miss reads to say why: a failing init container stays fast
+
+
+def published_elsewhere(
+    store: Store,
+    model: str,
+    config_hash: str,
+    trusted: Optional[TrustedKeys],
+    *,
+    allow_unsigned: bool,
+    limit: int = MAX_ELSEWHERE,
+) -> list[Elsewhere]:
+    """The namespaces of `model` (its name as the config gives it) with this config, published
+    for other platforms: why a pull missed. The `limit` most recently published namespaces whose
+    name begins as the model's do are read, each newest manifest verified as a pull verifies it;
+    one that does not verify, or records another config, is left out. A manifest that records no
+    config (written before manifests did) counts when it names the model, with same_config False.
+    Those with this config first, then the newest first."""
+    from orchestrator.cache.namespace import model_prefix
+
+    try:
+        listed = store.list(f"{PREFIX}/namespaces/{model_prefix(model)}")
+    except StoreError:
+        return []  # the reason for a miss is worth a listing, not turning the miss into a store failure
+    newest_gen: dict[str, tuple[float, int]] = {}
+    for info in listed:
+        parts, match = info.key.split("/"), _GEN.search(info.key)
+        if len(parts) != 4 or not match:
+            continue
+        modified, generation = newest_gen.get(parts[2], (0.0, 0))
+        newest_gen[parts[2]] = (max(modified, info.modified), max(generation, int(match.group(1))))
+    recent = sorted(newest_gen.items(), key=lambda item: item[1][0], reverse=True)[:limit]
+    found = []
+    for name, (_, generation) in recent:
+        try:
+            manifest, _ = read_manifest(store, name, generation, trusted, allow_unsigned=allow_unsigned)
+        except (IntegrityError, StoreError):
+            continue
+        platform, config = manifest.meta.get("platform"), manifest.meta.get("config")
+        if not isinstance(platform, dict):
+            continue
+        if config == config_hash or (config is None and manifest.meta.get("model") == model):
+            found.append(Elsewhere(name, platform, config == config_hash, manifest.created_at))
+    return sorted(found, key=lambda e: not e.same_config)  # stable: newest first within each
+
+
 @dataclass
 class NamespaceListing:
     """One namespace of a store as `orchestrate cache ls` shows it: its newest generation."""

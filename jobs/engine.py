@@ -289,7 +289,11 @@ class Session:
                     self.key,
                     allow_unsigned=self.remote.allow_unsigned,
                     trusted=self.trusted,
-                    meta={"model": self.spec.name, "platform": asdict(self.platform)},
+                    meta={
+                        "model": self.spec.name,
+                        "config": self.spec.identity_hash(),
+                        "platform": asdict(self.platform),
+                    },
                 )
             except (StoreError, IntegrityError) as exc:
                 self.publish_error = str(exc)
@@ -323,7 +327,7 @@ class Session:
                 allow_unsigned=self.remote.allow_unsigned,
                 trusted=self.trusted,
                 buckets=ok,
-                meta={"model": self.spec.name, "platform": asdict(self.platform)},
+                meta={"model": self.spec.name, "config": self.spec.identity_hash(), "platform": asdict(self.platform)},
                 exclude=self._quarantined,
             )
         except (StoreError, IntegrityError) as exc:

@@ -121,12 +121,18 @@ def probe(device: str, environ: Optional[dict[str, str]] = None) -> Optional[Pla
     )
 
 
-def cache_namespace(spec: WarmupSpec) -> str:
-    """engine.cache_namespace(spec), from the probe where it can answer; torch is imported only
-    where it cannot."""
+def cache_platform(spec: WarmupSpec) -> Platform:
+    """The Platform engine.cache_namespace(spec) names, from the probe where it can answer; torch
+    is imported only where it cannot."""
     found = probe(spec.device)
     if found is None:
-        from orchestrator.jobs.engine import cache_namespace as with_torch
+        from orchestrator.jobs import torch_internals
+        from orchestrator.jobs.model import resolve_device
 
-        return with_torch(spec)
-    return namespace(spec.label, found, spec.identity_hash())
+        return torch_internals.current_platform(resolve_device(spec.device))
+    return found
+
+
+def cache_namespace(spec: WarmupSpec) -> str:
+    """engine.cache_namespace(spec), without torch where the probe can answer."""
+    return namespace(spec.label, cache_platform(spec), spec.identity_hash())

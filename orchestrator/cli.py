@@ -280,18 +280,19 @@ def _metrics(spec, port: Optional[int]):
 @click.option(
     "--to",
     "to_dir",
-    required=True,
     metavar="DIR",
-    help="Directory to fill; the server sets TORCHINDUCTOR_CACHE_DIR=DIR/inductor, TRITON_CACHE_DIR=DIR/triton.",
+    help="Directory to fill (default: the namespace's directory under --cache-dir, where `orchestrate serve "
+    "--cache-dir` loads from); a server of its own sets TORCHINDUCTOR_CACHE_DIR=DIR/inductor, "
+    "TRITON_CACHE_DIR=DIR/triton.",
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
-@click.option("--allow-miss", is_flag=True, help="Exit 0 when the namespace was never published.")
+@click.option("--allow-miss", is_flag=True, help="Exit 0 when the namespace was never published (with a warning).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON on stdout.")
 @_local_store_option
 @_store_options
 def pull(
     model_path: str,
-    to_dir: str,
+    to_dir: Optional[str],
     device: Optional[str],
     cache_dir: Optional[str],
     allow_miss: bool,
@@ -300,50 +301,95 @@ def pull(
     allow_unsigned: bool,
     trust: tuple[str, ...],
 ) -> None:
-    """Fill a serving replica's cache directory from the store (for init containers)."""
+    """Fill a serving replica's cache directory from the store (for init containers).
+
+    A namespace never published for this platform exits 5 with one line naming the platforms this
+    model's config was published for, if any, beside this one."""
     spec = load_spec_with_overrides(model_path, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
     _check_store(store_url)
     from orchestrator.cache import sync
     from orchestrator.cache.manifest import TrustedKeys
+    from orchestrator.cache.namespace import namespace as namespace_of
     from orchestrator.cache.store import open_store
     from orchestrator.jobs.errors import SetupError
-    from orchestrator.jobs.platform_probe import cache_namespace  # imports torch only where it must
+    from orchestrator.jobs.platform_probe import cache_platform  # imports torch only where it must
 
     try:
-        namespace = cache_namespace(spec)
+        platform = cache_platform(spec)
     except SetupError as exc:
         raise UserError(str(exc)) from None
-    target = Path(to_dir).expanduser().resolve()
+    namespace = namespace_of(spec.label, platform, spec.identity_hash())
+    # the directory runtime.load and `orchestrate serve` read for this namespace under the cache root
+    target = (Path(to_dir).expanduser() if to_dir else cache_root(spec) / namespace).resolve()
     if store_url:
         trusted = _trusted(trust)
     else:  # the store warmup publishes to when it is given none, with its own public key
         embedded = embedded_store(cache_root(spec), allow_unsigned, trust)
         store_url, trusted = embedded.url, TrustedKeys.from_pems(embedded.trusted)
-    transfer = sync.pull(open_store(store_url), namespace, target, trusted, allow_unsigned=allow_unsigned)
-    summary = {
+    store = open_store(store_url)
+    transfer = sync.pull(store, namespace, target, trusted, allow_unsigned=allow_unsigned)
+    summary: dict[str, Any] = {
         "namespace": namespace,
         "to": str(target),
         "remote": store_url,
         "hit": transfer is not None,
         **(asdict(transfer) if transfer else {}),
     }
-    if as_json:
+    if transfer is None:
+        elsewhere = sync.published_elsewhere(
+            store, spec.label, spec.identity_hash(), trusted, allow_unsigned=allow_unsigned
+        )
+        summary["platform"] = asdict(platform)
+        summary["published"] = [asdict(found) for found in elsewhere]
+        if as_json:
+            click.echo(json.dumps(summary, indent=2))
+        reason = _miss_reason(namespace, store_url, spec.label, platform, elsewhere)
+        if not allow_miss:
+            _fail(reason, EXIT_MISS)
+        click.echo(f"orchestrate: warning: {reason}; starting cold (--allow-miss)", err=True)
+    elif as_json:
         click.echo(json.dumps(summary, indent=2))
-    elif transfer is None:
-        click.echo(f"{namespace}: not in {store_url}", err=True)
     else:
         click.echo(
             f"{namespace}: generation {transfer.generation}, {transfer.files} files "
             f"({transfer.bytes / 1e6:.1f} MB in {transfer.shards} shards) in {transfer.seconds:.2f} s -> {target}",
             err=True,
         )
-    if transfer is None and not allow_miss:
-        _fail(
-            f"namespace {namespace} was never published to {store_url}; run `orchestrate warmup --remote` "
-            "first, or pass --allow-miss to start cold",
-            EXIT_MISS,
-        )
+
+
+MAX_PLATFORMS_NAMED = 3  # in the one line a miss prints; --json lists every one read
+
+
+def _miss_reason(namespace: str, store_url: str, model: str, here: Any, elsewhere: list[Any]) -> str:
+    """Why a pull missed, in one line: the platforms this model's config was published for and
+    this one, by the fields that tell them apart; otherwise that nothing was published for it."""
+    from orchestrator.cache.namespace import describe, differing
+
+    missing = f"namespace {namespace} was never published to {store_url}"
+    if not elsewhere:
+        return f"{missing}; run `orchestrate warmup --remote` first, or pass --allow-miss to start cold"
+    exact = [found for found in elsewhere if found.same_config]
+    shown = exact or elsewhere
+    subject = (
+        "this model's config was warmed"
+        if exact
+        else f"a model named {model} was warmed (probably this config: its manifests do not record one)"
+    )
+    fields = differing(here, [found.platform for found in shown])
+    platforms = list(dict.fromkeys(describe(found.platform, fields) for found in shown))
+    named = " and for ".join(platforms[:MAX_PLATFORMS_NAMED])
+    if len(platforms) > MAX_PLATFORMS_NAMED:
+        named += f" (and {len(platforms) - MAX_PLATFORMS_NAMED} more)"
+    hints = []
+    if "gpu_name" in fields:
+        hints.append("on a node with that GPU" if len(platforms) == 1 else "on a node with one of those GPUs")
+    if any(name != "gpu_name" for name in fields):
+        hints.append("with the warmup's image")
+    return (
+        f"{missing}: {subject} for {named}, but this pod is {describe(asdict(here), fields)}; "
+        f"run this pod {' and '.join(hints)}, or warm this platform (`orchestrate warmup --remote` on it)"
+    )
 
 
 @cli.command()
