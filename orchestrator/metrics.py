@@ -170,10 +170,10 @@ class _Group:
             seconds = [r["compile_seconds"] for r in ok if _cache(r["cache_state"]) == cache]
             if seconds:
                 self.compile_seconds.labels(*labels, cache).set(statistics.median(seconds))
-        _set_median(self.graph_record_seconds.labels(*labels), [r["graph_record_seconds"] for r in ok])
-        _set_median(self.latency_seconds.labels(*labels, "eager"), [_s(r["eager_ms"]) for r in ok])
-        _set_median(self.latency_seconds.labels(*labels, "compiled"), [_s(r["compiled_ms"]) for r in ok])
-        _set_median(self.speedup_ratio.labels(*labels), [r["speedup"] for r in ok])
+        _set_median(self.graph_record_seconds, labels, [r["graph_record_seconds"] for r in ok])
+        _set_median(self.latency_seconds, (*labels, "eager"), [_s(r["eager_ms"]) for r in ok])
+        _set_median(self.latency_seconds, (*labels, "compiled"), [_s(r["compiled_ms"]) for r in ok])
+        _set_median(self.speedup_ratio, labels, [r["speedup"] for r in ok])
         self.cache_hits.labels(*labels).set(sum(r["cache_hits"] or 0 for r in records))
         self.cache_misses.labels(*labels).set(sum(r["cache_misses"] or 0 for r in records))
         self.graph_breaks.labels(*labels).set(max((r["graph_breaks"] or 0 for r in records), default=0))
@@ -245,13 +245,15 @@ class WarmupMetrics:
         """pushadd each GPU class's group; a run that knows its classes deletes the class-less
         groups. A failure is returned as a warning, never raised."""
         try:
+            # deleted first: the class-less group of earlier versions holds series with the same
+            # labels as a class's group, and the gateway refuses a push that would duplicate them
+            if self.groups and UNKNOWN_GPU not in self.groups:
+                delete_from_gateway(gateway, job=JOB, grouping_key=self.grouping_key(UNKNOWN_GPU), timeout=10)
+                delete_from_gateway(gateway, job=JOB, grouping_key={"model": self.model}, timeout=10)
             for gpu, group in self.groups.items():
                 pushadd_to_gateway(
                     gateway, job=JOB, grouping_key=self.grouping_key(gpu), registry=group.registry, timeout=10
                 )
-            if self.groups and UNKNOWN_GPU not in self.groups:
-                delete_from_gateway(gateway, job=JOB, grouping_key=self.grouping_key(UNKNOWN_GPU), timeout=10)
-                delete_from_gateway(gateway, job=JOB, grouping_key={"model": self.model}, timeout=10)
             return None
         except Exception as exc:  # the job's result stands whatever the gateway does
             return f"could not push metrics to the Pushgateway at {gateway}: {type(exc).__name__}: {exc}"
@@ -313,10 +315,12 @@ def _s(ms: Optional[float]) -> Optional[float]:
     return None if ms is None else ms / 1e3
 
 
-def _set_median(gauge: Any, values: list[Optional[float]]) -> None:
+def _set_median(gauge: Gauge, labels: tuple[str, ...], values: list[Optional[float]]) -> None:
+    """The median of the values present; no series at all without one (`labels()` alone would
+    export a 0: a failed bucket's speedup of 0 would read as slower than eager)."""
     present = [v for v in values if v is not None]
     if present:
-        gauge.set(statistics.median(present))
+        gauge.labels(*labels).set(statistics.median(present))
 
 
 def _transfers(report: dict[str, Any]) -> list[tuple[str, float, int]]:
