@@ -212,13 +212,6 @@ class BucketedModel:
         """Per bucket, what it has served since load (a snapshot)."""
         return {bucket: BucketUsage(u.calls, u.rows, u.padded_rows) for bucket, u in self._usage.items()}
 
-    def metrics_registry(self, model: Optional[str] = None) -> Any:
-        """A prometheus_client CollectorRegistry with this replica's metrics (orchestrator.
-        replica_metrics), read at every scrape: serve it with prometheus_client.start_http_server."""
-        from orchestrator.replica_metrics import registry_for
-
-        return registry_for(self, model or self.spec.name or self.spec.label)
-
 
 class _Loader:
     def __init__(

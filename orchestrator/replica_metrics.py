@@ -6,7 +6,7 @@ load: a cache miss) or serve another variant than warmup chose, and what its own
 store did. What it has served since (a long-running process, so counters): model calls per
 bucket, the request rows in them and the rows of padding added to reach the bucket.
 
-    registry = model.metrics_registry()                       # model = runtime.load(...)
+    registry = runtime.metrics_registry(model)                # model = runtime.load(...)
     prometheus_client.start_http_server(9400, registry=registry)
 
 `orchestrate serve --metrics-port` does this in the replica's own process (docs/metrics.md).
@@ -16,7 +16,7 @@ Labels: model, gpu (the GPU class as warmup's metrics name it, or `cpu`), bucket
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -104,7 +104,9 @@ class ReplicaCollector(Collector):
         yield build
 
 
-def registry_for(model: BucketedModel, name: str) -> CollectorRegistry:
+def metrics_registry(model: BucketedModel, name: Optional[str] = None) -> CollectorRegistry:
+    """A registry with the replica's metrics, read from `model` at every scrape; `name`: the model
+    label (default: the config's name)."""
     registry = CollectorRegistry()
-    registry.register(ReplicaCollector(model, name))
+    registry.register(ReplicaCollector(model, name or model.spec.name or model.spec.label))
     return registry

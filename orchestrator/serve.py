@@ -87,7 +87,7 @@ class ModelServer:
             from prometheus_client import start_http_server
 
             host, port = metrics
-            start_http_server(port, addr=host, registry=self.model.metrics_registry(spec.name))
+            start_http_server(port, addr=host, registry=runtime.metrics_registry(self.model, spec.name))
 
     def info(self) -> dict[str, Any]:
         """What the replica loaded: per bucket the variant serving it, cache hits, load seconds."""

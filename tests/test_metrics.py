@@ -198,7 +198,7 @@ config, cache, store, port = sys.argv[1:]
 model = runtime.load(config, cache_dir=cache, remote=store)
 for rows in (1, 3, 3):  # bucket 1 exactly, then bucket 4 twice with one row of padding each
     model(torch.randn(rows, 16))
-start_http_server(int(port), addr="127.0.0.1", registry=model.metrics_registry())
+start_http_server(int(port), addr="127.0.0.1", registry=runtime.metrics_registry(model))
 print(json.dumps(model.info().to_dict(), default=str), flush=True)
 sys.stdin.read()  # serves until the test closes stdin
 """
