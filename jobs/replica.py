@@ -59,6 +59,21 @@ class BucketInfo:
 
 
 @dataclass
+class BucketUsage:
+    """What a bucket has served since load: model calls, the request rows in them, and the rows of
+    padding added to reach the bucket (rows + padded_rows = calls * bucket)."""
+
+    calls: int = 0
+    rows: int = 0
+    padded_rows: int = 0
+
+    def count(self, rows: int, bucket: int) -> None:
+        self.calls += 1
+        self.rows += rows
+        self.padded_rows += bucket - rows
+
+
+@dataclass
 class ReplicaInfo:
     namespace: str
     device: str
@@ -68,6 +83,13 @@ class ReplicaInfo:
     pull: Optional[sync.Transfer] = None
     dynamo_frames_compiled: int = 0
     events: list[tuple[str, float]] = field(default_factory=list)
+    store: Optional[str] = None  # the store pulled from first (None: none was asked; `pull` None: a miss)
+    platform: Optional[Platform] = None  # what the replica runs on: GPU class and versions, for metrics
+
+    @property
+    def gpu(self) -> str:
+        """The GPU class, as warmup's metrics name it: the device's name, or `cpu`."""
+        return self.platform.gpu_name if self.platform and self.device.startswith("cuda") else "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +142,8 @@ def load_replica(
         ready_seconds_from_spawn=None if age is None else age + ready,
         pull=pulled,
         dynamo_frames_compiled=frames.stats().frames_compiled,
+        store=remote.url if remote else None,
+        platform=platform,
     )
     return BucketedModel(spec, device, model, runners, {b: i.variant for b, i in infos.items()}, shaper, dims, info)
 
@@ -151,12 +175,15 @@ class BucketedModel:
         self._lock = threading.Lock()
         self._no_grad = torch.no_grad()  # one for every call: calls are serialized by the lock
         self.buckets = sorted(runners)
+        # counted under the call lock; read without it (a scrape must not wait for a model call)
+        self._usage = {bucket: BucketUsage() for bucket in self.buckets}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self._lock, self._no_grad:
             exact = self._shaper.exact_bucket(args, kwargs)
             if exact is not None:  # a bucket's own shapes: nothing to check, pad or cut
                 outputs = self._runners[exact](*args, **kwargs)
+                self._usage[exact].count(exact, exact)
                 return copy_out(outputs) if self._copies[exact] else outputs
             n = self._shaper.size(args, kwargs)  # BadRequest before anything runs
             if n <= self.buckets[-1]:
@@ -170,6 +197,7 @@ class BucketedModel:
         bucket = self._shaper.bucket_for(n)
         padded_args, padded_kwargs = self._shaper.pad(args, kwargs, bucket)
         outputs = self._runners[bucket](*padded_args, **padded_kwargs)
+        self._usage[bucket].count(n, bucket)
         if n < bucket:
             outputs = self._shaper.unpad(outputs, n, self._dims)
         return copy_out(outputs) if self._copies[bucket] else outputs
@@ -179,6 +207,10 @@ class BucketedModel:
 
     def info(self) -> ReplicaInfo:
         return self._info
+
+    def usage(self) -> dict[int, BucketUsage]:
+        """Per bucket, what it has served since load (a snapshot)."""
+        return {bucket: BucketUsage(u.calls, u.rows, u.padded_rows) for bucket, u in self._usage.items()}
 
 
 class _Loader:

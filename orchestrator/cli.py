@@ -406,6 +406,11 @@ def _miss_reason(namespace: str, store_url: str, model: str, here: Any, elsewher
     type=click.IntRange(min=1),
     help="Requests joined into one call (default: the largest bucket); 1 runs each alone.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="The replica serves Prometheus /metrics on this port (on --host): load, variants, padding.",
+)
 @_store_options
 def serve(
     model_path: str,
@@ -417,6 +422,7 @@ def serve(
     ray_address: Optional[str],
     require_warm: bool,
     max_batch_size: Optional[int],
+    metrics_port: Optional[int],
     remote: Optional[str],
     allow_unsigned: bool,
     trust: tuple[str, ...],
@@ -438,8 +444,10 @@ def serve(
         preflight(spec)
     except SetupError as exc:
         raise UserError(str(exc)) from None
-    if not ray_address:  # a cluster's proxy listens on its head node, not here
-        problem = check_port(host, port)
+    if metrics_port is not None and metrics_port == port:
+        raise UserError(f"--metrics-port {metrics_port} is also --port; pick another")
+    if not ray_address:  # a cluster's proxy and replica run on its nodes, not here
+        problem = check_port(host, port) or (metrics_port and check_port(host, metrics_port, "--metrics-port"))
         if problem:
             raise UserError(problem)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines would bury the ready line
@@ -463,6 +471,7 @@ def serve(
             remote=Remote(store_url, allow_unsigned, trusted=trusted) if store_url else None,
             require_warm=require_warm,
             max_batch_size=max_batch_size,
+            metrics_port=metrics_port,
             on_ready=ready,
             until=block_until_signalled,
         )

@@ -6,6 +6,7 @@ variant warmup chose for it.
     model = runtime.load("model.yaml", remote="s3://bucket/compile-cache")   # ready when it returns
     out = model(x)            # any size along the bucket dimension: padded to its bucket, sliced back
     model.info()              # per bucket: variant, cache hits and misses, load and capture seconds
+    runtime.metrics_registry(model)   # Prometheus metrics of the replica (orchestrator.replica_metrics)
 
 Requests larger than the largest bucket run in chunks of it (`serve.oversize: split`) or are
 refused (`error`). A bad request raises `BadRequest` naming the input; the model stays usable.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from orchestrator.cache.manifest import PublicKey, TrustedKeys
 from orchestrator.config import cache_root, embedded_store, load_spec_with_overrides
@@ -24,7 +25,15 @@ from orchestrator.jobs.records import Remote
 from orchestrator.jobs.replica import BucketedModel, BucketInfo, NotWarm, ReplicaInfo, load_replica
 from orchestrator.jobs.spec import WarmupSpec
 
-__all__ = ["BadRequest", "BucketInfo", "BucketedModel", "NotWarm", "ReplicaInfo", "load"]
+__all__ = ["BadRequest", "BucketInfo", "BucketedModel", "NotWarm", "ReplicaInfo", "load", "metrics_registry"]
+
+
+def metrics_registry(model: BucketedModel, name: Optional[str] = None) -> Any:
+    """A prometheus_client CollectorRegistry with the replica's metrics, read at every scrape:
+    serve it with prometheus_client.start_http_server (needs the `metrics` extra)."""
+    from orchestrator.replica_metrics import metrics_registry as registry
+
+    return registry(model, name)
 
 
 def load(

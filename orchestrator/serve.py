@@ -4,6 +4,7 @@
                     (Content-Type application/x-npz: numpy.savez arrays in, an .npz out)
                                                     400 {"error": "<one line>"}  (the request's fault)
     GET  /info      the replica's load report (orchestrator.runtime.ReplicaInfo)
+    GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.replica_metrics
 
 One replica (`ModelServer`) loads the model with `runtime.load` in its constructor, so Serve sends
 it nothing before every bucket is loaded. Requests arriving together are batched (`serve.batch`,
@@ -56,6 +57,7 @@ class ModelServer:
         require_warm: bool,
         max_batch_size: int,
         batch_wait_seconds: float,
+        metrics: Optional[tuple[str, int]] = None,
     ) -> None:
         # Ray starts a replica with OMP_NUM_THREADS set to its CPU share; the warm cache holds CPU
         # kernels built for the node's default thread count, as a plain process runs them
@@ -79,6 +81,13 @@ class ModelServer:
         batcher: Any = self._predict  # serve.batch's wrapper, which carries its setters
         batcher.set_max_batch_size(max_batch_size)
         batcher.set_batch_wait_timeout_s(batch_wait_seconds)
+        if metrics:
+            # in this process: the replica's model is what the collector reads at each scrape (one
+            # replica per server, so one port per pod)
+            from prometheus_client import start_http_server
+
+            host, port = metrics
+            start_http_server(port, addr=host, registry=runtime.metrics_registry(self.model, spec.name))
 
     def info(self) -> dict[str, Any]:
         """What the replica loaded: per bucket the variant serving it, cache hits, load seconds."""
@@ -146,9 +155,10 @@ class ServeFailed(Exception):
         self.kind = kind
 
 
-def check_port(host: str, port: int) -> Optional[str]:
-    """Why Serve's proxy could not listen on host:port on this machine, or None. The proxy
-    itself only says so in its logs, while the application waits for it."""
+def check_port(host: str, port: int, option: str = "--port") -> Optional[str]:
+    """Why Serve's proxy (or the replica's metrics server: `option`) could not listen on host:port
+    on this machine, or None. The proxy itself only says so in its logs, while the application
+    waits for it."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -159,7 +169,7 @@ def check_port(host: str, port: int) -> Optional[str]:
         try:
             probe.bind(address)
         except OSError as exc:
-            return f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
+            return f"cannot listen on {host}:{port} ({exc.strerror}); pick another {option}"
     return None
 
 
@@ -177,6 +187,7 @@ def run_server(
     require_warm: bool = False,
     max_batch_size: Optional[int] = None,
     batch_wait_seconds: float = BATCH_WAIT_SECONDS,
+    metrics_port: Optional[int] = None,
     on_ready: Callable[[str, dict[str, Any]], None] = lambda url, info: None,
     until: Callable[[], None] = lambda: None,
 ) -> None:
@@ -204,7 +215,7 @@ def run_server(
             ray_actor_options={"num_gpus": _gpus(spec, ray.cluster_resources()), "runtime_env": {"env_vars": env}},
             # room for a batch being run, the next one filling, and requests being decoded
             max_ongoing_requests=max(4 * batch, 16),
-        ).bind(spec, remote, require_warm, batch, batch_wait_seconds)
+        ).bind(spec, remote, require_warm, batch, batch_wait_seconds, (host, metrics_port) if metrics_port else None)
         deployed = True
         try:
             handle = serve.run(app, name=name, route_prefix="/", blocking=False)

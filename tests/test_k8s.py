@@ -21,6 +21,7 @@ OPERATOR_SCHEMAS = ROOT / "tests" / "schemas" / "prometheus-operator"  # vendore
 OPERATOR_KINDS = {
     "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml.gz",
     "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml.gz",
+    "PodMonitor": "monitoring.coreos.com_podmonitors.yaml.gz",
 }
 K8S_VERSION = "1.32"
 
@@ -176,7 +177,7 @@ def test_kustomize_builds_and_everything_validates(rayjob_validator):
     documents = kustomized("k8s")
     assert {d["kind"] for d in documents} == {"ConfigMap", "Deployment", "RayJob", "Service"}  # no CRD but KubeRay's
     operator_documents = kustomized("k8s", "monitoring", "operator")
-    assert sorted(d["kind"] for d in operator_documents) == ["PrometheusRule", "ServiceMonitor"]
+    assert sorted(d["kind"] for d in operator_documents) == ["PodMonitor", "PrometheusRule", "ServiceMonitor"]
     assert all(d["metadata"]["namespace"] == "monitoring" for d in operator_documents)
     for document in [*documents, *operator_documents]:
         validate(document, rayjob_validator)
@@ -351,38 +352,58 @@ def test_a_typo_in_a_prometheus_rule_is_caught(rayjob_validator):
         validate(rule, rayjob_validator)
 
 
-# Each alert against series as the Pushgateway serves them (job and model labels kept).
+# Each alert against series as the Pushgateway serves them (job, model and gpu labels kept), and
+# the replicas' as the PodMonitor scrapes them (namespace and pod added).
 ALERT_TESTS = """
 rule_files: [rules.yaml]
 evaluation_interval: 1m
 tests:
   - interval: 1m
     input_series:
-      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="mlp"}'
+      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="mlp", gpu="NVIDIA H200"}'
         values: '1 1 0 0 0'
-      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="resnet18"}'
+      # the same model on another class stays ok: its group is its own
+      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="mlp", gpu="NVIDIA L4"}'
         values: '1 1 1 1 1'
-      - series: 'orchestrate_bucket_failures{job="orchestrate_warmup", model="mlp"}'
+      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="resnet18", gpu="NVIDIA H200"}'
+        values: '1 1 1 1 1'
+      # a setup failure before any class was known, deleted by the next run that knows its classes
+      - series: 'orchestrate_last_run_success{job="orchestrate_warmup", model="resnet18", gpu="unknown"}'
+        values: '_ 0 0 stale'
+      - series: 'orchestrate_bucket_failures{job="orchestrate_warmup", model="mlp", gpu="NVIDIA H200"}'
         values: '0 0 2 2 2'
+      - series: 'orchestrate_bucket_failures{job="orchestrate_warmup", model="mlp", gpu="NVIDIA L4"}'
+        values: '0 0 0 0 0'
       - series: 'orchestrate_speedup_ratio{job="orchestrate_warmup", model="mlp", bucket="32", mode="reduce-overhead", gpu="NVIDIA H200"}'
         values: '1.5 1.5 0.8 0.8 0.8'
       - series: 'orchestrate_speedup_ratio{job="orchestrate_warmup", model="mlp", bucket="1", mode="reduce-overhead", gpu="NVIDIA H200"}'
         values: '3 3 3 3 3'
+      - series: 'orchestrate_replica_cold_buckets{namespace="serving", pod="mlp-server-a", model="mlp", gpu="NVIDIA H200"}'
+        values: '0 0 2 2 2'
+      - series: 'orchestrate_replica_cold_buckets{namespace="serving", pod="mlp-server-b", model="mlp", gpu="NVIDIA H200"}'
+        values: '0 0 0 0 0'
     alert_rule_test:
-      - {eval_time: 1m, alertname: OrchestrateWarmupFailed, exp_alerts: []}
+      - {eval_time: 0m, alertname: OrchestrateWarmupFailed, exp_alerts: []}
+      - eval_time: 1m
+        alertname: OrchestrateWarmupFailed
+        exp_alerts:
+          - exp_labels: {severity: warning, job: orchestrate_warmup, model: resnet18, gpu: unknown}
+            exp_annotations:
+              summary: The last warmup of resnet18 on unknown did not finish every bucket
+              description: @OrchestrateWarmupFailed@
       - eval_time: 3m
         alertname: OrchestrateWarmupFailed
         exp_alerts:
-          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp}
+          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp, gpu: NVIDIA H200}
             exp_annotations:
-              summary: The last warmup of mlp did not finish every bucket
+              summary: The last warmup of mlp on NVIDIA H200 did not finish every bucket
               description: @OrchestrateWarmupFailed@
       - eval_time: 3m
         alertname: OrchestrateBucketsFailing
         exp_alerts:
-          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp}
+          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp, gpu: NVIDIA H200}
             exp_annotations:
-              summary: 2 bucket record(s) of mlp failed in the last warmup
+              summary: 2 bucket record(s) of mlp on NVIDIA H200 failed in the last warmup
               description: @OrchestrateBucketsFailing@
       - {eval_time: 1m, alertname: OrchestrateBucketSlowerThanEager, exp_alerts: []}
       - eval_time: 3m
@@ -392,12 +413,23 @@ tests:
             exp_annotations:
               summary: "mlp bucket 32 on NVIDIA H200: compiled is slower than eager (speedup 0.80x)"
               description: @OrchestrateBucketSlowerThanEager@
+      - {eval_time: 1m, alertname: OrchestrateReplicaStartedCold, exp_alerts: []}
+      - eval_time: 3m
+        alertname: OrchestrateReplicaStartedCold
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: serving, pod: mlp-server-a, model: mlp, gpu: NVIDIA H200}
+            exp_annotations:
+              summary: Replica mlp-server-a of mlp on NVIDIA H200 compiled 2 bucket(s) at start
+              description: @OrchestrateReplicaStartedCold@
   - interval: 1m
     input_series:
-      # a success at the start of time and none since; another model succeeds every minute
-      - series: 'orchestrate_last_success_timestamp_seconds{job="orchestrate_warmup", model="mlp"}'
+      # on one class a success at the start of time and none since; on another class of the same
+      # model, and on another model, a success every minute
+      - series: 'orchestrate_last_success_timestamp_seconds{job="orchestrate_warmup", model="mlp", gpu="NVIDIA H200"}'
         values: '0x1600'
-      - series: 'orchestrate_last_success_timestamp_seconds{job="orchestrate_warmup", model="resnet18"}'
+      - series: 'orchestrate_last_success_timestamp_seconds{job="orchestrate_warmup", model="mlp", gpu="NVIDIA L4"}'
+        values: '0+60x1600'
+      - series: 'orchestrate_last_success_timestamp_seconds{job="orchestrate_warmup", model="resnet18", gpu="NVIDIA H200"}'
         values: '0+60x1600'
     alert_rule_test:
       - {eval_time: 23h, alertname: OrchestrateNoRecentSuccess, exp_alerts: []}
@@ -405,9 +437,9 @@ tests:
       - eval_time: 26h
         alertname: OrchestrateNoRecentSuccess
         exp_alerts:
-          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp}
+          - exp_labels: {severity: warning, job: orchestrate_warmup, model: mlp, gpu: NVIDIA H200}
             exp_annotations:
-              summary: No successful warmup of mlp for 1d 2h 0m 0s
+              summary: No successful warmup of mlp on NVIDIA H200 for 1d 2h 0m 0s
               description: @OrchestrateNoRecentSuccess@
 """
 
@@ -530,3 +562,21 @@ def test_a_cache_volume_that_is_not_one_of_the_three_is_one_line(choice):
     assert proc.stderr.strip().splitlines() == [
         f"orchestrate: error: --cache-volume {choice!r}: write emptyDir, pvc:CLAIM-NAME or hostPath:/absolute/path"
     ]
+
+
+# --- the serving replicas' scrape -------------------------------------------------------------
+
+
+def test_the_pod_monitor_selects_serving_pods_by_their_contract_labels_and_port(rayjob_validator):
+    """Serving pods carry app.kubernetes.io/part-of: orchestrate and component: serving, and expose
+    `orchestrate serve --metrics-port` as the container port named `metrics`."""
+    monitor = yaml.safe_load((ROOT / "k8s" / "monitoring" / "operator" / "podmonitor.yaml").read_text())
+    validate(monitor, rayjob_validator)
+    assert monitor["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/part-of": "orchestrate",
+        "app.kubernetes.io/component": "serving",
+    }
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    monitor["spec"]["podMetricsEndpoints"][0]["targetport"] = 9400
+    with pytest.raises(AssertionError, match="targetport"):
+        validate(monitor, rayjob_validator)

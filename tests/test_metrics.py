@@ -1,10 +1,13 @@
 """Metrics proven against a real Prometheus and Pushgateway (Debian's packages) on loopback:
-a real warmup pushes, Prometheus scrapes, and every dashboard panel's query returns data."""
+a real warmup pushes and publishes to a signed store, a real replica (the serving runtime in a
+subprocess) pulls it and serves its registry over HTTP, Prometheus scrapes both, and every
+dashboard panel's query returns data."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import socket
@@ -20,10 +23,12 @@ import pytest
 from conftest import ROOT, orchestrate
 
 from orchestrator.jobs.records import BucketResult
+from orchestrator.metrics import UNKNOWN_GPU, WarmupMetrics, exported_names
 
 pytestmark = pytest.mark.slow
 DASHBOARD = ROOT / "k8s" / "monitoring" / "grafana-dashboard.json"
 MODEL = "tiny-metrics"
+SIGNING_KEY = {"ORCHESTRATE_CACHE_SIGNING_KEY": "6b" * 32}  # an Ed25519 private key (seed, hex)
 
 
 def free_ports(count: int) -> list[int]:
@@ -60,7 +65,7 @@ def monitoring(tmp_path_factory):
         if shutil.which(binary) is None:
             pytest.fail(f"{binary} is not installed; scripts/install.sh installs Debian's package")
     work = tmp_path_factory.mktemp("monitoring")
-    gateway_port, prometheus_port = free_ports(2)
+    gateway_port, prometheus_port, replica_port = free_ports(3)
     (work / "prometheus.yml").write_text(
         textwrap.dedent(f"""
         global: {{scrape_interval: 1s, evaluation_interval: 1s}}
@@ -68,10 +73,13 @@ def monitoring(tmp_path_factory):
           - job_name: pushgateway
             honor_labels: true
             static_configs: [{{targets: ["127.0.0.1:{gateway_port}"]}}]
+          - job_name: replica
+            static_configs: [{{targets: ["127.0.0.1:{replica_port}"]}}]
     """)
     )
     gateway = subprocess.Popen(
-        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{gateway_port}"],
+        # in memory: Debian's default persistence file would carry groups over from other runs
+        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{gateway_port}", "--persistence.file="],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -85,7 +93,11 @@ def monitoring(tmp_path_factory):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    urls = {"gateway": f"http://127.0.0.1:{gateway_port}", "prometheus": f"http://127.0.0.1:{prometheus_port}"}
+    urls = {
+        "gateway": f"http://127.0.0.1:{gateway_port}",
+        "prometheus": f"http://127.0.0.1:{prometheus_port}",
+        "replica_port": str(replica_port),
+    }
     try:
         wait_until(lambda: get(urls["gateway"] + "/-/ready"), "the Pushgateway")
         wait_until(lambda: get(urls["prometheus"] + "/-/ready"), "Prometheus")
@@ -125,7 +137,7 @@ def write_config(tmp_path: Path, factory: str) -> Path:
         name: {MODEL}
         model: {{factory: models.py:{factory}}}
         inputs: [{{shape: [batch, 16]}}]
-        buckets: [1, 2]
+        buckets: [1, 4]
         device: cpu
         bench: {{iterations: 5, warmup: 1}}
     """)
@@ -133,16 +145,27 @@ def write_config(tmp_path: Path, factory: str) -> Path:
     return path
 
 
-def gateway_value(gateway: str, metric: str) -> float | None:
+def gateway_value(gateway: str, metric: str, model: str = MODEL, gpu: str = "cpu") -> float | None:
     for line in get(gateway + "/metrics").splitlines():
-        if line.startswith(metric + "{") and f'model="{MODEL}"' in line:
+        if line.startswith(metric + "{") and f'model="{model}"' in line and f'gpu="{gpu}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def gateway_groups(gateway: str, model: str) -> set[str]:
+    """The gpu of every group of `model` on the gateway (its push_time_seconds, one per group)."""
+    found = set()
+    for line in get(gateway + "/metrics").splitlines():
+        if line.startswith("push_time_seconds{") and f'model="{model}"' in line:
+            match = re.search(r'gpu="([^"]*)"', line)
+            found.add(match.group(1) if match else "")
+    return found
 
 
 @pytest.fixture(scope="module")
 def pushed(monitoring, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
+    (tmp / "store").mkdir()
     proc = orchestrate(
         "warmup",
         "--no-ray",
@@ -151,7 +174,10 @@ def pushed(monitoring, tmp_path_factory):
         "--json",
         "--pushgateway",
         monitoring["gateway"],
+        "--remote",
+        f"file://{tmp / 'store'}",  # published, so that the replica below pulls
         cache_dir=tmp / "cache",
+        env=SIGNING_KEY,
     )
     assert proc.returncode == 0, proc.stderr
     wait_until(
@@ -161,15 +187,68 @@ def pushed(monitoring, tmp_path_factory):
     return {"report": json.loads(proc.stdout), "tmp": tmp}
 
 
+# The replica: the serving runtime loads what the warmup published (pulling it into an empty cache
+# directory) and serves its registry, as `orchestrate serve --metrics-port` does in its replica.
+REPLICA = """
+import json, sys, torch
+from prometheus_client import start_http_server
+from orchestrator import runtime
+
+config, cache, store, port = sys.argv[1:]
+model = runtime.load(config, cache_dir=cache, remote=store)
+for rows in (1, 3, 3):  # bucket 1 exactly, then bucket 4 twice with one row of padding each
+    model(torch.randn(rows, 16))
+start_http_server(int(port), addr="127.0.0.1", registry=runtime.metrics_registry(model))
+print(json.dumps(model.info().to_dict(), default=str), flush=True)
+sys.stdin.read()  # serves until the test closes stdin
+"""
+
+
+@pytest.fixture(scope="module")
+def replica(monitoring, pushed):
+    tmp = pushed["tmp"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPLICA, str(tmp / "tiny.yaml"), str(tmp / "replica-cache")]
+        + [f"file://{tmp / 'store'}", monitoring["replica_port"]],
+        cwd=ROOT,
+        env={**os.environ, **SIGNING_KEY},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        wait_until(
+            lambda: query(monitoring["prometheus"], f'orchestrate_replica_ready_seconds{{model="{MODEL}"}}'),
+            "Prometheus to scrape the replica",
+        )
+        yield {"info": json.loads(line), "page": get(f"http://127.0.0.1:{monitoring['replica_port']}/metrics")}
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def values_by(prometheus: str, expr: str, label: str) -> dict[str, float]:
+    return {s["metric"][label]: float(s["value"][1]) for s in query(prometheus, expr)}
+
+
 def panel_queries() -> list[tuple[str, str]]:
     dashboard = json.loads(DASHBOARD.read_text())
-    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        if panel["type"] != "row"
+        for target in panel["targets"]
+    ]
 
 
-def test_every_dashboard_panel_returns_data(monitoring, pushed):
+def test_every_dashboard_panel_returns_data(monitoring, pushed, replica):
     for title, expr in panel_queries():
         concrete = expr.replace("$model", MODEL).replace("$bucket", ".*").replace("$gpu", ".*")
-        assert query(monitoring["prometheus"], concrete), f"panel {title!r}: no data for {concrete}"
+        # rate() needs two scrapes of the replica: wait for them rather than assume a time
+        wait_until(lambda: query(monitoring["prometheus"], concrete), f"panel {title!r} to have data: {concrete}")
 
 
 def test_pushed_values_match_the_report(monitoring, pushed):
@@ -181,8 +260,22 @@ def test_pushed_values_match_the_report(monitoring, pushed):
     assert series["job"] == "orchestrate_warmup" and "rank" not in series and series.get("instance", "") == ""
     cold = query(monitoring["prometheus"], f'orchestrate_compile_seconds{{model="{MODEL}",cache="cold"}}')
     assert len(cold) == 2
-    misses = query(monitoring["prometheus"], f'sum(orchestrate_cache_misses_total{{model="{MODEL}"}})')
+    misses = query(monitoring["prometheus"], f'sum(orchestrate_cache_misses{{model="{MODEL}",gpu="cpu"}})')
     assert float(misses[0]["value"][1]) == report["summary"]["cache_misses"]
+    published = query(
+        monitoring["prometheus"], f'orchestrate_cache_transfer_bytes{{model="{MODEL}",direction="publish"}}'
+    )
+    assert float(published[0]["value"][1]) == report["remote"]["publish"]["bytes"] > 0
+
+
+def test_build_info_names_the_versions_of_the_run(monitoring, pushed):
+    platform = pushed["report"]["platform"]
+    [series] = query(monitoring["prometheus"], f'orchestrate_build_info{{model="{MODEL}",job="orchestrate_warmup"}}')
+    labels = series["metric"]
+    assert float(series["value"][1]) == 1
+    assert labels["torch"] == platform["torch_version"] and labels["python"] == platform["python_version"]
+    assert labels["gpu"] == "cpu" and labels["cuda"] == (platform["cuda_version"] or "none")
+    assert labels["version"] and labels["triton"]
 
 
 def test_a_failed_run_never_moves_last_success(monitoring, pushed):
@@ -208,14 +301,16 @@ def test_a_failed_run_never_moves_last_success(monitoring, pushed):
     )
 
 
-def test_dashboard_queries_only_exported_metrics(pushed):
-    from orchestrator.metrics import WarmupMetrics, exported_names
+def test_dashboard_queries_only_exported_metrics(pushed, replica):
+    from prometheus_client.parser import text_string_to_metric_families
 
     metrics = WarmupMetrics(MODEL, "reduce-overhead")
     for record in pushed["report"]["results"]:
         metrics.observe(BucketResult(**record))
     metrics.finish(pushed["report"])
-    exported = exported_names(metrics.registry)
+    exported = exported_names(*metrics.registries())
+    for family in text_string_to_metric_families(replica["page"]):
+        exported |= {family.name, *(sample.name for sample in family.samples)}
     queried = {name for _, expr in panel_queries() for name in re.findall(r"\borchestrate_[a-z_]+", expr)}
     assert queried and queried <= exported, queried - exported
 
@@ -238,7 +333,27 @@ def test_dashboard_is_generated_and_portable():
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert all("label_values" in variables[name]["definition"] for name in ("model", "bucket", "gpu"))
-    assert all(panel["datasource"]["uid"] == "${datasource}" for panel in dashboard["panels"])
+    panels = [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+    assert all(panel["datasource"]["uid"] == "${datasource}" for panel in panels)
+    rows = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
+    assert rows == ["Warmup", "Cache", "Serving replicas"]
+    assert all(panel["description"] for panel in panels)
+    by_title = {panel["title"]: panel["fieldConfig"]["defaults"] for panel in panels}
+
+    def first_red(title: str) -> float | None:
+        colors = by_title[title]["thresholds"]["steps"]
+        return next((step["value"] for step in colors if step["color"] == "red"), None)
+
+    assert by_title["Since the last successful warmup"]["unit"] == "s"
+    assert first_red("Since the last successful warmup") == 24 * 3600
+    assert first_red("Failed buckets in the last run") == 1 and first_red("Cold buckets per replica") == 1
+    assert by_title["Cache size"]["unit"] == "bytes" and first_red("Cache size") is None
+    speedup = by_title["Speedup over eager per bucket"]
+    assert speedup["unit"].startswith("suffix:") and [s["color"] for s in speedup["thresholds"]["steps"]] == [
+        "red",
+        "green",
+    ]
+    assert speedup["thresholds"]["steps"][1]["value"] == 1
 
 
 def test_a_missing_pushgateway_is_only_a_warning(tmp_path):
@@ -283,3 +398,93 @@ def test_metrics_port_serves_while_running(tmp_path):
         assert "orchestrate_compile_duration_seconds_bucket" in page
     finally:
         assert run.wait(timeout=300) == 0, run.stderr.read()
+
+
+def as_gpu_class(report: dict, gpu: str, fail_bucket: int | None = None) -> dict:
+    """The real report as if its ranks had run on GPU class `gpu` (CI has no GPU, let alone two
+    classes); `fail_bucket`: that bucket's records failed."""
+    copy = json.loads(json.dumps(report))
+    for record in copy["results"]:
+        record["gpu"] = gpu
+        if record["bucket"] == fail_bucket:
+            record["status"] = "failed"
+    return copy
+
+
+def test_two_gpu_classes_of_one_model_keep_their_own_values(monitoring, pushed):
+    model = "tiny-metrics-classes"
+    for gpu, fail_bucket in (("Test GPU A", None), ("Test GPU B", 4)):
+        metrics = WarmupMetrics(model, None)
+        metrics.finish(as_gpu_class(pushed["report"], gpu, fail_bucket))
+        assert metrics.push(monitoring["gateway"]) is None
+    assert gateway_groups(monitoring["gateway"], model) == {"Test GPU A", "Test GPU B"}
+    prometheus = monitoring["prometheus"]
+    success = wait_until(
+        lambda: (lambda v: v if len(v) == 2 else None)(
+            values_by(prometheus, f'orchestrate_last_run_success{{model="{model}"}}', "gpu")
+        ),
+        "both classes in Prometheus",
+    )
+    assert success == {"Test GPU A": 1, "Test GPU B": 0}
+    assert values_by(prometheus, f'orchestrate_bucket_failures{{model="{model}"}}', "gpu") == {
+        "Test GPU A": 0,
+        "Test GPU B": 1,
+    }
+    # the failed class has no success to show; the other's is its own
+    assert set(values_by(prometheus, f'orchestrate_last_success_timestamp_seconds{{model="{model}"}}', "gpu")) == {
+        "Test GPU A"
+    }
+    speedups = query(prometheus, f'orchestrate_speedup_ratio{{model="{model}"}}')
+    assert sorted((s["metric"]["gpu"], s["metric"]["bucket"]) for s in speedups) == [
+        ("Test GPU A", "1"),
+        ("Test GPU A", "4"),
+        ("Test GPU B", "1"),  # the failed bucket has no speedup
+    ]
+
+
+def test_a_setup_failure_is_unknown_until_a_run_knows_its_class(monitoring, pushed):
+    model = "tiny-metrics-setup"
+    failed = WarmupMetrics(model, None)
+    failed.fail(wall_seconds=2.0)
+    assert failed.push(monitoring["gateway"]) is None
+    assert gateway_groups(monitoring["gateway"], model) == {UNKNOWN_GPU}
+    assert gateway_value(monitoring["gateway"], "orchestrate_last_run_success", model, UNKNOWN_GPU) == 0
+    [info] = query(monitoring["prometheus"], f'orchestrate_build_info{{model="{model}"}}') or wait_until(
+        lambda: query(monitoring["prometheus"], f'orchestrate_build_info{{model="{model}"}}'), "the unknown group"
+    )
+    assert info["metric"]["gpu"] == UNKNOWN_GPU and info["metric"]["torch"]
+    fixed = WarmupMetrics(model, None)
+    fixed.finish(pushed["report"])
+    assert fixed.push(monitoring["gateway"]) is None
+    assert gateway_groups(monitoring["gateway"], model) == {"cpu"}
+    wait_until(
+        lambda: not query(monitoring["prometheus"], f'orchestrate_last_run_success{{model="{model}",gpu="unknown"}}'),
+        "the unknown group's series to go stale in Prometheus",
+    )
+
+
+def test_the_replica_reports_how_it_started_and_what_it_served(monitoring, replica):
+    info, prometheus = replica["info"], monitoring["prometheus"]
+    variants = query(prometheus, f'orchestrate_replica_variant{{model="{MODEL}"}} == 1')
+    assert {s["metric"]["bucket"]: s["metric"]["variant"] for s in variants} == {
+        bucket: row["variant"] for bucket, row in info["buckets"].items()
+    }
+    ready = query(prometheus, f'orchestrate_replica_ready_seconds{{model="{MODEL}"}}')
+    assert float(ready[0]["value"][1]) == pytest.approx(info["ready_seconds"])
+    assert values_by(prometheus, f'orchestrate_replica_cache_misses{{model="{MODEL}"}}', "bucket") == {
+        bucket: row["cache_misses"] for bucket, row in info["buckets"].items()
+    }
+    cold = sum(1 for row in info["buckets"].values() if row["cache_misses"])
+    assert float(query(prometheus, f'orchestrate_replica_cold_buckets{{model="{MODEL}"}}')[0]["value"][1]) == cold
+    assert float(query(prometheus, f'orchestrate_replica_pull_hit{{model="{MODEL}"}}')[0]["value"][1]) == 1
+    pulled = query(prometheus, f'orchestrate_replica_pull_bytes{{model="{MODEL}"}}')
+    assert float(pulled[0]["value"][1]) == info["pull"]["bytes"] > 0
+    # one call of 1 row on bucket 1; two calls of 3 rows on bucket 4, one row of padding each
+    assert values_by(prometheus, f'orchestrate_replica_calls_total{{model="{MODEL}"}}', "bucket") == {"1": 1, "4": 2}
+    assert values_by(prometheus, f'orchestrate_replica_rows_total{{model="{MODEL}"}}', "bucket") == {"1": 1, "4": 6}
+    assert values_by(prometheus, f'orchestrate_replica_padded_rows_total{{model="{MODEL}"}}', "bucket") == {
+        "1": 0,
+        "4": 2,
+    }
+    [build] = query(prometheus, f'orchestrate_build_info{{model="{MODEL}",job="replica"}}')
+    assert build["metric"]["gpu"] == "cpu" and build["metric"]["torch"] == info["platform"]["torch_version"]

@@ -38,9 +38,10 @@ class Server:
     group and can be ended with it, never anyone else's."""
 
     def __init__(self, cache: Path, log: Path) -> None:
-        with socket.socket() as probe:  # a free port, not Serve's default
+        with socket.socket() as probe, socket.socket() as metrics:  # free ports, not Serve's default
             probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+            metrics.bind(("127.0.0.1", 0))
+            self.port, self.metrics_port = probe.getsockname()[1], metrics.getsockname()[1]
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("ORCHESTRATE_CACHE_DIR", None)
         env.pop("RAY_ADDRESS", None)  # its own instance, whatever this shell points at
@@ -48,7 +49,7 @@ class Server:
         self._stderr = log.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8", "--device", "cpu"]
-            + ["--cache-dir", str(cache), "--port", str(self.port)],
+            + ["--cache-dir", str(cache), "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -208,6 +209,42 @@ def test_npz_requests_are_answered_in_npz_as_eager(server, eager, size):
     status, media_type, answer = post_npz(server.url, b"not an archive")
     assert status == 400 and media_type == "application/json"
     assert "not an .npz" in json.loads(answer)["error"]
+
+
+def test_the_replica_serves_its_metrics(server, eager):
+    """--metrics-port: the replica's own /metrics, from its process: the variant of each bucket,
+    and every model call counted on its bucket with the padding it took."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict[str, dict[tuple, float]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30) as response:
+            page = response.read().decode()
+        samples: dict[str, dict[tuple, float]] = {}
+        for family in text_string_to_metric_families(page):
+            for sample in family.samples:
+                samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return samples
+
+    def per_bucket(samples: dict[str, dict[tuple, float]], name: str) -> dict[str, float]:
+        return {dict(labels)["bucket"]: value for labels, value in samples[name].items()}
+
+    with urllib.request.urlopen(server.url.replace("/predict", "/info"), timeout=30) as response:
+        info = json.loads(response.read())
+    before = scrape()
+    variants = {dict(labels)["bucket"]: dict(labels)["variant"] for labels in before["orchestrate_replica_variant"]}
+    assert variants == {bucket: row["variant"] for bucket, row in info["buckets"].items()}
+    assert list(before["orchestrate_replica_cold_buckets"].values()) == [0]
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3))
+    assert_answers(*predict(server, x), x, eager)  # alone: one call on bucket 8, five rows of padding
+    after = scrape()
+    calls = per_bucket(after, "orchestrate_replica_calls_total")
+    rows, padded = (
+        per_bucket(after, name) for name in ("orchestrate_replica_rows_total", "orchestrate_replica_padded_rows_total")
+    )
+    assert calls["8"] - per_bucket(before, "orchestrate_replica_calls_total")["8"] == 1
+    assert rows["8"] - per_bucket(before, "orchestrate_replica_rows_total")["8"] == 3
+    assert padded["8"] - per_bucket(before, "orchestrate_replica_padded_rows_total")["8"] == 5
+    assert all(rows[b] + padded[b] == calls[b] * int(b) for b in calls)
 
 
 def test_sigterm_stops_the_server_cleanly(server):
