@@ -207,27 +207,32 @@ def run_server(
     _join(ray, ray_address, env)
     name = app_name(spec)
     deployed = ready = False
-    try:
-        batch = max_batch_size or max(spec.buckets)
-        serve.start(http_options={"host": host, "port": port})
-        deployment: Any = ModelServer  # a serve Deployment; its stubs keep the class's type
-        app = deployment.options(
-            ray_actor_options={"num_gpus": _gpus(spec, ray.cluster_resources()), "runtime_env": {"env_vars": env}},
-            # room for a batch being run, the next one filling, and requests being decoded
-            max_ongoing_requests=max(4 * batch, 16),
-        ).bind(spec, remote, require_warm, batch, batch_wait_seconds, (host, metrics_port) if metrics_port else None)
-        deployed = True
+    # From here a SIGTERM (the kubelet stopping a pod that is still loading) unwinds through the
+    # cleanup below as Ctrl-C does, in place of the handler Ray's start installed
+    with _sigterm_interrupts():
         try:
-            handle = serve.run(app, name=name, route_prefix="/", blocking=False)
-        except RuntimeError as exc:
-            raise _failure(_deployment_message(name) or str(exc)) from None
-        info = handle.info.remote().result()
-        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        ready = True
-        on_ready(f"http://{_bracketed(shown_host)}:{port}/predict", info)
-        until()
-    finally:
-        _shut_down(owns_cluster, name if deployed else None, drain=ready)
+            batch = max_batch_size or max(spec.buckets)
+            serve.start(http_options={"host": host, "port": port})
+            deployment: Any = ModelServer  # a serve Deployment; its stubs keep the class's type
+            app = deployment.options(
+                ray_actor_options={"num_gpus": _gpus(spec, ray.cluster_resources()), "runtime_env": {"env_vars": env}},
+                # room for a batch being run, the next one filling, and requests being decoded
+                max_ongoing_requests=max(4 * batch, 16),
+            ).bind(
+                spec, remote, require_warm, batch, batch_wait_seconds, (host, metrics_port) if metrics_port else None
+            )
+            deployed = True
+            try:
+                handle = serve.run(app, name=name, route_prefix="/", blocking=False)
+            except RuntimeError as exc:
+                raise _failure(_deployment_message(name) or str(exc)) from None
+            info = handle.info.remote().result()
+            shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            ready = True
+            on_ready(f"http://{_bracketed(shown_host)}:{port}/predict", info)
+            until()
+        finally:
+            _shut_down(owns_cluster, name if deployed else None, drain=ready)
 
 
 def _gpus(spec: WarmupSpec, resources: dict[str, float]) -> int:
