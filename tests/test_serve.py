@@ -7,10 +7,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +31,8 @@ pytestmark = pytest.mark.slow
 
 CONFIG = "examples/mlp.yaml"
 READY = "orchestrate: serving mlp at "
+RESTRICTED_POD = ROOT / "tests" / "tools" / "restricted-pod"
+POD_USER = 1000  # orchestrator.k8s.RUN_AS
 START_SECONDS = 240  # Ray, Serve and a replica that loads both buckets from the cache
 STOP_SECONDS = 60
 
@@ -37,7 +41,7 @@ class Server:
     """The `orchestrate serve` subprocess: its own session, so that its Ray processes are its
     group and can be ended with it, never anyone else's."""
 
-    def __init__(self, cache: Path, log: Path) -> None:
+    def __init__(self, cache: Path, log: Path, *, as_a_restricted_pod: bool = False) -> None:
         with socket.socket() as probe, socket.socket() as metrics:  # free ports, not Serve's default
             probe.bind(("127.0.0.1", 0))
             metrics.bind(("127.0.0.1", 0))
@@ -47,9 +51,14 @@ class Server:
         env.pop("RAY_ADDRESS", None)  # its own instance, whatever this shell points at
         self.log = log
         self._stderr = log.open("w")
+        command = [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8"]
+        command += ["--device", "cpu", "--cache-dir", str(cache), "--port", str(self.port)]
+        command += ["--metrics-port", str(self.metrics_port)]
+        if as_a_restricted_pod:  # as the rendered serving container runs it
+            command = [str(RESTRICTED_POD), *command, "--require-warm"]
+        self.as_a_restricted_pod = as_a_restricted_pod
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8", "--device", "cpu"]
-            + ["--cache-dir", str(cache), "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
+            command,
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -85,15 +94,28 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("serve") / "cache"
-    warm = orchestrate("warmup", "--no-ray", "--model", CONFIG, "--buckets", "1,8", "--device", "cpu", cache_dir=cache)
-    assert warm.returncode == 0, warm.stderr
-    running = Server(cache, tmp_path_factory.mktemp("serve-log") / "serve.err")
+    """Served as the rendered pod serves, where this machine can make one (tests/tools/restricted-pod:
+    uid 1000, no capabilities, read-only root): the cache lies outside pytest's root-only temporary
+    folder and belongs to the pod's user, as fsGroup makes a volume the pod's."""
+    restricted = subprocess.run([str(RESTRICTED_POD), "true"], capture_output=True).returncode == 0
+    base = Path(tempfile.mkdtemp(prefix="orchestrate-serve-"))
+    base.chmod(0o755)
+    cache = base / "cache"
     try:
-        running.wait_ready()
-        yield running
+        warm = orchestrate(
+            "warmup", "--no-ray", "--model", CONFIG, "--buckets", "1,8", "--device", "cpu", cache_dir=cache
+        )
+        assert warm.returncode == 0, warm.stderr
+        if restricted:
+            subprocess.run(["chown", "-R", f"{POD_USER}:{POD_USER}", str(cache)], check=True)
+        running = Server(cache, tmp_path_factory.mktemp("serve-log") / "serve.err", as_a_restricted_pod=restricted)
+        try:
+            running.wait_ready()
+            yield running
+        finally:
+            running.stop()
     finally:
-        running.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +159,19 @@ def test_the_server_reports_what_it_loaded(server):
     for row in info["buckets"].values():
         assert row["variant"] in ("eager", "compiled"), row
         assert row["cache_misses"] == 0, row  # loaded what warmup compiled, compiled nothing
+
+
+def test_the_server_runs_as_a_restricted_pod_and_starts_warm(server):
+    """uid 1000 with no capabilities on a read-only root filesystem, --require-warm: what the
+    rendered serving container does; every bucket on warmup's choice, none compiled from scratch."""
+    if not server.as_a_restricted_pod:
+        pytest.skip("tests/tools/restricted-pod cannot set up here (needs root and util-linux)")
+    status = dict(line.split(":\t", 1) for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines())
+    assert status["Uid"].split()[:2] == [str(POD_USER)] * 2 and status["CapEff"].strip("0\n") == ""
+    assert status["NoNewPrivs"].strip() == "1"
+    with urllib.request.urlopen(server.url.replace("/predict", "/info"), timeout=30) as response:
+        info = json.loads(response.read())
+    assert all(row["cache_misses"] == 0 and row["variant"] == row["planned"] for row in info["buckets"].values())
 
 
 @pytest.mark.parametrize("size", [1, 5, 8, 13])  # 13: more than the largest bucket, run in chunks of 8
