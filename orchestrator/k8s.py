@@ -267,7 +267,8 @@ def _container(name: str, shape: ClusterShape, **fields: Any) -> dict[str, Any]:
 
 
 def _resources(cpu: str, memory: str, gpus: int = 0) -> dict[str, Any]:
-    amounts: dict[str, Any] = {"cpu": cpu, "memory": memory, **({"nvidia.com/gpu": gpus} if gpus else {})}
+    # quantities as strings, as the API server hands them back
+    amounts: dict[str, Any] = {"cpu": cpu, "memory": memory, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
     return {"requests": amounts, "limits": dict(amounts)}
 
 
@@ -491,20 +492,31 @@ def apply_manifests(documents: list[dict[str, Any]], log: Callable[[str], None])
     for document in documents:
         meta = document["metadata"]
         where = f"{document['kind']} {meta['namespace']}/{meta['name']}"
-        options = {"field_manager": FIELD_MANAGER, "_content_type": APPLY_PATCH}
         try:
+            response: Any
             if document["kind"] == "RayJob":
                 group, version = document["apiVersion"].split("/")
-                _, status, _ = client.CustomObjectsApi(api).patch_namespaced_custom_object_with_http_info(
-                    group, version, meta["namespace"], "rayjobs", meta["name"], document, **options
+                response = client.CustomObjectsApi(api).patch_namespaced_custom_object_with_http_info(
+                    group,
+                    version,
+                    meta["namespace"],
+                    "rayjobs",
+                    meta["name"],
+                    document,
+                    field_manager=FIELD_MANAGER,
+                    _content_type=APPLY_PATCH,
                 )
             else:
-                patch = {
+                patch: Any = {
                     "ConfigMap": client.CoreV1Api(api).patch_namespaced_config_map_with_http_info,
                     "Service": client.CoreV1Api(api).patch_namespaced_service_with_http_info,
                     "Deployment": client.AppsV1Api(api).patch_namespaced_deployment_with_http_info,
                 }[document["kind"]]
-                _, status, _ = patch(meta["name"], meta["namespace"], document, **options)
+                response = patch(
+                    meta["name"], meta["namespace"], document, field_manager=FIELD_MANAGER, _content_type=APPLY_PATCH
+                )
+            # (data, status, headers) up to kubernetes 36; an ApiResponse from 37
+            status = response.status_code if hasattr(response, "status_code") else response[1]
         except client.ApiException as exc:
             raise ApplyFailed(f"{where}: the API server refused it: {_api_reason(exc)}") from None
         except Exception as exc:  # urllib3's connection and TLS errors

@@ -112,8 +112,8 @@ def test_rendered_rayjob_and_configmap_validate(rayjob_validator):
     [workers] = spec["rayClusterSpec"]["workerGroupSpecs"]
     assert workers["replicas"] == 2
     container = workers["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert container["resources"]["requests"]["nvidia.com/gpu"] == 4
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
     assert workers["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert {"name": "compile-cache", "mountPath": "/nvme/orchestrate"} in container["volumeMounts"]
     secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
