@@ -21,5 +21,10 @@ class NonFiniteOutput(OutputMismatch):
 
 def brief(exc: BaseException) -> str:
     """`Type: first line of the message`: enough to act on, short enough for a table cell."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
+
+
+def first_line(exc: BaseException) -> str:
+    """The message's first line, or the exception's type where it has no message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -31,6 +31,7 @@ import yaml
 from orchestrator import __version__
 from orchestrator.cache.namespace import slug
 from orchestrator.config import format_buckets
+from orchestrator.jobs.errors import first_line
 from orchestrator.jobs.spec import WarmupSpec
 
 CONFIG_DIR = "/etc/orchestrate"
@@ -61,6 +62,8 @@ CONTAINER_SECURITY = {
     "runAsNonRoot": True,
     "capabilities": {"drop": ["ALL"]},
 }
+# Where the read-only image lets Ray, torch and Triton write their per-user files: an emptyDir.
+HOME = {"name": "HOME", "value": "/tmp"}
 # Store credentials: each key optional, so a store reached through the node's or pod's own
 # identity (IRSA, workload identity) needs none.
 STORE_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
@@ -216,6 +219,15 @@ def _gpu_affinity(gpu: Optional[str]) -> Optional[dict[str, Any]]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
+def _config_map(name: str, shape: ClusterShape, labels: dict[str, str], data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": shape.namespace, "labels": labels},
+        "data": data,
+    }
+
+
 def _store_env(shape: ClusterShape) -> list[dict[str, Any]]:
     return [
         {"name": var, "valueFrom": {"secretKeyRef": {"name": shape.store_secret, "key": var, "optional": True}}}
@@ -284,14 +296,9 @@ def _warmup(
 ) -> list[dict[str, Any]]:
     name = name_for(spec)
     labels = _labels(spec, name, "warmup")
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-config", "namespace": shape.namespace, "labels": labels},
-        "data": data,
-    }
+    config_map = _config_map(f"{name}-config", shape, labels, data)
     env = [
-        {"name": "HOME", "value": "/tmp"},
+        HOME,
         {
             "name": "ORCHESTRATE_CACHE_SIGNING_KEY",
             "valueFrom": {"secretKeyRef": {"name": shape.signing_secret, "key": "signing-key"}},
@@ -366,14 +373,9 @@ def _serving(
     config_path = f"{CONFIG_DIR}/{config_file}"
     # The ConfigMap keeps its name; this digest in the pod template rolls the pods when it changes.
     config_digest = hashlib.sha256(yaml.safe_dump(data, sort_keys=True).encode()).hexdigest()
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-config", "namespace": shape.namespace, "labels": labels},
-        "data": data,
-    }
+    config_map = _config_map(f"{name}-config", shape, labels, data)
     env = [
-        {"name": "HOME", "value": "/tmp"},
+        HOME,
         # public keys only: a serving pod verifies what the warmup signed and can sign nothing
         {"name": "ORCHESTRATE_CACHE_TRUSTED_KEYS", "value": f"{KEYS_DIR}/cache-signing.key.pub"},
         *_store_env(shape),
@@ -485,7 +487,7 @@ def apply_manifests(documents: list[dict[str, Any]], log: Callable[[str], None])
             kube_config.load_kube_config()
     except Exception as exc:  # no kubeconfig and not in a pod: nothing was sent
         raise ApplyFailed(
-            f"--apply: no Kubernetes cluster configured ({_first_line(exc)}); set KUBECONFIG or run "
+            f"--apply: no Kubernetes cluster configured ({first_line(exc)}); set KUBECONFIG or run "
             "inside the cluster, or leave out --apply to print the manifests"
         ) from None
     api = client.ApiClient()
@@ -520,7 +522,7 @@ def apply_manifests(documents: list[dict[str, Any]], log: Callable[[str], None])
         except client.ApiException as exc:
             raise ApplyFailed(f"{where}: the API server refused it: {_api_reason(exc)}") from None
         except Exception as exc:  # urllib3's connection and TLS errors
-            raise ApplyFailed(f"{where}: cannot reach the API server: {_first_line(exc)}") from None
+            raise ApplyFailed(f"{where}: cannot reach the API server: {first_line(exc)}") from None
         log(f"{'created' if status == 201 else 'applied'} {where}")
 
 
@@ -536,15 +538,7 @@ def _api_reason(exc: Any) -> str:
         404: "; is the namespace there, and for a RayJob is the KubeRay operator (ray.io/v1) installed?",
         409: "; another field manager owns these fields: change them there, or delete the object",
     }.get(exc.status, "")
-    return f"{exc.status} {first_line_of(message)}{hint}"
-
-
-def first_line_of(text: str) -> str:
-    return (str(text).strip().splitlines() or [""])[0]
-
-
-def _first_line(exc: BaseException) -> str:
-    return first_line_of(str(exc)) or type(exc).__name__
+    return f"{exc.status} {(str(message).strip().splitlines() or [''])[0]}{hint}"
 
 
 class _Dumper(yaml.SafeDumper):

@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 import torch
 
+from orchestrator.jobs.errors import first_line
 from orchestrator.jobs.spec import FLOAT_DTYPES, InputSpec, WarmupSpec
 
 
@@ -131,7 +132,7 @@ class RequestCodec:
         try:
             data = json.loads(body, parse_constant=_refuse_constant)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(f"the body is not valid JSON: {_first_line(exc)}") from None
+            raise RequestError(f"the body is not valid JSON: {first_line(exc)}") from None
         if not isinstance(data, dict):
             raise RequestError(f'the body is a JSON {_json_type(data)}; send an object {{"inputs": [...]}}')
         if "inputs" not in data:
@@ -156,7 +157,7 @@ class RequestCodec:
             archive = zipfile.ZipFile(io.BytesIO(data))
             unpacked = sum(info.file_size for info in archive.infolist())
         except (zipfile.BadZipFile, ValueError) as exc:
-            raise RequestError(f"the body is not an .npz (numpy.savez) archive: {_first_line(exc)}") from None
+            raise RequestError(f"the body is not an .npz (numpy.savez) archive: {first_line(exc)}") from None
         if unpacked > MAX_NPZ_BYTES:
             raise RequestError(
                 f"the .npz unpacks to {unpacked} bytes, more than {MAX_NPZ_BYTES}; send smaller requests"
@@ -165,7 +166,7 @@ class RequestCodec:
             arrays = np.load(io.BytesIO(data), allow_pickle=False)
             names = list(arrays.files)
         except (ValueError, OSError, zipfile.BadZipFile) as exc:
-            raise RequestError(f"the body is not an .npz (numpy.savez) archive: {_first_line(exc)}") from None
+            raise RequestError(f"the body is not an .npz (numpy.savez) archive: {first_line(exc)}") from None
         wanted = [entry.spec.name or f"arr_{i}" for i, entry in enumerate(self._inputs)]
         for name in names:
             if name not in wanted:
@@ -180,7 +181,7 @@ class RequestCodec:
             try:
                 array = arrays[name]
             except ValueError as exc:  # object arrays need pickle, which is refused
-                raise RequestError(f"{entry.label} cannot be read: {_first_line(exc)}") from None
+                raise RequestError(f"{entry.label} cannot be read: {first_line(exc)}") from None
             if array.dtype.kind not in "biuf" or array.dtype.itemsize > 8:
                 raise RequestError(f"{entry.label} is an array of {array.dtype}; send numbers")
             if not array.dtype.isnative:
@@ -226,7 +227,7 @@ class RequestCodec:
             if odd is not None:
                 where, leaf = odd
                 raise RequestError(f"{entry.label}{where} is {leaf}, not a number") from None
-            raise RequestError(f"{entry.label} is not a rectangular array of numbers: {_first_line(exc)}") from None
+            raise RequestError(f"{entry.label} is not a rectangular array of numbers: {first_line(exc)}") from None
         return tensor
 
     def _checked(self, entry: _Input, tensor: torch.Tensor) -> torch.Tensor:
@@ -452,8 +453,3 @@ def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     return "number"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -77,24 +77,23 @@ STAGES = stages()
 RUNTIME = STAGES[-1]
 
 
-def labels(stage: list[tuple[str, str]]) -> dict[str, str]:
+def assignments(stage: list[tuple[str, str]], instruction: str) -> dict[str, str]:
+    """The key=value pairs of every LABEL or ENV instruction of a stage."""
     found = {}
     for keyword, rest in stage:
-        if keyword == "LABEL":
+        if keyword == instruction:
             for word in shlex.split(rest):
                 key, _, value = word.partition("=")
                 found[key] = value
     return found
+
+
+def labels(stage: list[tuple[str, str]]) -> dict[str, str]:
+    return assignments(stage, "LABEL")
 
 
 def env(stage: list[tuple[str, str]]) -> dict[str, str]:
-    found = {}
-    for keyword, rest in stage:
-        if keyword == "ENV":
-            for word in shlex.split(rest):
-                key, _, value = word.partition("=")
-                found[key] = value
-    return found
+    return assignments(stage, "ENV")
 
 
 def runs(stage: list[tuple[str, str]]) -> str:
