@@ -52,6 +52,7 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
     VariantMeasure,
 )
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
+from orchestrator.jobs.stats import is_noisy, ratio_interval
 from orchestrator.jobs.timing import Clock, median, p90, process_age_seconds
 from orchestrator.jobs.variants import (
     choose,
@@ -614,6 +615,8 @@ class _BucketWork:
         result.eager_ms, result.eager_p90_ms = median(latency["eager"]), p90(latency["eager"])
         result.compiled_ms, result.compiled_p90_ms = median(latency["compiled"]), p90(latency["compiled"])
         result.speedup = _ratio(result.eager_ms, result.compiled_ms)
+        intervals = {name: ratio_interval(latency["eager"], samples) for name, samples in latency.items()}
+        result.speedup_interval = intervals["compiled"]
         result.eager_throughput_ms = median(throughput["eager"])
         result.compiled_throughput_ms = median(throughput["compiled"])
         result.throughput_speedup = _ratio(result.eager_throughput_ms, result.compiled_throughput_ms)
@@ -625,6 +628,7 @@ class _BucketWork:
                 p90_ms=p90(samples),
                 spread_ms=spread(samples),
                 build_seconds=built.build_seconds if built else None,
+                speedup_interval=intervals[name],
             )
         result.variants = {name: result.variants[name] for name in self.session.measured if name in result.variants}
         planned = read_plans(self.session.local.path).get(bucket)  # pulled from the store, or this node's
@@ -632,6 +636,11 @@ class _BucketWork:
             {name: m for name, m in result.variants.items() if name in self.session.candidates},
             incumbent=planned["variant"] if planned else None,
         )
+        served = result.variants[result.variant]
+        result.served_ms = served.ms
+        result.served_speedup = _ratio(result.eager_ms, served.ms) if served.ms is not None else None
+        result.served_speedup_interval = served.speedup_interval
+        result.noisy = is_noisy(result.served_speedup, served.speedup_interval, len(latency["eager"]))
         if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()

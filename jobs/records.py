@@ -21,6 +21,7 @@ class VariantMeasure:
     spread_ms: Optional[float] = None  # half the interquartile range of the samples
     build_seconds: Optional[float] = None  # a graphed variant: its compile (or cache load) and capture
     reason: Optional[str] = None  # why it is not ok: unavailable here, not capturable, wrong output
+    speedup_interval: Optional[list[float]] = None  # [low, high] 95% of eager ms / this variant's ms
 
 
 @dataclass
@@ -64,6 +65,12 @@ class BucketResult:
     peak_memory_kind: Optional[str] = None
     variant: Optional[str] = None  # the variant that serves this bucket: the fastest correct one
     variants: dict[str, VariantMeasure] = field(default_factory=dict)  # every candidate, by name
+    # How far to trust the speedups (orchestrator.jobs.stats): 95% intervals by a paired bootstrap
+    speedup_interval: Optional[list[float]] = None  # [low, high] of `speedup` (eager / compiled)
+    served_ms: Optional[float] = None  # the median per-call latency of `variant`
+    served_speedup: Optional[float] = None  # median eager / median served: what serving gains
+    served_speedup_interval: Optional[list[float]] = None
+    noisy: Optional[bool] = None  # the served speedup is too uncertain to quote as a clean figure
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
