@@ -143,6 +143,9 @@ def cli() -> None:
     help="Also write the JSON report to this file.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
+@click.option(
+    "--wide", is_flag=True, help="Table: one row per record (each rank on Ray) with every field, not one per bucket."
+)
 @click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
 @click.option(
     "--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU)."
@@ -160,6 +163,7 @@ def warmup(
     fresh: bool,
     report_path: Optional[Path],
     as_json: bool,
+    wide: bool,
     ray_address: Optional[str],
     ranks: Optional[int],
     no_ray: bool,
@@ -219,7 +223,7 @@ def warmup(
         click.echo(json.dumps(report, indent=2))
     else:
         out = Console()
-        render_table(report, out if out.is_terminal else Console(width=160))
+        render_table(report, out if out.is_terminal else Console(width=240 if wide else 160), wide=wide)
     if publish_errors:
         _fail(f"publish failed, results above stand: {publish_errors[0]}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:

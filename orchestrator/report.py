@@ -6,17 +6,20 @@ import json
 import os
 import statistics
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.fleet import FleetRun, TaskRun
-from orchestrator.jobs.records import BucketResult
+from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.stats import MIN_SAMPLES, NOISY_RELATIVE_HALF_WIDTH, is_noisy
 from orchestrator.report_records import (
     SCHEMA_VERSION,
     BucketFleetStats,
@@ -122,7 +125,7 @@ def fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at:
             timeline=_timeline(fleet),
         ),
         summary=FleetSummary(
-            **{**vars(summary), "buckets_failed": sum(1 for r in results if r.status != "ok")},
+            **{**vars(summary), **_bucket_counts(results)},
             fleet=fleet_stats(results, [task.process.pull.seconds for task in warm_tasks if task.process.pull]),
         ),
         remote=FleetRemote(
@@ -136,33 +139,82 @@ def fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at:
 
 
 def fleet_stats(results: list[BucketResult], pull_seconds: list[float]) -> FleetStats:
-    """Per bucket: cold compile time, warm load time across ranks, speedup across ranks; the
-    ranks whose speedup is far from the others' or that failed; the spread of the ranks' pulls."""
+    """Per bucket: cold compile time, warm load time, what serves it and how fast across ranks; the
+    ranks whose served speedup is far from the others' or that failed; the spread of the ranks' pulls."""
     buckets: dict[str, BucketFleetStats] = {}
     deviating: list[Deviation] = []
     for bucket in sorted({r.bucket for r in results}):
         compiled = [r for r in results if r.bucket == bucket and r.phase == "compile" and r.status == "ok"]
         warm = [r for r in results if r.bucket == bucket and r.phase == "warm"]
         ok_warm = [r for r in warm if r.status == "ok"]
-        speedups = [r.speedup for r in ok_warm if r.speedup]
+        served_speedups = [v for v in map(_served_speedup, ok_warm) if v is not None]
+        intervals = [r.served_speedup_interval for r in ok_warm if r.served_speedup_interval]
+        middle = statistics.median(served_speedups) if served_speedups else None
+        interval = (
+            [statistics.median(i[0] for i in intervals), statistics.median(i[1] for i in intervals)]
+            if intervals
+            else None
+        )
+        ranks_noisy = sum(1 for r in ok_warm if r.noisy)
         buckets[str(bucket)] = BucketFleetStats(
             cold_compile_seconds=max(
                 (r.compile_seconds for r in compiled if r.compile_seconds is not None), default=None
             ),
             warm_load_seconds=spread([r.compile_seconds for r in ok_warm if r.compile_seconds is not None]),
-            speedup=spread(speedups),
+            speedup=spread([r.speedup for r in ok_warm if r.speedup]),
             ranks_ok=len(ok_warm),
             ranks_failed=len(warm) - len(ok_warm),
+            cache_state=_cache_state([r.cache_state for r in ok_warm]),
+            eager_ms=spread([r.eager_ms for r in ok_warm if r.eager_ms is not None]),
+            served_ms=spread([ms for ms in map(_served_ms, ok_warm) if ms is not None]),
+            served_speedup=spread(served_speedups),
+            served_speedup_interval=interval,
+            served_variants=sorted({r.variant for r in ok_warm if r.variant}),
+            ranks_noisy=ranks_noisy,
+            noisy=None
+            if middle is None
+            else is_noisy(middle, interval, samples=None) or (ok_warm != [] and 2 * ranks_noisy >= len(ok_warm)),
         )
-        middle = statistics.median(speedups) if speedups else None
         for r in warm:
+            value = _served_speedup(r)
             if r.status != "ok":
                 deviating.append(Deviation(rank=r.rank, bucket=bucket, why=r.error))
-            elif middle and r.speedup and abs(r.speedup - middle) > 0.2 * middle:
+            elif middle and value and abs(value - middle) > 0.2 * middle:
                 deviating.append(
-                    Deviation(rank=r.rank, bucket=bucket, why=f"speedup {r.speedup:.2f}x vs median {middle:.2f}x")
+                    Deviation(rank=r.rank, bucket=bucket, why=f"speedup {value:.2f}x vs median {middle:.2f}x")
                 )
     return FleetStats(buckets=buckets, deviating_ranks=deviating, pull_seconds=spread(pull_seconds))
+
+
+def _served_ms(r: BucketResult) -> Optional[float]:
+    """The served variant's median latency (a record from before `served_ms`: its variant's)."""
+    if r.served_ms is not None:
+        return r.served_ms
+    measure = r.variants.get(r.variant) if r.variant else None
+    return measure.ms if measure else None
+
+
+def _served_speedup(r: BucketResult) -> Optional[float]:
+    """Eager over what serves the bucket; a record from before `served_speedup`: from its variant's
+    latency, or, from before variants, `speedup` (the compiled model was what served then)."""
+    if r.served_speedup is not None:
+        return r.served_speedup
+    if r.variant is None:
+        return r.speedup
+    ms = _served_ms(r)
+    return r.eager_ms / ms if r.eager_ms is not None and ms else None
+
+
+def _cache_state(states: list[Optional[str]]) -> Optional[str]:
+    known = {s for s in states if s is not None}
+    return None if not known else known.pop() if len(known) == 1 else "mixed"
+
+
+def _bucket_counts(results: list[BucketResult]) -> dict[str, int]:
+    """Buckets, not records: a bucket is ok when every record of it (every wave, every rank) is ok."""
+    buckets = {r.bucket for r in results}
+    failed = {r.bucket for r in results if r.status != "ok"}
+    return {"buckets_ok": len(buckets - failed), "buckets_failed": len(failed)}
 
 
 def spread(values: list[float]) -> Optional[Spread]:
@@ -273,84 +325,70 @@ def write_json(report: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def render_table(report: dict[str, Any], console: Console) -> None:
+WAVES = ("compile", "warm")  # the order a record's wave sorts in: compile tasks ran first
+
+
+def render_table(report: dict[str, Any], console: Console, wide: bool = False) -> None:
+    """The report for people: one row per bucket that fits 80 columns (on Ray, the warm wave's
+    median across ranks, the ranks that deviate or failed named below), or with `wide` one row
+    per record with every field. Text from records (errors, nodes, names) is never read as markup."""
     fleet = report["executor"]["kind"] == "ray"
-    table = Table(
-        title=f"{report['model']} on {report['gpu'] or report['device']} "
-        f"(torch {report['torch_version']}, mode={report['compile']['mode']})"
+    records = sorted(map(_record, report["results"]), key=_order)
+    title = Text(
+        f"{report['model']} on {report['gpu'] or report['device']} "
+        f"(torch {report['torch_version']}, mode={report['compile'].get('mode')})"
     )
-    columns = (["wave", "rank", "node"] if fleet else ["phase"]) + [
-        "bucket",
-        "status",
-        "compile s",
-        "record s",
-        "cache hit/miss",
-        "eager ms",
-        "compiled ms",
-        "speedup",
-        "serves",
-        "b2b speedup",
-        "breaks",
-        "recompiles",
-        "max |err|",
-    ]
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("wave", "phase", "status", "node") else "right")
-    for r in report["results"]:
-        where = [r["phase"], _num(r["rank"], "d"), r["node"]] if fleet else [r["phase"]]
-        table.add_row(
-            *where,
-            str(r["bucket"]),
-            "ok" if r["status"] == "ok" else "[red]failed[/red]",
-            _num(r["compile_seconds"], ".2f"),
-            _num(r["graph_record_seconds"], ".3f"),
-            f"{_num(r['cache_hits'], 'd')}/{_num(r['cache_misses'], 'd')}",
-            _num(r["eager_ms"], ".3f"),
-            _num(r["compiled_ms"], ".3f"),
-            _num(r["speedup"], ".2f", "x"),
-            _served(r),
-            _num(r["throughput_speedup"], ".2f", "x"),
-            _num(r["graph_breaks"], "d"),
-            _num(r["recompiles"], "d"),
-            _num(r["max_abs_error"], ".1e"),
+    if wide:
+        console.print(_wide_table(title, records, fleet))
+        shown = records  # every record has its row: each failure gets its line
+    else:
+        console.print(_bucket_table(title, records, fleet, report["summary"].get("fleet", {}).get("buckets", {})))
+        # on Ray, a failed compile task is repeated by its ranks' records ("not loaded: ..."), which say it once each
+        shown = [r for r in records if r.phase == "warm"] if fleet else records
+    _print_failures(console, [r for r in shown if r.status != "ok"], fleet)
+    if fleet:
+        failed = {(r.rank, r.bucket) for r in records if r.status != "ok"}
+        for deviant in report["summary"]["fleet"]["deviating_ranks"]:
+            if (deviant["rank"], deviant["bucket"]) not in failed:
+                _line(
+                    console, f"* bucket {deviant['bucket']} rank {deviant['rank']} deviates: {deviant['why']}", "yellow"
+                )
+    fleet_rows = report["summary"].get("fleet", {}).get("buckets", {}) if fleet and not wide else None
+    if (
+        any(row.get("noisy") for row in fleet_rows.values())
+        if fleet_rows is not None
+        else any(r.noisy for r in records)
+    ):
+        _line(
+            console,
+            f"noisy: the speedup's 95% interval is wider than ±{NOISY_RELATIVE_HALF_WIDTH:.0%} of it, or it rests on "
+            f"fewer than {MIN_SAMPLES} samples: measure again on a quiet machine before trusting it",
+            "yellow",
         )
-    console.print(table)
-    for r in report["results"]:
-        if r["error"]:
-            console.print(f"[red]bucket {r['bucket']} failed[/red] at {r['error']}", highlight=False)
-    skipped: dict[str, list[str]] = {}
-    for r in report["results"]:
-        for reason in r["cudagraph_skip_reasons"]:
-            skipped.setdefault(reason, []).append(str(r["bucket"]))
-    unavailable: dict[tuple[str, str], list[str]] = {}
-    for r in report["results"]:
-        for name, measure in (r.get("variants") or {}).items():
-            if not measure["ok"] and measure["reason"]:
-                unavailable.setdefault((name, measure["reason"]), []).append(str(r["bucket"]))
+    unavailable: dict[tuple[str, str], set[int]] = {}
+    skipped: dict[str, set[int]] = {}
+    for r in records:
+        for name, measure in r.variants.items():
+            if not measure.ok and measure.reason:
+                unavailable.setdefault((name, measure.reason), set()).add(r.bucket)
+        for reason in r.cudagraph_skip_reasons:
+            skipped.setdefault(reason, set()).add(r.bucket)
     for (name, reason), buckets in unavailable.items():
-        console.print(
-            f"variant {name} not served for bucket {', '.join(sorted(set(buckets), key=int))}: {reason}",
-            highlight=False,
-            markup=False,
-            style="yellow",
-        )
+        _line(console, f"variant {name} not served for bucket {_buckets(buckets)}: {reason}", "yellow")
     for reason, buckets in skipped.items():
-        console.print(
-            f"no CUDA graphs for bucket {', '.join(sorted(set(buckets), key=int))}: {reason}",
-            highlight=False,
-            style="yellow",
-        )
+        _line(console, f"no CUDA graphs for bucket {_buckets(buckets)}: {reason}", "yellow")
     s = report["summary"]
     remote = report["remote"]
     if remote and fleet:
-        console.print(
+        _line(
+            console,
             f"store {remote['url']}: published generations {remote['published_generations']}"
             + "".join(f"; publish error: {e}" for e in remote["publish_errors"]),
-            highlight=False,
         )
     elif remote:
         pulled, published = remote["pull"], remote["publish"]
-        console.print(
+        _line(
+            console,
             f"store {remote['url']}: pulled "
             + (
                 f"generation {pulled['generation']} ({pulled['files']} files, {pulled['bytes'] / 1e6:.1f} MB, "
@@ -364,39 +402,218 @@ def render_table(report: dict[str, Any], console: Console) -> None:
                 if published
                 else remote["publish_error"] or "nothing"
             ),
-            highlight=False,
         )
-    if fleet:
+    if fleet and wide:
         for bucket, row in s["fleet"]["buckets"].items():
             load, speedup = row["warm_load_seconds"], row["speedup"]
-            console.print(
+            _line(
+                console,
                 f"bucket {bucket}: cold compile {_num(row['cold_compile_seconds'], '.2f')} s; warm load across "
                 f"{row['ranks_ok']} ranks "
                 + (f"{load['min']:.2f}/{load['median']:.2f}/{load['max']:.2f} s" if load else "-")
                 + "; speedup "
                 + (f"{speedup['min']:.2f}/{speedup['median']:.2f}/{speedup['max']:.2f}x" if speedup else "-")
                 + " (min/median/max)",
-                highlight=False,
             )
-        for deviant in s["fleet"]["deviating_ranks"]:
-            console.print(
-                f"rank {deviant['rank']} bucket {deviant['bucket']} deviates: {deviant['why']}",
-                highlight=False,
-                style="yellow",
-            )
-    console.print(
+    buckets = s["buckets_ok"] + s["buckets_failed"]
+    _line(
+        console,
         f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses) in {report['namespace']}; "
         + (f"ready in {s['ready_seconds']:.1f} s; " if s["ready_seconds"] is not None else "")
-        + f"{s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all",
-        highlight=False,
+        + f"{buckets} bucket{'' if buckets == 1 else 's'}: {s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all",
     )
 
 
-def _served(record: dict[str, Any]) -> str:
-    """The chosen variant and its latency (the fastest correct one; eager when nothing beats it)."""
-    chosen = record.get("variant")
-    ms = (record.get("variants") or {}).get(chosen, {}).get("ms") if chosen else None
-    return "-" if chosen is None else f"{chosen} {_num(ms, '.3f')}"
+def _bucket_table(title: Text, records: list[BucketResult], fleet: bool, stats: dict[str, Any]) -> Table:
+    """One row per bucket; on Ray from the warm wave (every record where no rank got that far)."""
+    # no vertical rules and one space of padding: eight columns of numbers fit 80 columns
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True
+    )
+    # "first call": the first compiled call, a compile or a cache load (warm_load_seconds on Ray)
+    for column in ("bucket", "status", "first\ncall s", "cache", "eager\nms", "served\nms", "variant", "speedup"):
+        # fold rather than cut: a value too long for the terminal wraps, it never loses characters
+        table.add_column(
+            column, justify="left" if column in ("status", "cache", "variant") else "right", overflow="fold"
+        )
+    for bucket in sorted({r.bucket for r in records}):
+        mine = [r for r in records if r.bucket == bucket]
+        rows = [r for r in mine if r.phase == "warm"] if fleet else mine
+        rows = rows or mine
+        if fleet:
+            table.add_row(*_fleet_cells(bucket, rows, stats.get(str(bucket))))
+        else:
+            table.add_row(*_process_cells(rows[-1]))
+    return table
+
+
+def _process_cells(r: BucketResult) -> list[str | Text]:
+    if r.status != "ok":
+        return [str(r.bucket), Text("failed", style="red"), *["-"] * 6]
+    return [
+        str(r.bucket),
+        Text("ok", style="green"),
+        _num(r.compile_seconds, ".2f"),
+        r.cache_state or "-",
+        _num(r.eager_ms, ".3f"),
+        _num(_served_ms(r), ".3f"),
+        Text(r.variant or "-"),
+        _speedup(_served_speedup(r), r.served_speedup_interval, bool(r.noisy)),
+    ]
+
+
+def _fleet_cells(bucket: int, rows: list[BucketResult], row: Optional[dict[str, Any]]) -> list[str | Text]:
+    """The median across ranks, from the fleet summary (a report without one: the counts alone)."""
+    ok = [r for r in rows if r.status == "ok"]
+    flagged = row is not None and (row.get("served_speedup") or {}).get("median") is not None and _deviates(row, ok)
+    status = Text(
+        f"{len(ok)}/{len(rows)} ok" + ("*" if flagged else ""), style="green" if len(ok) == len(rows) else "red"
+    )
+    if not ok or row is None:
+        return [str(bucket), status, *["-"] * 6]
+
+    def median(key: str, fmt: str) -> str:
+        value = row.get(key)
+        return _num(value["median"] if value else None, fmt)
+
+    served = row.get("served_speedup")
+    return [
+        str(bucket),
+        status,
+        median("warm_load_seconds", ".2f"),
+        row.get("cache_state") or "-",
+        median("eager_ms", ".3f"),
+        median("served_ms", ".3f"),
+        Text("/".join(row.get("served_variants") or []) or "-"),
+        _speedup(served["median"] if served else None, row.get("served_speedup_interval"), bool(row.get("noisy"))),
+    ]
+
+
+def _deviates(row: dict[str, Any], ok: list[BucketResult]) -> bool:
+    """An ok rank whose served speedup is more than 20% off the median (as fleet_stats flags it)."""
+    middle = row["served_speedup"]["median"]
+    return any((v := _served_speedup(r)) is not None and abs(v - middle) > 0.2 * middle for r in ok)
+
+
+def _speedup(point: Optional[float], interval: Optional[list[float]], noisy: bool) -> Text:
+    """`4.10x ±0.20` (the larger side of the 95% interval); a noisy figure is not printed as one:
+    `noisy 0.91-51x`, its interval, instead."""
+    if point is None:
+        return Text("-")
+    if noisy:
+        return Text(
+            f"noisy {interval[0]:.2g}-{interval[1]:.2g}x" if interval else f"noisy ~{point:.2g}x", style="yellow"
+        )
+    if interval is None:
+        return Text(f"{point:.2f}x")
+    return Text(f"{point:.2f}x ±{max(point - interval[0], interval[1] - point):.2f}")
+
+
+def _wide_table(title: Text, records: list[BucketResult], fleet: bool) -> Table:
+    """Every record with every field the report holds for it, one variant's latency per column."""
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True
+    )
+    # eager and compiled have their columns already
+    variants = [
+        name
+        for name in dict.fromkeys(name for r in records for name in r.variants)
+        if name not in ("eager", "compiled")
+    ]
+    columns = (["wave", "rank", "node"] if fleet else ["phase"]) + [
+        "bucket",
+        "status",
+        "stage",
+        "compile s",
+        "record s",
+        "cache hit/miss",
+        "eager ms",
+        "compiled ms",
+        "speedup",
+        "serves",
+        "served speedup",
+        "b2b speedup",
+        "breaks",
+        "recompiles",
+        "max |err|",
+        *(f"{name} ms" for name in variants),
+    ]
+    for column in columns:
+        left = column in ("wave", "phase", "status", "stage", "node", "serves")
+        table.add_column(column, justify="left" if left else "right", overflow="fold")
+    for r in records:
+        failed = r.status != "ok"
+        # a record the driver wrote for a rank that never answered names no node ("unknown")
+        where = [r.phase, _num(r.rank, "d"), "-" if failed and r.node == "unknown" else r.node]
+        table.add_row(
+            *(Text(cell) for cell in (where if fleet else where[:1])),
+            str(r.bucket),
+            Text("failed", style="red") if failed else Text("ok", style="green"),
+            Text(r.stage if failed else "-"),
+            _num(r.compile_seconds, ".2f"),
+            _num(r.graph_record_seconds, ".3f"),
+            "-"
+            if r.cache_hits is None and r.cache_misses is None
+            else f"{_num(r.cache_hits, 'd')}/{_num(r.cache_misses, 'd')}",
+            _num(r.eager_ms, ".3f"),
+            _num(r.compiled_ms, ".3f"),
+            _speedup(r.speedup, r.speedup_interval, False),
+            Text(r.variant or "-"),
+            _speedup(_served_speedup(r), r.served_speedup_interval, bool(r.noisy)),
+            _num(r.throughput_speedup, ".2f", "x"),
+            _num(r.graph_breaks, "d"),
+            _num(r.recompiles, "d"),
+            _num(r.max_abs_error, ".1e"),
+            *(_num(r.variants[name].ms if name in r.variants else None, ".3f") for name in variants),
+        )
+    return table
+
+
+def _print_failures(console: Console, failed: list[BucketResult], fleet: bool) -> None:
+    """One line per failure, the ranks that failed a bucket alike in one: the stage and the error."""
+    alike: dict[tuple[int, str], list[BucketResult]] = {}
+    for r in failed:
+        alike.setdefault((r.bucket, _failure(r)), []).append(r)
+    for (bucket, failure), rs in alike.items():
+        ranks = sorted({r.rank for r in rs if r.rank is not None})
+        who = f" rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if fleet and ranks else ""
+        task = " compile task" if fleet and any(r.rank is None for r in rs) else ""
+        _line(console, f"bucket {bucket}{task}{who} {failure}", "red")
+
+
+def _failure(r: BucketResult) -> str:
+    """`failed at STAGE: ERROR` (the error's first line); `failed: ERROR` for a record the driver
+    wrote for a task that never reached a stage."""
+    error = (r.error or "no error recorded").splitlines()[0] if (r.error or "").strip() else "no error recorded"
+    if r.stage == "pending":
+        return f"failed: {error}"
+    return f"failed at {error}" if error.startswith(f"{r.stage}: ") else f"failed at {r.stage}: {error}"
+
+
+def _record(data: dict[str, Any]) -> BucketResult:
+    """A report's record as the typed record; keys it does not know (a newer report's) are left out."""
+    known = {f.name for f in fields(BucketResult)} - {"variants"}
+    measure = {f.name for f in fields(VariantMeasure)}
+    return BucketResult(
+        **{k: v for k, v in data.items() if k in known},
+        variants={
+            name: VariantMeasure(**{k: v for k, v in m.items() if k in measure})
+            for name, m in (data.get("variants") or {}).items()
+        },
+    )
+
+
+def _order(r: BucketResult) -> tuple[int, int, int]:
+    return (r.bucket, WAVES.index(r.phase) if r.phase in WAVES else -1, -1 if r.rank is None else r.rank)
+
+
+def _buckets(buckets: set[int]) -> str:
+    return ", ".join(map(str, sorted(buckets)))
+
+
+def _line(console: Console, text: str, style: Optional[str] = None) -> None:
+    """A line of plain text: brackets in errors and names are printed, not read as markup."""
+    console.print(text, style=style, markup=False, highlight=False)
 
 
 def _num(value: Any, fmt: str, suffix: str = "") -> str:

@@ -11,7 +11,7 @@ and `compile` (the config's `compile` section, whose schema is the config schema
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from orchestrator.cache.sync import Transfer
@@ -60,11 +60,21 @@ class BucketFleetStats:
     speedup: Optional[Spread]
     ranks_ok: int
     ranks_failed: int
+    # What serves the bucket across its ok warm ranks: the table's row for it
+    cache_state: Optional[str] = None  # "hit", "miss" or "mixed" (the ranks disagree or one was mixed)
+    eager_ms: Optional[Spread] = None
+    served_ms: Optional[Spread] = None
+    served_speedup: Optional[Spread] = None
+    # [median of the ranks' lows, median of their highs]: a typical rank's 95% interval
+    served_speedup_interval: Optional[list[float]] = None
+    served_variants: list[str] = field(default_factory=list)  # sorted; more than one: the ranks disagree
+    ranks_noisy: int = 0  # ok ranks whose served speedup is noisy (orchestrator.jobs.stats)
+    noisy: Optional[bool] = None  # the median's interval is too wide, or half the ranks or more are noisy
 
 
 @dataclass
 class Deviation:
-    """A rank that failed a bucket, or whose speedup is far from the other ranks'."""
+    """A rank that failed a bucket, or whose served speedup is far from the other ranks'."""
 
     rank: Optional[int]
     bucket: int

@@ -197,6 +197,14 @@ def test_fleet_report_keeps_its_keys_and_values():
                 "speedup": {"min": 2.0, "median": 2.0, "max": 2.0},
                 "ranks_ok": 1,
                 "ranks_failed": 0,
+                "cache_state": "hit",
+                "eager_ms": None,
+                "served_ms": None,
+                "served_speedup": {"min": 2.0, "median": 2.0, "max": 2.0},  # no variant: compiled served
+                "served_speedup_interval": None,
+                "served_variants": [],
+                "ranks_noisy": 0,
+                "noisy": False,
             }
         },
         "deviating_ranks": [],

@@ -1,0 +1,303 @@
+"""The warmup table (orchestrator.report.render_table) and the speedup intervals behind it
+(orchestrator.jobs.stats): reports built from synthetic records, rendered into a recording
+console 80 columns wide, as a terminal shows them; no torch compile."""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import replace
+
+import pytest
+from rich.console import Console
+from test_report_records import STARTED, fleet_run, process_run, spec
+
+from orchestrator.fleet import TaskRun
+from orchestrator.jobs.records import BucketResult, VariantMeasure
+from orchestrator.jobs.stats import MIN_SAMPLES, NOISY_RELATIVE_HALF_WIDTH, is_noisy, ratio_interval
+from orchestrator.plan import Target
+from orchestrator.report import build_fleet_report, build_report, render_table
+
+ALL_VARIANTS = ("eager", "compiled", "graphed", "eager-graphed", "aot")
+ALLOC_ERROR = (
+    "benchmark: RuntimeError: [enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: not enough memory"
+)
+
+
+def measured(bucket: int, *, eager_ms: float, served: str = "eager-graphed", noisy: bool = False, **kw) -> BucketResult:
+    """A bucket every variant was measured for, as the engine records one."""
+    ms = {"eager": eager_ms, "compiled": eager_ms / 3, "graphed": eager_ms / 3.9, "eager-graphed": eager_ms / 4.1}
+    ms["aot"] = eager_ms / 3.2
+    variants = {
+        name: VariantMeasure(
+            ok=True,
+            ms=value,
+            p90_ms=value * 1.1,
+            spread_ms=value / 50,
+            speedup_interval=[eager_ms / value * 0.95, eager_ms / value * 1.05],
+        )
+        for name, value in ms.items()
+    }
+    speedup = eager_ms / ms[served]
+    fields = dict(
+        node="gpu-node-with-a-long-name-1",
+        phase="compile",
+        cache_state="miss",
+        stage="done",
+        compile_seconds=12.5,
+        graph_record_seconds=0.04,
+        cache_hits=0,
+        cache_misses=2,
+        eager_ms=eager_ms,
+        compiled_ms=ms["compiled"],
+        speedup=3.0,
+        speedup_interval=[2.9, 3.1],
+        throughput_speedup=4.5,
+        graph_breaks=0,
+        recompiles=0,
+        max_abs_error=2e-6,
+        variant=served,
+        variants=variants,
+        served_ms=ms[served],
+        served_speedup=speedup,
+        served_speedup_interval=[speedup * 0.3, speedup * 3] if noisy else [speedup * 0.95, speedup * 1.05],
+        noisy=noisy,
+    )
+    return BucketResult(bucket=bucket, **{**fields, **kw})
+
+
+def failed(bucket: int, **kw) -> BucketResult:
+    fields = dict(node="gpu-node-with-a-long-name-1", status="failed", stage="benchmark", error=ALLOC_ERROR)
+    return BucketResult(bucket=bucket, **{**fields, **kw})
+
+
+def rendered(report: dict, *, wide: bool = False, width: int = 80) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
+    render_table(report, console, wide=wide)
+    return console.export_text()
+
+
+def process_report(results: list[BucketResult]) -> dict:
+    return build_report(spec(), replace(process_run(remote=False), results=results), STARTED)
+
+
+def prose(text: str) -> str:
+    """The text with the console's line wrapping undone: notes below the table wrap at 80 columns."""
+    return " ".join(text.split())
+
+
+def rows(text: str) -> dict[str, str]:
+    """The table's rows by their first cell (the bucket), lines of notes below left out."""
+    found = {}
+    for line in text.splitlines():
+        first = line.split()[0] if line.split() else ""
+        if first.isdigit() and not line.startswith("bucket"):
+            found[first] = line
+    return found
+
+
+# --- the bootstrap ---------------------------------------------------------------------------
+
+
+def test_interval_contains_the_ratio_of_medians():
+    rng = random.Random(7)
+    eager = [4.0 + rng.gauss(0, 0.2) for _ in range(100)]
+    compiled = [1.0 + rng.gauss(0, 0.05) for _ in range(100)]
+    low, high = ratio_interval(eager, compiled)
+    point = sorted(eager)[49:51][0] / sorted(compiled)[49:51][0]
+    assert low < 4.0 < high and low <= point <= high
+    assert high - low < 0.4  # a quiet machine: a narrow interval
+    assert not is_noisy(4.0, [low, high], samples=100)
+
+
+def test_identical_samples_give_a_zero_width_interval():
+    assert ratio_interval([2.0] * 50, [0.5] * 50) == [4.0, 4.0]
+    # eager against itself, sample by sample: exactly 1, however the samples vary
+    rng = random.Random(3)
+    eager = [rng.uniform(1, 9) for _ in range(40)]
+    assert ratio_interval(eager, eager) == [1.0, 1.0]
+
+
+def test_the_interval_is_deterministic():
+    rng = random.Random(11)
+    eager = [rng.uniform(1, 2) for _ in range(60)]
+    compiled = [rng.uniform(0.2, 0.6) for _ in range(60)]
+    assert ratio_interval(eager, compiled) == ratio_interval(list(eager), list(compiled))
+    assert ratio_interval(eager, compiled, seed=1) != ratio_interval(eager, compiled, seed=2)
+
+
+def test_one_slow_eager_sample_does_not_make_a_clean_huge_figure():
+    # a hundred samples: the median ignores the outlier, the figure stays honest and clean
+    eager = [1.0 + 0.001 * (i % 7) for i in range(100)]
+    compiled = [0.25 + 0.0001 * (i % 5) for i in range(100)]
+    eager[17] = 51.0
+    low, high = ratio_interval(eager, compiled)
+    assert 3.9 < low <= high < 4.1
+    # two samples, one of them slow: the median is their mean, 26x; the figure is flagged noisy
+    few_eager, few_compiled = [1.0, 51.0], [1.0, 1.0]
+    interval = ratio_interval(few_eager, few_compiled)
+    assert interval is not None and interval[1] > 20
+    assert is_noisy(26.0, interval, samples=2)
+    # the interval alone is enough to flag it where the count is unknown (a fleet's median)
+    assert is_noisy(26.0, interval, samples=None)
+
+
+def test_noisy_rule():
+    assert is_noisy(4.0, [3.9, 4.1], samples=MIN_SAMPLES - 1)
+    assert not is_noisy(4.0, [3.9, 4.1], samples=MIN_SAMPLES)
+    edge = 4.0 * NOISY_RELATIVE_HALF_WIDTH
+    assert not is_noisy(4.0, [4.0 - edge, 4.0], samples=100)
+    assert is_noisy(4.0, [4.0 - edge * 1.01, 4.0], samples=100)
+    assert is_noisy(4.0, [3.9, 4.0 + edge * 1.01], samples=100)  # the larger side counts
+    assert not is_noisy(None, None, samples=1)  # nothing claimed
+    assert not is_noisy(4.0, None, samples=100)  # a report from before intervals: nothing to judge by
+    assert ratio_interval([], []) is None
+    assert ratio_interval([1.0, 1.0], [0.0, 0.0]) is None
+
+
+# --- the process table -----------------------------------------------------------------------
+
+
+def test_a_realistic_report_fits_80_columns_sorted_by_bucket():
+    report = process_report(
+        [
+            measured(32, eager_ms=1707.123),
+            measured(1, eager_ms=1.78, served="graphed", cache_state="hit", compile_seconds=2.61),
+            measured(8, eager_ms=11.61, served="compiled", cache_state="mixed"),
+        ]
+    )
+    text = rendered(report)
+    assert "…" not in text
+    assert max(map(len, text.splitlines())) <= 80
+    table = rows(text)
+    assert list(table) == ["1", "8", "32"]  # by bucket, not by the order they finished
+    assert table["1"].split() == ["1", "ok", "2.61", "hit", "1.780", "0.456", "graphed", "3.90x", "±0.20"]
+    assert table["8"].split()[3:8] == ["mixed", "11.610", "3.870", "compiled", "3.00x"]
+    assert "eager-graphed" in table["32"] and "1707.123" in table["32"] and "4.10x ±0.21" in table["32"]
+    assert "None" not in text
+    assert "3 buckets: 3 ok, 0 failed" in prose(text)
+
+
+def test_a_failure_row_names_the_stage_and_keeps_bracketed_text():
+    report = process_report([measured(1, eager_ms=1.0), failed(8), failed(2, stage="pending", error="not loaded: x")])
+    text = rendered(report)
+    assert "…" not in text and "None" not in text
+    assert rows(text)["8"].split() == ["8", "failed", "-", "-", "-", "-", "-", "-"]
+    assert f"bucket 8 failed at {ALLOC_ERROR}" in prose(text)  # the stage, and the brackets kept
+    assert "bucket 2 failed: not loaded: x" in prose(text)  # no stage entered: none claimed
+    assert "3 buckets: 1 ok, 2 failed" in prose(text)
+
+
+def test_an_error_that_does_not_name_its_stage_gets_it_and_only_its_first_line():
+    report = process_report([failed(4, stage="compile", error="boom [red]not markup[/red]\nsecond line")])
+    text = rendered(report)
+    assert "bucket 4 failed at compile: boom [red]not markup[/red]" in prose(text)
+    assert "second line" not in text
+
+
+def test_a_noisy_speedup_is_marked_not_printed_clean():
+    report = process_report([measured(1, eager_ms=51.0, noisy=True), measured(2, eager_ms=1.0)])
+    text = rendered(report)
+    one, two = rows(text)["1"], rows(text)["2"]
+    assert "noisy" in one and "4.10x" not in one  # the interval, not a clean figure
+    assert "noisy 1.2-12x" in one
+    assert "noisy" not in two and "4.10x ±0.21" in two
+    assert f"wider than ±{NOISY_RELATIVE_HALF_WIDTH:.0%}" in prose(text)
+
+
+def test_a_report_from_before_intervals_still_renders():
+    report = process_report([measured(1, eager_ms=1.0)])
+    for record in report["results"]:
+        for key in ("speedup_interval", "served_ms", "served_speedup", "served_speedup_interval", "noisy"):
+            del record[key]
+        for measure in record["variants"].values():
+            del measure["speedup_interval"]
+    row = rows(rendered(report))["1"].split()
+    assert row[5:] == ["0.244", "eager-graphed", "4.10x"]  # served from its variant's latency
+
+
+def test_wide_shows_every_field_and_every_variant():
+    report = process_report([measured(8, eager_ms=11.61), measured(1, eager_ms=1.78), failed(2)])
+    text = rendered(report, wide=True, width=250)
+    assert "…" not in text and "None" not in text
+    header = " ".join(line for line in text.splitlines() if "bucket" in line and "status" in line)
+    for column in ("phase", "stage", "compile s", "record s", "hit/miss", "compiled ms", "b2b speedup", "breaks"):
+        assert column in header
+    for column in ("recompiles", "max |err|", "graphed ms", "eager-graphed ms", "aot ms"):
+        assert column in header
+    records = [line.split() for line in text.splitlines() if line.split()[:1] == ["compile"]]
+    assert [cells[1] for cells in records] == ["1", "2", "8"]
+    one = records[0]
+    assert one[:7] == ["compile", "1", "ok", "-", "12.50", "0.040", "0/2"]
+    assert one[7:11] == ["1.780", "0.593", "3.00x", "±0.10"]  # eager, compiled, speedup and its interval
+    assert one[11:14] == ["eager-graphed", "4.10x", "±0.21"]  # what serves, how much faster
+    assert one[14:] == ["4.50x", "0", "0", "2.0e-06", "0.456", "0.434", "0.556"]  # b2b .. each variant's ms
+    assert records[1][:4] == ["compile", "2", "failed", "benchmark"]
+    assert f"bucket 2 failed at {ALLOC_ERROR}" in prose(text)
+
+
+# --- on Ray ----------------------------------------------------------------------------------
+
+
+def ray_report(warm: list[BucketResult], compiled: list[BucketResult]) -> dict:
+    base = fleet_run()
+    ranks = sorted({r.rank for r in warm if r.rank is not None})
+    node = base.nodes[0]
+    process = base.runs[1].process
+    return build_fleet_report(
+        spec(),
+        replace(
+            base,
+            targets=[Target(rank, node) for rank in ranks],
+            results=compiled + warm,
+            runs=[base.runs[0], *(TaskRun(process, "warm", rank, None, 112.0) for rank in ranks)],
+        ),
+        "s3://bucket/prefix",
+        STARTED,
+    )
+
+
+def test_ray_one_row_per_bucket_from_the_warm_wave():
+    eager = {0: 1.0, 1: 1.1, 2: 0.9, 3: 1.05}
+    warm = [
+        measured(b, eager_ms=eager[rank] * b, rank=rank, phase="warm", cache_state="hit", compile_seconds=0.5 + rank)
+        for b in (8, 1)
+        for rank in range(4)
+    ]
+    warm[0] = failed(8, rank=0, phase="warm", node="unknown", stage="pending", error="not loaded: compile: [x] boom")
+    warm[1] = replace(warm[1], served_speedup=1.5, served_speedup_interval=[1.4, 1.6])  # far off the others
+    compiled = [measured(b, eager_ms=b, rank=None) for b in (1, 8)]
+    report = ray_report(warm, compiled)
+    text = rendered(report)
+    assert "…" not in text and "None" not in text and "unknown" not in text
+    table = rows(text)
+    assert list(table) == ["1", "8"]
+    assert table["1"].split()[:4] == ["1", "4/4", "ok", "2.00"]  # median of 0.5, 1.5, 2.5, 3.5
+    assert table["8"].split()[:3] == ["8", "3/4", "ok*"]  # one failed, one deviates
+    assert table["8"].split()[3:5] == ["2.50", "hit"]  # the three ok ranks' median
+    assert "bucket 8 rank 0 failed: not loaded: compile: [x] boom" in prose(text)
+    assert "* bucket 8 rank 1 deviates: speedup 1.50x vs median 4.10x" in prose(text)
+    assert "2 buckets: 1 ok, 1 failed" in prose(text)  # buckets, not records (3 would be rows)
+    assert (report["summary"]["buckets_ok"], report["summary"]["buckets_failed"]) == (1, 1)
+    fleet = report["summary"]["fleet"]["buckets"]["8"]
+    assert fleet["served_variants"] == ["eager-graphed"] and fleet["cache_state"] == "hit"
+    assert (fleet["ranks_ok"], fleet["ranks_failed"], fleet["ranks_noisy"], fleet["noisy"]) == (3, 1, 0, False)
+    assert fleet["served_speedup"]["median"] == pytest.approx(4.1)
+    assert fleet["served_speedup_interval"] == pytest.approx([4.1 * 0.95, 4.1 * 1.05])
+    wide = rendered(report, wide=True, width=250)
+    assert "…" not in wide and "None" not in wide
+    # every record has its row in --wide: two compile tasks and eight ranks, the failed one's node unknown
+    assert sum(1 for line in wide.splitlines() if line.split()[:1] in (["compile"], ["warm"])) == 10
+    assert "unknown" not in wide
+
+
+def test_ray_noisy_when_half_the_ranks_are():
+    warm = [measured(1, eager_ms=1.0, rank=rank, phase="warm", noisy=rank < 2) for rank in range(4)]
+    report = ray_report(warm, [measured(1, eager_ms=1.0, rank=None)])
+    fleet = report["summary"]["fleet"]["buckets"]["1"]
+    assert (fleet["ranks_noisy"], fleet["noisy"]) == (2, True)
+    assert "noisy" in rows(rendered(report))["1"]
+    warm = [measured(1, eager_ms=1.0, rank=rank, phase="warm", noisy=rank < 1) for rank in range(4)]
+    text = rendered(ray_report(warm, [measured(1, eager_ms=1.0, rank=None)]))
+    assert "noisy" not in text  # one rank of four: the median stands, and no note explains a mark not shown
+    assert "noisy" in rendered(ray_report(warm, [measured(1, eager_ms=1.0, rank=None)]), wide=True, width=250)
