@@ -557,7 +557,7 @@ def _wide_table(title: Text, records: list[BucketResult], fleet: bool) -> Table:
             else f"{_num(r.cache_hits, 'd')}/{_num(r.cache_misses, 'd')}",
             _num(r.eager_ms, ".3f"),
             _num(r.compiled_ms, ".3f"),
-            _speedup(r.speedup, r.speedup_interval, False),
+            _speedup(r.speedup, r.speedup_interval, is_noisy(r.speedup, r.speedup_interval, samples=None)),
             Text(r.variant or "-"),
             _speedup(_served_speedup(r), r.served_speedup_interval, bool(r.noisy)),
             _num(r.throughput_speedup, ".2f", "x"),

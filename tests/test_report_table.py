@@ -203,6 +203,10 @@ def test_a_noisy_speedup_is_marked_not_printed_clean():
     assert "noisy 1.2-12x" in one
     assert "noisy" not in two and "4.10x ±0.21" in two
     assert f"wider than ±{NOISY_RELATIVE_HALF_WIDTH:.0%}" in prose(text)
+    # --wide judges the compiled speedup by the same rule (here eager serves: 1.00x, clean)
+    report = process_report([measured(1, eager_ms=1.2, served="eager", speedup=1.83, speedup_interval=[1.64, 7.12])])
+    (one,) = [line for line in rendered(report, wide=True, width=250).splitlines() if line.startswith("compile")]
+    assert "noisy 1.6-7.1x" in one and "1.00x ±0.05" in one
 
 
 def test_a_report_from_before_intervals_still_renders():
