@@ -210,6 +210,19 @@ def _cache_state(states: list[Optional[str]]) -> Optional[str]:
     return None if not known else known.pop() if len(known) == 1 else "mixed"
 
 
+def _noisy_others(r: BucketResult) -> list[str]:
+    """The measured variants, other than the one serving, whose speedup over eager is noisy."""
+    return [
+        name
+        for name, m in r.variants.items()
+        if name != r.variant
+        and m.ok
+        and m.ms
+        and r.eager_ms is not None
+        and is_noisy(r.eager_ms / m.ms, m.speedup_interval, samples=None)
+    ]
+
+
 def _bucket_counts(results: list[BucketResult]) -> dict[str, int]:
     """Buckets, not records: a bucket is ok when every record of it (every wave, every rank) is ok."""
     buckets = {r.bucket for r in results}
@@ -363,6 +376,15 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
             console,
             f"noisy: the speedup's 95% interval is wider than ±{NOISY_RELATIVE_HALF_WIDTH:.0%} of it, or it rests on "
             f"fewer than {MIN_SAMPLES} samples: measure again on a quiet machine before trusting it",
+            "yellow",
+        )
+    # eager serving at a clean 1.00x can rest on timings of the others too noisy to tell them apart
+    unsettled = {r.bucket for r in shown if r.status == "ok" and _noisy_others(r)}
+    if unsettled:
+        _line(
+            console,
+            f"bucket {_buckets(unsettled)}: other variants' speedups are noisy (--wide shows them): "
+            "the variant chosen to serve may change when measured on a quiet machine",
             "yellow",
         )
     unavailable: dict[tuple[str, str], set[int]] = {}

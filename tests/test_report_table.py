@@ -209,6 +209,17 @@ def test_a_noisy_speedup_is_marked_not_printed_clean():
     assert "noisy 1.6-7.1x" in one and "1.00x ±0.05" in one
 
 
+def test_eager_served_on_noisy_timings_of_the_others_is_said_so():
+    quiet = measured(2, eager_ms=1.0, served="eager")
+    busy = measured(1, eager_ms=9.0, served="eager")
+    busy.variants["compiled"].speedup_interval = [0.11, 9.4]  # a busy machine: eager may not be fastest
+    text = prose(rendered(process_report([busy, quiet])))
+    assert rows(rendered(process_report([busy, quiet])))["1"].split()[-2:] == ["1.00x", "±0.05"]
+    assert "bucket 1: other variants' speedups are noisy" in text
+    assert "bucket 1, 2:" not in text  # bucket 2's timings were quiet
+    assert "other variants" not in prose(rendered(process_report([quiet])))
+
+
 def test_a_report_from_before_intervals_still_renders():
     report = process_report([measured(1, eager_ms=1.0)])
     for record in report["results"]:
