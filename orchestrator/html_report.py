@@ -17,6 +17,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -58,6 +59,11 @@ pre { background: var(--bg); border: 1px solid var(--line); padding: 8px; white-
       overflow-wrap: anywhere; font-size: 12.5px; }
 code { font-size: 12.5px; }
 details > summary { cursor: pointer; color: var(--muted); }
+.profiles { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
+details.profile { border: 1px solid var(--line); border-radius: 8px; padding: 6px 12px; }
+details.profile > summary { font-weight: 600; color: var(--ink); }
+details.profile h4 { font-size: 13px; margin: 8px 0 2px; color: var(--muted); }
+details.profile table { font-size: 12.5px; margin: 4px 0; }
 .none { color: var(--muted); font-style: italic; }
 """
 
@@ -77,17 +83,21 @@ def write_html(report: dict[str, Any], path: Path) -> None:
 
 
 def render_html(report: dict[str, Any]) -> str:
-    results: list[dict[str, Any]] = list(report.get("results") or [])
     fleet = (report.get("executor") or {}).get("kind") == "ray"
+    # a bucket's records together: its compile record, then its ranks in order
+    results = sorted(
+        report.get("results") or [],
+        key=lambda r: (_int_or(str(r.get("bucket"))), r.get("rank") is not None, r.get("rank") or 0),
+    )
     labels = [_label(r, fleet) for r in results]
     body = [
         _header(report),
+        _failures_section(results, labels),
         _latency_section(results, labels),
         _speedup_section(results, labels),
         _buckets_section(results, labels),
         _cache_section(results, labels),
         _compile_section(results, labels),
-        _failures_section(results, labels),
     ]
     if fleet:
         body.append(_fleet_section(report))
@@ -123,7 +133,7 @@ def _header(report: dict[str, Any]) -> str:
         ("torch", report.get("torch_version")),
         ("mode", compile_cfg.get("mode")),
         ("ran on", run_on),
-        ("started", report.get("started_at")),
+        ("started", _when(report.get("started_at"))),
         ("wall time", _num(s.get("wall_seconds"), ".1f", " s")),
         ("ready in", _num(s.get("ready_seconds"), ".1f", " s")),
         (
@@ -292,21 +302,21 @@ def _compile_section(results: list[dict[str, Any]], labels: list[str]) -> str:
     out += f"<p>{_e(str(total))} graph break(s) across the report.</p>"
     if breaks:
         out += "<h3>Graph breaks by reason</h3>" + _table(
-            ["reason", "count", "buckets"],
+            ["reason", "count", "bucket"],
             [
-                [f"<code>{_e(reason)}</code>", _n(sum(c for _, c in where), "d"), _e(", ".join(lb for lb, _ in where))]
+                [f"<code>{_e(reason)}</code>", _n(sum(c for _, c in where), "d"), _e(_where([lb for lb, _ in where]))]
                 for reason, where in breaks.items()
             ],
             numeric={1},
         )
     if skips:
         out += "<h3>No CUDA graphs</h3>" + _table(
-            ["reason", "buckets"], [[_e(reason), _e(", ".join(where))] for reason, where in skips.items()]
+            ["reason", "bucket"], [[_e(reason), _e(_where(where))] for reason, where in skips.items()]
         )
     if unavailable:
         out += "<h3>Variants not served</h3>" + _table(
-            ["variant", "reason", "buckets"],
-            [[_e(name), _e(reason), _e(", ".join(where))] for (name, reason), where in unavailable.items()],
+            ["variant", "reason", "bucket"],
+            [[_e(name), _e(reason), _e(_where(where))] for (name, reason), where in unavailable.items()],
         )
     return out
 
@@ -373,10 +383,12 @@ def _profile_section(results: list[dict[str, Any]], labels: list[str]) -> str:
     profiled = [(r["profile"], label) for r, label in zip(results, labels, strict=True) if r.get("profile")]
     if not profiled:
         return ""
-    out = "<h2>Profiles</h2>"
+    out = '<h2>Profiles</h2><div class="profiles">'
+    # a few buckets open at once; a fleet's many records stay folded until asked for
+    opened = " open" if len(profiled) <= 4 else ""
     for profile, label in profiled:
-        out += f"<h3>{_e(label)}</h3>" + _any(profile)
-    return out
+        out += f'<details class="profile"{opened}><summary>{_e(label)}</summary>{_any(profile)}</details>'
+    return out + "</div>"
 
 
 def _store_section(report: dict[str, Any], fleet: bool) -> str:
@@ -412,7 +424,8 @@ def _store_section(report: dict[str, Any], fleet: bool) -> str:
 def _latency_chart(rows: list[tuple[str, dict[str, dict[str, Any]], Optional[str]]]) -> str:
     from matplotlib.figure import Figure
 
-    names = _variant_order(name for _, variants, _ in rows for name in variants)
+    # a variant measured nowhere (unavailable on this platform) gets no slot: the tables say why
+    names = _variant_order(name for _, variants, _ in rows for name, m in variants.items() if m.get("ms") is not None)
     colors = _colors(names)
     per_group = len(names)
     bar = 0.8 / per_group
@@ -518,7 +531,7 @@ def _cache_chart(rows: list[tuple[str, int, int]]) -> str:
     ax.invert_yaxis()
     ax.set_xlabel("compile-cache lookups")
     ax.set_xlim(0, max(1, max(h + m for _, h, m in rows)) * 1.3)
-    ax.legend(loc="lower right", fontsize=8, frameon=False)
+    _legend(ax, [("hits", HIT_COLOR), ("misses", MISS_COLOR)])
     _tidy(ax)
     return _svg(fig, "cache")
 
@@ -545,7 +558,7 @@ def _timeline_chart(timeline: list[dict[str, Any]]) -> str:
             ax.plot([at], [lane], marker="D", markersize=4.5, color=color, markeredgecolor="black", markeredgewidth=0.5)
             # alternate above and below the lane: neighbouring milestones are often a fraction of a second apart
             ax.annotate(
-                what,
+                f"{what} {at:.1f}s",
                 (at, lane),
                 xytext=(2, 7 if k % 2 == 0 else -7),
                 textcoords="offset points",
@@ -598,8 +611,9 @@ def _legend(ax: Any, entries: list[tuple[str, str]]) -> None:
 
     ax.legend(
         handles=[Patch(color=color, label=label) for label, color in entries],
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.12 if len(ax.get_yticks()) > 3 else -0.25),
+        # above the plot: below it, the legend would collide with the axis label however tall the chart
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
         ncols=min(len(entries), 6),
         fontsize=8,
         frameon=False,
@@ -653,6 +667,20 @@ def _colors(names: list[str]) -> dict[str, str]:
 
 
 # ----- HTML helpers ---------------------------------------------------------------------------
+
+
+def _when(iso: Any) -> Any:
+    try:
+        return datetime.fromisoformat(str(iso)).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return iso
+
+
+def _where(labels: list[str]) -> str:
+    """The buckets a reason applies to; a fleet's many records of one bucket named once."""
+    buckets = list(dict.fromkeys(label.split()[1] if label.startswith("bucket ") else label for label in labels))
+    text = ", ".join(buckets)
+    return text + (f" ({len(labels)} records)" if len(labels) > len(buckets) else "")
 
 
 def _e(value: Any) -> str:

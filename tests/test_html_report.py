@@ -247,7 +247,7 @@ def test_process_page_shows_every_part():
         "mlp warmup report",
         "2.13.0+cpu",
         "reduce-overhead",  # the config's mode
-        "2026-01-02T03:04:05+00:00",
+        "2026-01-02 03:04:05 UTC",
         "9.5 s",
         "Failed buckets",
         "CUDA graphs need a CUDA device",  # no CUDA graphs, and graphed unavailable
