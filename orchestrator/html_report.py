@@ -50,6 +50,7 @@ figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
 table { border-collapse: collapse; margin: 8px 0 12px; font-size: 13.5px; }
 th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: left; vertical-align: top; }
 th { background: var(--bg); font-weight: 600; }
+td:first-child { white-space: nowrap; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .ok { color: var(--ok); font-weight: 600; }
 .bad { color: var(--bad); font-weight: 600; }
@@ -142,7 +143,7 @@ def _header(report: dict[str, Any]) -> str:
             f"{_num(s.get('cache_misses'), 'd')} misses)",
         ),
         ("buckets", None),
-        ("speedup median", _num(s.get("speedup_median"), ".2f", "x")),
+        ("eager/compiled median", _num(s.get("speedup_median"), ".2f", "x")),
     ]
     html_cards = []
     for key, value in cards:
@@ -204,6 +205,7 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
         "served ms",
         "speedup",
         "interval",
+        "eager/compiled",
         "compile s",
         "record s",
         "cache hit/miss",
@@ -225,6 +227,7 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
                 _n(served_ms, ".3f"),
                 speedup,
                 _e(_interval(interval)),
+                _e(_num(r.get("speedup"), ".2f", "x")),
                 _n(r.get("compile_seconds"), ".2f"),
                 _n(r.get("graph_record_seconds"), ".3f"),
                 _e(f"{_num(r.get('cache_hits'), 'd')}/{_num(r.get('cache_misses'), 'd')}"),
@@ -250,7 +253,7 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
                     _e(m.get("reason") or ""),
                 ]
             )
-    out = "<h2>Buckets</h2>" + _table(header, rows, numeric={3, 6, 7, 9, 10, 11})
+    out = "<h2>Buckets</h2>" + _table(header, rows, numeric={3, 7, 8, 10, 11, 12})
     if variant_rows:
         out += "<h3>Variants</h3>" + _table(
             ["bucket", "variant", "ok", "ms", "p90 ms", "spread ms", "speedup interval", "build s", "reason"],
@@ -449,7 +452,8 @@ def _latency_chart(rows: list[tuple[str, dict[str, dict[str, Any]], Optional[str
                 alpha=1.0 if is_served else 0.55,
                 edgecolor="black" if is_served else "none",
                 linewidth=1.6 if is_served else 0,
-                xerr=spread if spread else None,
+                # clipped at zero: a noisy run's spread can exceed its median, and no latency is negative
+                xerr=[[min(spread, m["ms"])], [spread]] if spread else None,
                 error_kw={"ecolor": "#333", "capsize": 2, "elinewidth": 1},
             )
             ax.text(
@@ -466,6 +470,8 @@ def _latency_chart(rows: list[tuple[str, dict[str, dict[str, Any]], Optional[str
         ax.set_xscale("log")
     ax.set_xlabel("ms per call (median)" + (", log scale" if log else ""))
     ax.margins(x=0.2)
+    if not log:
+        ax.set_xlim(left=0)
     _legend(ax, [(name, colors[name]) for name in names])
     _tidy(ax)
     return _svg(fig, "latency")
@@ -477,7 +483,8 @@ def _speedup_chart(rows: list[tuple[str, float, Optional[list[float]], bool, Opt
     fig = Figure(figsize=(10, max(1.8, 0.7 + 0.42 * len(rows))))
     ax = fig.add_subplot()
     for i, (_, value, interval, noisy, served) in enumerate(rows):
-        color = "#009e73" if value >= 1 else "#d55e00"
+        # eager serving is exactly 1.0: neither a win nor a loss
+        color = "#8c8c8c" if abs(value - 1) < 0.005 else "#009e73" if value > 1 else "#d55e00"
         xerr = None
         if interval and len(interval) == 2 and None not in interval:
             low, high = sorted(interval)
@@ -650,10 +657,16 @@ def _variants(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _served_speedup(r: dict[str, Any]) -> tuple[Optional[float], Optional[list[float]]]:
-    """Eager / served with its interval; a report without them has `speedup` (eager / compiled) and no interval."""
+    """Eager / served with its interval. A report without `served_speedup` has no interval: the ratio
+    of the variants' medians where it names the served variant (1.0 when eager serves, whatever
+    compiled measured), else `speedup` (eager / compiled, which served before there were variants)."""
     if r.get("served_speedup") is not None:
         return r["served_speedup"], r.get("served_speedup_interval")
-    return r.get("speedup"), r.get("speedup_interval")
+    variants = r.get("variants") or {}
+    eager, served = (variants.get("eager") or {}).get("ms"), (variants.get(r.get("variant") or "") or {}).get("ms")
+    if eager and served:
+        return eager / served, None
+    return r.get("speedup"), None
 
 
 def _variant_order(names: Iterable[str]) -> list[str]:

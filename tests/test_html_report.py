@@ -268,6 +268,19 @@ def test_old_report_renders_without_the_newer_parts():
     assert "Profiles" not in page
 
 
+def test_without_served_speedup_the_served_variant_sets_the_figure():
+    """A record that names its served variant but has no `served_speedup`: eager serving is 1.00x,
+    whatever compiled measured (`speedup`, eager / compiled, has its own column)."""
+    report = process_report()
+    first = report["results"][0]
+    for key in ("served_speedup", "served_speedup_interval", "noisy"):
+        first.pop(key)
+    first["variant"] = "eager"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", render_html(report).split("<h2>Buckets</h2>")[1].split("</tr>")[1])
+    assert cells[2:6] == ['<span class="served">eager</span>', "0.200", "1.00x", "-"]
+    assert cells[6] == "2.50x"  # eager / compiled
+
+
 def test_a_report_with_nothing_measured_still_renders():
     report = process_report()
     for r in report["results"]:
