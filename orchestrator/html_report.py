@@ -60,6 +60,7 @@ pre { background: var(--bg); border: 1px solid var(--line); padding: 8px; white-
       overflow-wrap: anywhere; font-size: 12.5px; }
 code { font-size: 12.5px; }
 details > summary { cursor: pointer; color: var(--muted); }
+details.variants > summary h3 { display: inline; color: var(--ink); }
 .profiles { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
 details.profile { border: 1px solid var(--line); border-radius: 8px; padding: 6px 12px; }
 details.profile > summary { font-weight: 600; color: var(--ink); }
@@ -96,12 +97,12 @@ def render_html(report: dict[str, Any]) -> str:
         _failures_section(results, labels),
         _latency_section(results, labels),
         _speedup_section(results, labels),
+        # a Ray run's timeline is where its time went: above the per-record tables
+        _fleet_section(report) if fleet else "",
         _buckets_section(results, labels),
         _cache_section(results, labels),
         _compile_section(results, labels),
     ]
-    if fleet:
-        body.append(_fleet_section(report))
     body.append(_profile_section(results, labels))
     body.append(_store_section(report, fleet))
     title = f"warmup report: {report.get('model', '?')}"
@@ -255,11 +256,14 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
             )
     out = "<h2>Buckets</h2>" + _table(header, rows, numeric={3, 7, 8, 10, 11, 12})
     if variant_rows:
-        out += "<h3>Variants</h3>" + _table(
+        # a fleet's ranks times variants runs long: folded until asked for
+        opened = " open" if len(variant_rows) <= 12 else ""
+        out += f'<details class="variants"{opened}><summary><h3>Variants</h3></summary>' + _table(
             ["bucket", "variant", "ok", "ms", "p90 ms", "spread ms", "speedup interval", "build s", "reason"],
             variant_rows,
             numeric={3, 4, 5, 7},
         )
+        out += "</details>"
     return out
 
 
