@@ -51,7 +51,7 @@ table { border-collapse: collapse; margin: 8px 0 12px; font-size: 13.5px; }
 th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: left; vertical-align: top; }
 th { background: var(--bg); font-weight: 600; }
 td:first-child { white-space: nowrap; }
-td.n { text-align: right; font-variant-numeric: tabular-nums; }
+td.n { white-space: nowrap; text-align: right; font-variant-numeric: tabular-nums; }
 .ok { color: var(--ok); font-weight: 600; }
 .bad { color: var(--bad); font-weight: 600; }
 .warn { color: var(--warn); font-weight: 600; }
@@ -550,7 +550,7 @@ def _cache_chart(rows: list[tuple[str, int, int]]) -> str:
 def _timeline_chart(timeline: list[dict[str, Any]]) -> str:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, max(2.0, 0.9 + 0.62 * len(timeline))))
+    fig = Figure(figsize=(11, max(2.0, 0.9 + 0.8 * len(timeline))))
     ax = fig.add_subplot()
     end = max([row.get("answered_s") or row.get("ended_s") or 0 for row in timeline] + [1.0])
     labels = []
