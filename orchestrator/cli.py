@@ -146,6 +146,12 @@ def cli() -> None:
 @click.option(
     "--wide", is_flag=True, help="Table: one row per record (each rank on Ray) with every field, not one per bucket."
 )
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the report as one self-contained HTML page with charts (the `report` extra).",
+)
 @click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
 @click.option(
     "--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU)."
@@ -164,6 +170,7 @@ def warmup(
     report_path: Optional[Path],
     as_json: bool,
     wide: bool,
+    html_path: Optional[Path],
     ray_address: Optional[str],
     ranks: Optional[int],
     no_ray: bool,
@@ -182,6 +189,8 @@ def warmup(
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     if report_path:
         _check_writable(report_path)
+    if html_path:
+        _check_html(html_path)
     store_url = remote or spec.remote
     _check_store(store_url)
     err = Console(stderr=True)
@@ -219,11 +228,12 @@ def warmup(
             write_json(report, report_path)
         except OSError as exc:
             raise UserError(f"--report {report_path}: cannot write it ({exc.strerror or exc})") from None
+    if html_path:
+        _write_html(report, html_path)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        out = Console()
-        render_table(report, out if out.is_terminal else Console(width=240 if wide else 160), wide=wide)
+        render_table(report, _table_console(wide), wide=wide)
     if publish_errors:
         _fail(f"publish failed, results above stand: {publish_errors[0]}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:
@@ -622,6 +632,86 @@ def submit(
         _fail(f"job {outcome.submission_id} {outcome.status}: {outcome.message}", exit_code_for(outcome))
 
 
+@cli.command("report")
+@click.argument("report_file", metavar="REPORT.json", type=click.Path(path_type=Path))
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one self-contained HTML page with charts here instead of printing the table.",
+)
+@click.option(
+    "--wide", is_flag=True, help="Table: one row per record (each rank on Ray) with every field, not one per bucket."
+)
+def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> None:
+    """Show a warmup report (from `warmup --report PATH` or `--json`) as the table, or as an HTML page."""
+    if html_path:
+        _check_html(html_path)
+    report = _load_report(report_file)
+    if html_path:
+        _write_html(report, html_path)
+        click.echo(f"orchestrate: wrote {html_path}", err=True)
+        return
+    from orchestrator.report import render_table
+
+    try:
+        render_table(report, _table_console(wide), wide=wide)
+    except (KeyError, TypeError) as exc:
+        raise UserError(
+            f"{report_file}: the table needs a field this report lacks ({exc}); "
+            f"`orchestrate report {report_file} --html OUT.html` renders older reports"
+        ) from None
+
+
+def _table_console(wide: bool) -> Console:
+    """The terminal's width on a terminal; a width that cuts nothing where stdout is a file or pipe."""
+    out = Console()
+    return out if out.is_terminal else Console(width=240 if wide else 160)
+
+
+def _load_report(path: Path) -> dict[str, Any]:
+    """A warmup report, or one line saying why the file is not one."""
+    hint = "give the JSON that `orchestrate warmup --report PATH` (or --json) wrote"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; {hint}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc}); {hint}") from None
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not JSON ({exc}); {hint}") from None
+    if not isinstance(report, dict) or not {"schema_version", "results", "summary", "executor"} <= report.keys():
+        raise UserError(f"{path}: not a warmup report (no schema_version, results, summary and executor); {hint}")
+    from orchestrator.report_records import SCHEMA_VERSION
+
+    if report["schema_version"] != SCHEMA_VERSION:
+        raise UserError(
+            f"{path}: report schema_version {report['schema_version']}, this orchestrate reads {SCHEMA_VERSION}; "
+            "use the orchestrate that wrote it"
+        )
+    return report
+
+
+def _check_html(path: Path) -> None:
+    """Before the run: a page that cannot be drawn or written fails now, not after the results."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UserError("--html needs matplotlib: pip install 'torch-warmup-orchestrator[report]' (or drop --html)")
+    _check_writable(path, option="--html")
+
+
+def _write_html(report: dict[str, Any], path: Path) -> None:
+    from orchestrator.html_report import write_html
+
+    try:
+        write_html(report, path)
+    except OSError as exc:
+        raise UserError(f"--html {path}: cannot write it ({exc.strerror or exc})") from None
+
+
 @cli.group()
 def render() -> None:
     """Render deployment manifests."""
@@ -908,15 +998,18 @@ def keys_id(path: str) -> None:
     click.echo((SigningKey.load(text) if is_private else PublicKey.load(text)).key_id)
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, option: str = "--report") -> None:
     """Fail before the run, not after it: an unwritable --report would lose the results."""
+    suffix = ".html" if option == "--html" else ".json"
     if path.is_dir():
-        raise UserError(f"--report {path}: is a directory; give a file path such as reports/{path.name or 'run'}.json")
+        raise UserError(
+            f"{option} {path}: is a directory; give a file path such as reports/{path.name or 'run'}{suffix}"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(
-            f"--report {path}: cannot create its directory ({exc.strerror or exc}); give a path in a writable directory"
+            f"{option} {path}: cannot create its directory ({exc.strerror or exc}); give a path in a writable directory"
         ) from None
     # a file made and removed: os.access says yes to root on a read-only filesystem or in /proc
     try:
@@ -924,7 +1017,7 @@ def _check_writable(path: Path) -> None:
             pass
     except OSError as exc:
         raise UserError(
-            f"--report {path}: directory {path.parent} is not writable ({exc.strerror or exc}); "
+            f"{option} {path}: directory {path.parent} is not writable ({exc.strerror or exc}); "
             "give a path in a writable directory"
         ) from None
 

@@ -1,0 +1,780 @@
+"""A warmup report as one self-contained HTML page: charts drawn by matplotlib as inline SVG,
+tables beside them, no script, no stylesheet or font fetched from anywhere, so the file opens the
+same offline, from a laptop's downloads folder or as a CI artifact.
+
+Reads the JSON report (orchestrator.report_records) as a dict, and reads every field with
+`.get`: a report written before a field existed still renders, without that part. Torch-free (the
+driver of a Ray run writes it) and matplotlib-only: imported when a page is asked for, so the
+`report` extra stays optional.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+EAGER_COLOR = "#8c8c8c"
+# the other variants in order of first appearance; colour-blind-safe (Okabe-Ito)
+PALETTE = ["#0072b2", "#009e73", "#e69f00", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442", "#000000"]
+HIT_COLOR, MISS_COLOR = "#009e73", "#d55e00"
+WAVE_COLORS = {"compile": "#0072b2", "warm": "#009e73"}
+# a linear latency axis stops being readable once the slowest bar is this many times the fastest
+LOG_SCALE_RATIO = 20.0
+
+CSS = """
+:root { --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #f6f8fa; --ok: #1a7f37; --bad: #cf222e;
+        --warn: #9a6700; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+       color: var(--ink); background: #fff; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 64px; }
+h1 { font-size: 26px; margin: 0 0 4px; }
+h2 { font-size: 19px; margin: 36px 0 10px; padding-bottom: 6px; border-bottom: 1px solid var(--line); }
+h3 { font-size: 15px; margin: 20px 0 6px; }
+p.sub { color: var(--muted); margin: 0 0 18px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr)); gap: 10px; }
+.card { background: var(--bg); border: 1px solid var(--line); border-radius: 8px; padding: 8px 12px; }
+.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 17px; font-weight: 600; overflow-wrap: anywhere; }
+figure { margin: 12px 0; }
+figure svg { max-width: 100%; height: auto; display: block; }
+figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
+table { border-collapse: collapse; margin: 8px 0 12px; font-size: 13.5px; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: left; vertical-align: top; }
+th { background: var(--bg); font-weight: 600; }
+td:first-child { white-space: nowrap; }
+td.n { white-space: nowrap; text-align: right; font-variant-numeric: tabular-nums; }
+.ok { color: var(--ok); font-weight: 600; }
+.bad { color: var(--bad); font-weight: 600; }
+.warn { color: var(--warn); font-weight: 600; }
+.served { font-weight: 700; }
+pre { background: var(--bg); border: 1px solid var(--line); padding: 8px; white-space: pre-wrap;
+      overflow-wrap: anywhere; font-size: 12.5px; }
+code { font-size: 12.5px; }
+details > summary { cursor: pointer; color: var(--muted); }
+details.variants > summary h3 { display: inline; color: var(--ink); }
+.profiles { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
+details.profile { border: 1px solid var(--line); border-radius: 8px; padding: 6px 12px; }
+details.profile > summary { font-weight: 600; color: var(--ink); }
+details.profile h4 { font-size: 13px; margin: 8px 0 2px; color: var(--muted); }
+details.profile table { font-size: 12.5px; margin: 4px 0; }
+.none { color: var(--muted); font-style: italic; }
+"""
+
+
+def write_html(report: dict[str, Any], path: Path) -> None:
+    """Atomic, as the JSON report: a reader never opens half a page."""
+    page = render_html(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(page)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def render_html(report: dict[str, Any]) -> str:
+    fleet = (report.get("executor") or {}).get("kind") == "ray"
+    # a bucket's records together: its compile record, then its ranks in order
+    results = sorted(
+        report.get("results") or [],
+        key=lambda r: (_int_or(str(r.get("bucket"))), r.get("rank") is not None, r.get("rank") or 0),
+    )
+    labels = [_label(r, fleet) for r in results]
+    body = [
+        _header(report),
+        _failures_section(results, labels),
+        _latency_section(results, labels),
+        _speedup_section(results, labels),
+        # a Ray run's timeline is where its time went: above the per-record tables
+        _fleet_section(report) if fleet else "",
+        _buckets_section(results, labels),
+        _cache_section(results, labels),
+        _compile_section(results, labels),
+    ]
+    body.append(_profile_section(results, labels))
+    body.append(_store_section(report, fleet))
+    title = f"warmup report: {report.get('model', '?')}"
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        # no favicon request: the page fetches nothing
+        '<link rel="icon" href="data:,">\n'
+        f"<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n"
+        + "\n".join(part for part in body if part)
+        + "\n</main>\n</body>\n</html>\n"
+    )
+
+
+# ----- sections -------------------------------------------------------------------------------
+
+
+def _header(report: dict[str, Any]) -> str:
+    s = report.get("summary") or {}
+    executor = report.get("executor") or {}
+    compile_cfg = report.get("compile") or {}
+    ok, failed = s.get("buckets_ok"), s.get("buckets_failed")
+    run_on = "Ray" if executor.get("kind") == "ray" else "one process"
+    if executor.get("kind") == "ray":
+        run_on += f" ({executor.get('nodes', '?')} nodes, {executor.get('ranks', '?')} ranks)"
+    cards = [
+        ("model", report.get("model")),
+        ("GPU / device", " / ".join(str(x) for x in (report.get("gpu"), report.get("device")) if x)),
+        ("torch", report.get("torch_version")),
+        ("mode", compile_cfg.get("mode")),
+        ("ran on", run_on),
+        ("started", _when(report.get("started_at"))),
+        ("wall time", _num(s.get("wall_seconds"), ".1f", " s")),
+        ("ready in", _num(s.get("ready_seconds"), ".1f", " s")),
+        (
+            "cache",
+            f"{s.get('cache_state', '-')} ({_num(s.get('cache_hits'), 'd')} hits, "
+            f"{_num(s.get('cache_misses'), 'd')} misses)",
+        ),
+        ("buckets", None),
+        ("eager/compiled median", _num(s.get("speedup_median"), ".2f", "x")),
+    ]
+    html_cards = []
+    for key, value in cards:
+        if key == "buckets":
+            shown = f'<span class="ok">{_e(_num(ok, "d"))} ok</span>, ' + (
+                f'<span class="bad">{_e(_num(failed, "d"))} failed</span>'
+                if failed
+                else f"{_e(_num(failed, 'd'))} failed"
+            )
+        else:
+            shown = _e("-" if value in (None, "") else str(value))
+        html_cards.append(f'<div class="card"><div class="k">{_e(key)}</div><div class="v">{shown}</div></div>')
+    sub = f"namespace {report.get('namespace') or '-'}; config {report.get('config_hash') or '-'}; " + (
+        f"buckets {', '.join(str(b) for b in report.get('buckets') or [])}"
+    )
+    return (
+        f"<header><h1>{_e(report.get('model', 'warmup'))} warmup report</h1>"
+        f'<p class="sub">{_e(sub)}</p><div class="cards">{"".join(html_cards)}</div></header>'
+    )
+
+
+def _latency_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    rows = [(label, _variants(r), r.get("variant")) for r, label in zip(results, labels, strict=True)]
+    rows = [row for row in rows if any(m.get("ms") is not None for m in row[1].values())]
+    head = "<h2>Latency per bucket</h2>"
+    if not rows:
+        return head + '<p class="none">No bucket was benchmarked.</p>'
+    return head + _figure(
+        "latency",
+        _latency_chart(rows),
+        "Median per-call latency of every variant, per bucket; the whisker is the spread (half the "
+        "interquartile range). The served variant is drawn solid with a black edge and marked ★.",
+    )
+
+
+def _speedup_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    rows = []
+    for r, label in zip(results, labels, strict=True):
+        value, interval = _served_speedup(r)
+        if value is not None:
+            rows.append((label, value, interval, bool(r.get("noisy")), r.get("variant")))
+    head = "<h2>Speedup of the served variant</h2>"
+    if not rows:
+        return head + '<p class="none">No speedup was measured.</p>'
+    return head + _figure(
+        "speedup",
+        _speedup_chart(rows),
+        "Eager latency divided by the served variant's, per bucket, with its confidence interval where "
+        "the report has one. Left of the dashed line is slower than eager. Noisy figures are hatched "
+        "and labelled: their interval is too wide to trust the figure.",
+    )
+
+
+def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    header = [
+        "bucket",
+        "status",
+        "serves",
+        "served ms",
+        "speedup",
+        "interval",
+        "eager/compiled",
+        "compile s",
+        "record s",
+        "cache hit/miss",
+        "breaks",
+        "recompiles",
+        "max |err|",
+    ]
+    rows = []
+    for r, label in zip(results, labels, strict=True):
+        value, interval = _served_speedup(r)
+        served = r.get("variant")
+        served_ms = (_variants(r).get(served) or {}).get("ms") if served else None
+        speedup = _e(_num(value, ".2f", "x")) + (' <span class="warn">noisy</span>' if r.get("noisy") else "")
+        rows.append(
+            [
+                _e(label),
+                _status(r),
+                f'<span class="served">{_e(served)}</span>' if served else "-",
+                _n(served_ms, ".3f"),
+                speedup,
+                _e(_interval(interval)),
+                _e(_num(r.get("speedup"), ".2f", "x")),
+                _n(r.get("compile_seconds"), ".2f"),
+                _n(r.get("graph_record_seconds"), ".3f"),
+                _e(f"{_num(r.get('cache_hits'), 'd')}/{_num(r.get('cache_misses'), 'd')}"),
+                _n(r.get("graph_breaks"), "d"),
+                _n(r.get("recompiles"), "d"),
+                _n(r.get("max_abs_error"), ".1e"),
+            ]
+        )
+    variant_rows = []
+    for r, label in zip(results, labels, strict=True):
+        for name, m in _variants(r).items():
+            is_served = name == r.get("variant")
+            variant_rows.append(
+                [
+                    _e(label),
+                    f'<span class="served">{_e(name)} ★</span>' if is_served else _e(name),
+                    '<span class="ok">ok</span>' if m.get("ok") else '<span class="bad">no</span>',
+                    _n(m.get("ms"), ".3f"),
+                    _n(m.get("p90_ms"), ".3f"),
+                    _n(m.get("spread_ms"), ".3f"),
+                    _e(_interval(m.get("speedup_interval"))),
+                    _n(m.get("build_seconds"), ".2f"),
+                    _e(m.get("reason") or ""),
+                ]
+            )
+    out = "<h2>Buckets</h2>" + _table(header, rows, numeric={3, 7, 8, 10, 11, 12})
+    if variant_rows:
+        # a fleet's ranks times variants runs long: folded until asked for
+        opened = " open" if len(variant_rows) <= 12 else ""
+        out += f'<details class="variants"{opened}><summary><h3>Variants</h3></summary>' + _table(
+            ["bucket", "variant", "ok", "ms", "p90 ms", "spread ms", "speedup interval", "build s", "reason"],
+            variant_rows,
+            numeric={3, 4, 5, 7},
+        )
+        out += "</details>"
+    return out
+
+
+def _cache_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    rows = [
+        (label, r.get("cache_hits") or 0, r.get("cache_misses") or 0)
+        for r, label in zip(results, labels, strict=True)
+        if r.get("cache_hits") is not None or r.get("cache_misses") is not None
+    ]
+    out = "<h2>Compile cache</h2>"
+    if rows:
+        out += _figure(
+            "cache",
+            _cache_chart(rows),
+            "Compile-cache lookups per bucket: hits (loaded) and misses (compiled).",
+        )
+    else:
+        out += '<p class="none">The report has no cache counts.</p>'
+    counters = sorted({key for r in results for key in (r.get("cache") or {})})
+    if counters:
+        table_rows = [
+            [_e(label), _e(r.get("cache_state") or "-"), *(_n((r.get("cache") or {}).get(c), "d") for c in counters)]
+            for r, label in zip(results, labels, strict=True)
+        ]
+        out += _table(["bucket", "state", *counters], table_rows, numeric=set(range(2, 2 + len(counters))))
+    return out
+
+
+def _compile_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    breaks: dict[str, list[tuple[str, int]]] = {}
+    skips: dict[str, list[str]] = {}
+    unavailable: dict[tuple[str, str], list[str]] = {}
+    for r, label in zip(results, labels, strict=True):
+        for reason, count in (r.get("graph_break_reasons") or {}).items():
+            breaks.setdefault(reason, []).append((label, count))
+        for reason in r.get("cudagraph_skip_reasons") or []:
+            skips.setdefault(reason, []).append(label)
+        for name, m in _variants(r).items():
+            if not m.get("ok") and m.get("reason"):
+                unavailable.setdefault((name, m["reason"]), []).append(label)
+    out = "<h2>Graph breaks, CUDA graphs, unavailable variants</h2>"
+    total = sum(r.get("graph_breaks") or 0 for r in results)
+    out += f"<p>{_e(str(total))} graph break(s) across the report.</p>"
+    if breaks:
+        out += "<h3>Graph breaks by reason</h3>" + _table(
+            ["reason", "count", "bucket"],
+            [
+                [f"<code>{_e(reason)}</code>", _n(sum(c for _, c in where), "d"), _e(_where([lb for lb, _ in where]))]
+                for reason, where in breaks.items()
+            ],
+            numeric={1},
+        )
+    if skips:
+        out += "<h3>No CUDA graphs</h3>" + _table(
+            ["reason", "bucket"], [[_e(reason), _e(_where(where))] for reason, where in skips.items()]
+        )
+    if unavailable:
+        out += "<h3>Variants not served</h3>" + _table(
+            ["variant", "reason", "bucket"],
+            [[_e(name), _e(reason), _e(_where(where))] for (name, reason), where in unavailable.items()],
+        )
+    return out
+
+
+def _failures_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    failed = [(r, label) for r, label in zip(results, labels, strict=True) if r.get("status", "ok") != "ok"]
+    if not failed:
+        return ""
+    rows = []
+    for r, label in failed:
+        detail = r.get("error_detail")
+        error = _e(r.get("error") or "-")
+        if detail and detail != r.get("error"):
+            error += f"<details><summary>whole message</summary><pre>{_e(detail)}</pre></details>"
+        rows.append([_e(label), _e(r.get("stage") or "-"), error])
+    return '<h2 class="bad">Failed buckets</h2>' + _table(["bucket", "stage", "error"], rows)
+
+
+def _fleet_section(report: dict[str, Any]) -> str:
+    executor = report.get("executor") or {}
+    fleet = (report.get("summary") or {}).get("fleet") or {}
+    out = "<h2>Fleet</h2>"
+    waves = executor.get("wave_seconds") or {}
+    if waves:
+        out += "<p>" + _e("; ".join(f"{wave} wave {seconds:.1f} s" for wave, seconds in waves.items())) + "</p>"
+    timeline = executor.get("timeline") or []
+    if timeline:
+        out += _figure(
+            "timeline",
+            _timeline_chart(timeline),
+            "Every task's process from its start to its answer (bar), then until the driver had it (thin "
+            "line); milestones marked and labelled with seconds from the start of the waves.",
+        )
+    buckets = fleet.get("buckets") or {}
+    if buckets:
+        rows = [
+            [
+                _e(bucket),
+                _n(row.get("cold_compile_seconds"), ".2f"),
+                _e(_spread(row.get("warm_load_seconds"), ".2f", " s")),
+                _e(_spread(row.get("speedup"), ".2f", "x")),
+                _n(row.get("ranks_ok"), "d"),
+                _n(row.get("ranks_failed"), "d"),
+            ]
+            for bucket, row in sorted(buckets.items(), key=lambda kv: _int_or(kv[0]))
+        ]
+        out += "<h3>Per bucket across ranks (min / median / max)</h3>" + _table(
+            ["bucket", "cold compile s", "warm load", "speedup", "ranks ok", "ranks failed"],
+            rows,
+            numeric={1, 4, 5},
+        )
+    if fleet.get("pull_seconds"):
+        out += f"<p>Warm ranks' pulls: {_e(_spread(fleet['pull_seconds'], '.2f', ' s'))} (min / median / max).</p>"
+    deviating = fleet.get("deviating_ranks") or []
+    if deviating:
+        out += "<h3>Deviating ranks</h3>" + _table(
+            ["rank", "bucket", "why"],
+            [[_e(_num(d.get("rank"), "d")), _e(str(d.get("bucket"))), _e(d.get("why") or "-")] for d in deviating],
+        )
+    return out
+
+
+def _profile_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    profiled = [(r["profile"], label) for r, label in zip(results, labels, strict=True) if r.get("profile")]
+    if not profiled:
+        return ""
+    out = '<h2>Profiles</h2><div class="profiles">'
+    # a few buckets open at once; a fleet's many records stay folded until asked for
+    opened = " open" if len(profiled) <= 4 else ""
+    for profile, label in profiled:
+        out += f'<details class="profile"{opened}><summary>{_e(label)}</summary>{_any(profile)}</details>'
+    return out + "</div>"
+
+
+def _store_section(report: dict[str, Any], fleet: bool) -> str:
+    remote = report.get("remote")
+    if not remote:
+        return ""
+    lines = [f"store <code>{_e(remote.get('url', '-'))}</code>"]
+    if fleet:
+        lines.append(f"published generations {_e(str(remote.get('published_generations') or []))}")
+        lines += [f'<span class="bad">publish error: {_e(e)}</span>' for e in remote.get("publish_errors") or []]
+    else:
+        pulled, published = remote.get("pull"), remote.get("publish")
+        lines.append(
+            "pulled "
+            + (_e(f"generation {pulled.get('generation')}, {pulled.get('files')} files") if pulled else "nothing")
+        )
+        lines.append(
+            "published "
+            + (
+                _e(f"generation {published.get('generation')}, {published.get('files')} new files")
+                if published
+                else "nothing"
+            )
+        )
+        if remote.get("publish_error"):
+            lines.append(f'<span class="bad">publish error: {_e(remote["publish_error"])}</span>')
+    return "<h2>Store</h2><p>" + "; ".join(lines) + "</p>"
+
+
+# ----- charts ---------------------------------------------------------------------------------
+
+
+def _latency_chart(rows: list[tuple[str, dict[str, dict[str, Any]], Optional[str]]]) -> str:
+    from matplotlib.figure import Figure
+
+    # a variant measured nowhere (unavailable on this platform) gets no slot: the tables say why
+    names = _variant_order(name for _, variants, _ in rows for name, m in variants.items() if m.get("ms") is not None)
+    colors = _colors(names)
+    per_group = len(names)
+    bar = 0.8 / per_group
+    fig = Figure(figsize=(10, max(2.2, 0.6 + len(rows) * (0.26 * per_group + 0.3))))
+    ax = fig.add_subplot()
+    values = [m["ms"] for _, variants, _ in rows for m in variants.values() if m.get("ms")]
+    log = bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SCALE_RATIO
+    for i, (_, variants, served) in enumerate(rows):
+        for j, name in enumerate(names):
+            m = variants.get(name)
+            if not m or m.get("ms") is None:
+                continue
+            y = i + (j - (per_group - 1) / 2) * bar
+            is_served = name == served
+            spread = m.get("spread_ms")
+            ax.barh(
+                y,
+                m["ms"],
+                height=bar * 0.9,
+                color=colors[name],
+                alpha=1.0 if is_served else 0.55,
+                edgecolor="black" if is_served else "none",
+                linewidth=1.6 if is_served else 0,
+                # clipped at zero: a noisy run's spread can exceed its median, and no latency is negative
+                xerr=[[min(spread, m["ms"])], [spread]] if spread else None,
+                error_kw={"ecolor": "#333", "capsize": 2, "elinewidth": 1},
+            )
+            ax.text(
+                m["ms"] + (spread or 0),
+                y,
+                f"  {m['ms']:.3g} ms" + ("  ★ served" if is_served else ""),
+                va="center",
+                fontsize=7.5,
+                fontweight="bold" if is_served else "normal",
+            )
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows])
+    ax.invert_yaxis()
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel("ms per call (median)" + (", log scale" if log else ""))
+    ax.margins(x=0.2)
+    if not log:
+        ax.set_xlim(left=0)
+    _legend(ax, [(name, colors[name]) for name in names])
+    _tidy(ax)
+    return _svg(fig, "latency")
+
+
+def _speedup_chart(rows: list[tuple[str, float, Optional[list[float]], bool, Optional[str]]]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, max(1.8, 0.7 + 0.42 * len(rows))))
+    ax = fig.add_subplot()
+    for i, (_, value, interval, noisy, served) in enumerate(rows):
+        # eager serving is exactly 1.0: neither a win nor a loss
+        color = "#8c8c8c" if abs(value - 1) < 0.005 else "#009e73" if value > 1 else "#d55e00"
+        xerr = None
+        if interval and len(interval) == 2 and None not in interval:
+            low, high = sorted(interval)
+            xerr = [[max(0.0, value - low)], [max(0.0, high - value)]]
+        ax.barh(
+            i,
+            value,
+            height=0.6,
+            color="white" if noisy else color,
+            edgecolor=color,
+            hatch="///" if noisy else None,
+            linewidth=1.4,
+            xerr=xerr,
+            error_kw={"ecolor": "#333", "capsize": 3, "elinewidth": 1.2},
+        )
+        text = f"  {value:.2f}x" + (f" ({_interval(interval)})" if xerr else "") + (f"  {served}" if served else "")
+        right = value + (xerr[1][0] if xerr else 0)
+        ax.text(
+            right,
+            i,
+            text + ("  NOISY" if noisy else ""),
+            va="center",
+            fontsize=8,
+            color="#9a6700" if noisy else "#1f2328",
+        )
+    ax.axvline(1.0, color="#59636e", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(rows)), [label for label, *_ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over eager (x)")
+    ax.set_xlim(
+        0,
+        max(1.2, max(value + (max(iv) - value if iv and None not in iv else 0) for _, value, iv, _, _ in rows)) * 1.35,
+    )
+    _tidy(ax)
+    return _svg(fig, "speedup")
+
+
+def _cache_chart(rows: list[tuple[str, int, int]]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, max(1.6, 0.7 + 0.34 * len(rows))))
+    ax = fig.add_subplot()
+    ys = range(len(rows))
+    hits = [h for _, h, _ in rows]
+    misses = [m for _, _, m in rows]
+    ax.barh(ys, hits, height=0.6, color=HIT_COLOR, label="hits")
+    ax.barh(ys, misses, left=hits, height=0.6, color=MISS_COLOR, label="misses")
+    for y, h, m in zip(ys, hits, misses, strict=True):
+        ax.text(h + m, y, f"  {h} hit, {m} miss", va="center", fontsize=8)
+    ax.set_yticks(list(ys), [label for label, _, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("compile-cache lookups")
+    ax.set_xlim(0, max(1, max(h + m for _, h, m in rows)) * 1.3)
+    _legend(ax, [("hits", HIT_COLOR), ("misses", MISS_COLOR)])
+    _tidy(ax)
+    return _svg(fig, "cache")
+
+
+def _timeline_chart(timeline: list[dict[str, Any]]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, max(2.0, 0.9 + 0.8 * len(timeline))))
+    ax = fig.add_subplot()
+    end = max([row.get("answered_s") or row.get("ended_s") or 0 for row in timeline] + [1.0])
+    labels = []
+    for lane, row in enumerate(timeline):
+        start, ended = row.get("started_s") or 0.0, row.get("ended_s") or 0.0
+        answered = row.get("answered_s")
+        wave = row.get("wave", "?")
+        color = WAVE_COLORS.get(wave, "#999999")
+        ax.broken_barh([(start, max(ended - start, end / 500))], (lane - 0.3, 0.6), color=color, alpha=0.35)
+        if answered is not None and answered > ended:
+            ax.plot([ended, answered], [lane, lane], color=color, linewidth=1.5)
+        for k, event in enumerate(row.get("events") or []):
+            if len(event) != 2 or not isinstance(event[1], (int, float)):
+                continue
+            what, at = str(event[0]), float(event[1])
+            ax.plot([at], [lane], marker="D", markersize=4.5, color=color, markeredgecolor="black", markeredgewidth=0.5)
+            # alternate above and below the lane: neighbouring milestones are often a fraction of a second apart
+            ax.annotate(
+                f"{what} {at:.1f}s",
+                (at, lane),
+                xytext=(2, 7 if k % 2 == 0 else -7),
+                textcoords="offset points",
+                fontsize=6.5,
+                rotation=18 if k % 2 == 0 else -18,
+                ha="left",
+                va="bottom" if k % 2 == 0 else "top",
+            )
+        who = f"b{row.get('bucket')}" if row.get("rank") is None else f"rank {row.get('rank')}"
+        labels.append(f"{wave}: {who} @ {row.get('node', '?')}")
+    ax.set_yticks(range(len(timeline)), labels)
+    ax.set_ylim(len(timeline) - 0.4, -0.7)
+    ax.set_xlim(0, end * 1.12)
+    ax.set_xlabel("seconds from the start of the waves")
+    _legend(ax, [(f"{wave} wave", color) for wave, color in WAVE_COLORS.items()])
+    _tidy(ax)
+    ax.grid(axis="x", color="#e6e6e6", linewidth=0.6)
+    return _svg(fig, "timeline")
+
+
+def _svg(fig: Any, salt: str) -> str:
+    """The figure as an <svg> element to inline: no XML prolog, text drawn as paths (the page looks
+    the same whatever fonts the reader's machine has), ids salted per chart so that two charts on
+    one page never share an id."""
+    import matplotlib as mpl
+
+    fig.set_layout_engine("tight")
+    buf = io.StringIO()
+    with mpl.rc_context({"svg.fonttype": "path", "svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    return svg[svg.index("<svg") :]
+
+
+def _figure(name: str, svg: str, caption: str) -> str:
+    """A chart with its text alternative: the caption, also the SVG's <title> and aria-label."""
+    tag_end = svg.index(">")
+    svg = (
+        svg[:tag_end]
+        + f' role="img" aria-label="{_e(caption)}" data-chart="{_e(name)}"'
+        + svg[tag_end : tag_end + 1]
+        + f"<title>{_e(caption)}</title>"
+        + svg[tag_end + 1 :]
+    )
+    return f'<figure id="chart-{_e(name)}">{svg}<figcaption>{_e(caption)}</figcaption></figure>'
+
+
+def _legend(ax: Any, entries: list[tuple[str, str]]) -> None:
+    from matplotlib.patches import Patch
+
+    ax.legend(
+        handles=[Patch(color=color, label=label) for label, color in entries],
+        # above the plot: below it, the legend would collide with the axis label however tall the chart
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncols=min(len(entries), 6),
+        fontsize=8,
+        frameon=False,
+    )
+
+
+def _tidy(ax: Any) -> None:
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(labelsize=8.5)
+
+
+# ----- reading records ------------------------------------------------------------------------
+
+
+def _label(r: dict[str, Any], fleet: bool) -> str:
+    label = f"bucket {r.get('bucket')}"
+    if fleet:
+        label += " compile" if r.get("rank") is None else f" {r.get('phase', '')} r{r.get('rank')}".rstrip()
+    return label
+
+
+def _variants(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every variant measured; for a report older than `variants`, eager and compiled from their fields."""
+    variants = r.get("variants")
+    if variants:
+        return dict(variants)
+    old = {}
+    if r.get("eager_ms") is not None:
+        old["eager"] = {"ok": True, "ms": r["eager_ms"], "p90_ms": r.get("eager_p90_ms")}
+    if r.get("compiled_ms") is not None:
+        old["compiled"] = {"ok": True, "ms": r["compiled_ms"], "p90_ms": r.get("compiled_p90_ms")}
+    return old
+
+
+def _served_speedup(r: dict[str, Any]) -> tuple[Optional[float], Optional[list[float]]]:
+    """Eager / served with its interval. A report without `served_speedup` has no interval: the ratio
+    of the variants' medians where it names the served variant (1.0 when eager serves, whatever
+    compiled measured), else `speedup` (eager / compiled, which served before there were variants)."""
+    if r.get("served_speedup") is not None:
+        return r["served_speedup"], r.get("served_speedup_interval")
+    variants = r.get("variants") or {}
+    eager, served = (variants.get("eager") or {}).get("ms"), (variants.get(r.get("variant") or "") or {}).get("ms")
+    if eager and served:
+        return eager / served, None
+    return r.get("speedup"), None
+
+
+def _variant_order(names: Iterable[str]) -> list[str]:
+    seen = list(dict.fromkeys(names))
+    return (["eager"] if "eager" in seen else []) + [n for n in seen if n != "eager"]
+
+
+def _colors(names: list[str]) -> dict[str, str]:
+    others = iter(PALETTE * (1 + len(names) // len(PALETTE)))
+    return {name: EAGER_COLOR if name == "eager" else next(others) for name in names}
+
+
+# ----- HTML helpers ---------------------------------------------------------------------------
+
+
+def _when(iso: Any) -> Any:
+    try:
+        return datetime.fromisoformat(str(iso)).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return iso
+
+
+def _where(labels: list[str]) -> str:
+    """The buckets a reason applies to; a fleet's many records of one bucket named once."""
+    buckets = list(dict.fromkeys(label.split()[1] if label.startswith("bucket ") else label for label in labels))
+    text = ", ".join(buckets)
+    return text + (f" ({len(labels)} records)" if len(labels) > len(buckets) else "")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any, fmt: str, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-" if value is None else f"{value}{suffix}"
+    return f"{value:{fmt}}{suffix}"
+
+
+def _n(value: Any, fmt: str) -> str:
+    return _e(_num(value, fmt))
+
+
+def _interval(interval: Any) -> str:
+    if not interval or len(interval) != 2 or None in interval:
+        return "-"
+    low, high = sorted(interval)
+    return f"{low:.2f}–{high:.2f}"
+
+
+def _spread(spread: Optional[dict[str, float]], fmt: str, suffix: str) -> str:
+    if not spread:
+        return "-"
+    return f"{spread['min']:{fmt}} / {spread['median']:{fmt}} / {spread['max']:{fmt}}{suffix}"
+
+
+def _status(r: dict[str, Any]) -> str:
+    if r.get("status", "ok") == "ok":
+        return '<span class="ok">ok</span>'
+    return f'<span class="bad">failed at {_e(r.get("stage") or "?")}</span>'
+
+
+def _int_or(text: str) -> float:
+    return int(text) if re.fullmatch(r"-?\d+", text) else math.inf
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: Optional[set[int]] = None) -> str:
+    """Cells arrive as HTML (escaped by the caller); header names are escaped here."""
+    numeric = numeric or set()
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _any(value: Any) -> str:
+    """A free-form record (a bucket's profile) as nested tables: lists of records as one table each,
+    mappings of plain values as key/value rows, whatever else as escaped text."""
+    if isinstance(value, dict):
+        if all(not isinstance(v, (dict, list)) for v in value.values()):
+            return _table(["field", "value"], [[_e(k), _e(_plain(v))] for k, v in value.items()])
+        parts = []
+        plain = {k: v for k, v in value.items() if not isinstance(v, (dict, list))}
+        if plain:
+            parts.append(_any(plain))
+        for k, v in value.items():
+            if isinstance(v, (dict, list)):
+                parts.append(f"<h4>{_e(k)}</h4>{_any(v)}")
+        return "".join(parts)
+    if isinstance(value, list):
+        if value and all(isinstance(v, dict) for v in value):
+            keys = list(dict.fromkeys(k for v in value for k in v))
+            return _table(keys, [[_e(_plain(v.get(k))) for k in keys] for v in value])
+        return _e(", ".join(_plain(v) for v in value))
+    return _e(_plain(value))
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

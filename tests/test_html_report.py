@@ -1,0 +1,453 @@
+"""`orchestrate report` and the HTML page (orchestrator.html_report): reports built by the real
+report builders from synthetic records, drawn in a real headless Chromium (Debian's `chromium` and
+`chromium-driver`) through selenium, and one real `--no-ray` warmup with --html (slow)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from conftest import orchestrate
+
+from orchestrator.cache.namespace import Platform
+from orchestrator.cache.sync import Transfer
+from orchestrator.config import load_spec
+from orchestrator.fleet import FleetRun, TaskRun
+from orchestrator.html_report import render_html, write_html
+from orchestrator.jobs.records import BucketResult, ProcessRun, VariantMeasure
+from orchestrator.plan import CompileUnit, Node, Target
+from orchestrator.report import build_fleet_report, build_report
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+BREAK_REASON = "call_function <built-in function print>: see https://pytorch.org/docs/main/compile/graph_breaks"
+HOSTILE = '<script>alert("x")</script> & <b>bold</b>'
+CHARTS = {"process": ["latency", "speedup", "cache"], "fleet": ["latency", "speedup", "cache", "timeline"]}
+
+
+def spec():
+    return load_spec(ROOT / "examples" / "mlp.yaml")
+
+
+def variants(eager: float, compiled: float, graphed: float | None) -> dict[str, VariantMeasure]:
+    out = {
+        "eager": VariantMeasure(ok=True, ms=eager, p90_ms=eager * 1.1, spread_ms=eager * 0.05),
+        "compiled": VariantMeasure(ok=True, ms=compiled, p90_ms=compiled * 1.1, spread_ms=compiled * 0.08),
+    }
+    if graphed is None:
+        out["graphed"] = VariantMeasure(ok=False, reason="CUDA graphs need a CUDA device; this is the CPU")
+    else:
+        out["graphed"] = VariantMeasure(ok=True, ms=graphed, p90_ms=graphed * 1.2, spread_ms=graphed * 0.1)
+    return out
+
+
+def record(bucket: int, **kw) -> BucketResult:
+    eager, compiled = 0.2 * bucket, 0.08 * bucket
+    fields = dict(
+        node="n1",
+        cache_state="miss",
+        compile_seconds=2.0,
+        graph_record_seconds=0.5,
+        cache_hits=1,
+        cache_misses=2,
+        cache={"fx_graph_hits": 1, "fx_graph_misses": 2, "aot_autograd_misses": 1},
+        eager_ms=eager,
+        compiled_ms=compiled,
+        speedup=eager / compiled,
+        graph_breaks=1,
+        graph_break_reasons={BREAK_REASON: 1},
+        cudagraphs=False,
+        cudagraph_skip_reasons=["CUDA graphs need a CUDA device; this is the CPU"],
+        max_abs_error=1e-6,
+        variant="compiled",
+        variants=variants(eager, compiled, None),
+    )
+    return BucketResult(bucket=bucket, **{**fields, **kw})
+
+
+def newer_fields(report: dict) -> dict:
+    """Add the fields newer reports carry (speedup intervals, noisy, a profile) where the records on
+    this checkout do not have them yet: the page uses them when present."""
+    for i, r in enumerate(report["results"]):
+        if r["status"] != "ok":
+            continue
+        served_ms = r["variants"][r["variant"]]["ms"]
+        served = r["eager_ms"] / served_ms
+        r.setdefault("served_speedup", served)
+        r.setdefault("served_speedup_interval", [served * 0.9, served * (1.6 if i == 0 else 1.05)])
+        r.setdefault("speedup_interval", [r["speedup"] * 0.95, r["speedup"] * 1.05])
+        r.setdefault("noisy", i == 0)
+        for m in r["variants"].values():
+            if m["ms"]:
+                m.setdefault("speedup_interval", [r["eager_ms"] / m["ms"] * 0.95, r["eager_ms"] / m["ms"] * 1.05])
+        r.setdefault(
+            "profile",
+            {
+                "time_kind": "cpu",
+                "variants": {
+                    r["variant"]: {
+                        "trace": f"/tmp/prof/mlp-b{r['bucket']}-{r['variant']}.json",
+                        "inductor_kernels": 3,
+                        "aten_kernels": 1,
+                        "top_kernels": [
+                            {"name": "cpp_fused_relu_0", "total_us": 12.5, "calls": 10, "share": 0.6},
+                            {"name": "aten::addmm<float>", "total_us": 8.0, "calls": 10, "share": 0.4},
+                        ],
+                    }
+                },
+            },
+        )
+    return report
+
+
+def process_report() -> dict:
+    from orchestrator.jobs.engine import WarmupRun
+
+    run = WarmupRun(
+        platform=Platform("2.13.0+cpu", "abc", None, None, "cpu-x86_64", "3.11.7"),
+        namespace="mlp-ns",
+        device="cpu",
+        cache_dir="/tmp/cache",
+        results=[
+            record(1),
+            record(8, variant="graphed", variants=variants(1.6, 0.64, 0.3)),
+            record(32, status="failed", stage="compile", error=f"compile: {HOSTILE}", speedup=None, variant=None),
+        ],
+        wall_seconds=9.5,
+        setup_seconds=1.0,
+        process_age_at_start=3.0,
+        cache_bytes=100,
+        cache_files=4,
+        remote="s3://bucket/prefix",
+        publish=Transfer(generation=2, files=3, bytes=10, shards=1, seconds=0.25),
+    )
+    return newer_fields(build_report(spec(), run, STARTED))
+
+
+def fleet_report() -> dict:
+    nodes = [Node("id1", "10.0.0.1", 2, 8, "H200"), Node("id2", "10.0.0.2", 2, 8, "H200")]
+    targets = [Target(rank, nodes[rank // 2]) for rank in range(4)]
+    compiled = [record(b, rank=None, gpu="H200", node="10.0.0.1") for b in (1, 8)]
+    warm = [
+        record(
+            b, rank=t.rank, gpu="H200", node=t.node.ip, phase="warm", cache_state="hit", cache_hits=3, cache_misses=0
+        )
+        for t in targets
+        for b in (1, 8)
+    ]
+
+    def process(node: str, started: float, ended: float, events: list[tuple[str, float]]) -> ProcessRun:
+        return ProcessRun(
+            namespace="mlp-ns",
+            platform=Platform("2.13.0", "abc", None, None, "NVIDIA H200", "3.12.3"),
+            device="cuda:0",
+            node=node,
+            pull=None,
+            publish=Transfer(generation=3),
+            publish_error=None,
+            cache_bytes=100,
+            cache_files=4,
+            setup_seconds=1.0,
+            process_age_at_start=None,
+            process_started_at=started,
+            ended_at=ended,
+            events=events,
+            gpu_ids=["0"],
+        )
+
+    runs = [
+        TaskRun(
+            process("10.0.0.1", 100.5, 108.0, [("worker up", 101.0), ("imported", 102.0), (f"b{b} compiled", 107.5)]),
+            "compile",
+            None,
+            b,
+            108.2,
+        )
+        for b in (1, 8)
+    ] + [
+        TaskRun(
+            process(
+                t.node.ip,
+                101.0,
+                114.0 + t.rank,
+                [("imported", 102.5), ("pulled", 108.5), ("b1 loaded", 109.0), ("b8 benchmarked", 113.0 + t.rank)],
+            ),
+            "warm",
+            t.rank,
+            None,
+            114.5 + t.rank,
+        )
+        for t in targets
+    ]
+    fleet = FleetRun(
+        nodes=nodes,
+        targets=targets,
+        units=[CompileUnit("H200", 1, 0.49), CompileUnit("H200", 8, 0.49)],
+        results=compiled + warm,
+        runs=runs,
+        wall_seconds=20.0,
+        wave_seconds={"start": 1.0, "compile": 8.0, "warm": 9.0},
+        started_at=100.0,
+    )
+    return newer_fields(build_fleet_report(spec(), fleet, "s3://bucket/prefix", STARTED))
+
+
+def old_report() -> dict:
+    """A report from before variants, speedup intervals, noisy and profiles: none of those keys."""
+    report = process_report()
+    newer = {"variant", "variants", "served_speedup", "served_speedup_interval", "speedup_interval", "noisy"}
+    for r in report["results"]:
+        for key in newer | {"profile", "cache", "graph_break_reasons", "error_detail", "stage_seconds"}:
+            r.pop(key, None)
+    return report
+
+
+# ----- the page's text, no browser ------------------------------------------------------------
+
+
+def resource_urls(page: str) -> list[str]:
+    """What a browser would fetch: src/href attributes, CSS url() and @import, that are not in-page."""
+    attrs = re.findall(r"""\b(?:src|href|xlink:href)\s*=\s*["']?([^"'\s>]+)""", page, re.IGNORECASE)
+    css = re.findall(r"""url\(\s*["']?([^"')]+)""", page) + re.findall(r"""@import\s+["']?([^"';\s]+)""", page)
+    return [u for u in attrs + css if not (u.startswith("#") or u.startswith("data:"))]
+
+
+@pytest.mark.parametrize("make", [process_report, fleet_report, old_report])
+def test_the_page_fetches_nothing_and_runs_no_script(make):
+    page = render_html(make())
+    assert resource_urls(page) == []
+    assert "<script" not in page.lower().replace("&lt;script", "")
+    # a URL is only ever text (a graph break's reason) or the SVG namespace
+    without_text = re.sub(r"""xmlns(:\w+)?="http://www\.w3\.org/[^"]+\"""", "", page)
+    assert set(re.findall(r"https?://[^\s<\"']+", without_text)) <= {
+        "https://pytorch.org/docs/main/compile/graph_breaks"
+    }
+
+
+def test_user_text_is_escaped():
+    page = render_html(process_report())
+    assert HOSTILE not in page
+    assert "compile: &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in page
+    assert "&lt;built-in function print&gt;" in page  # a graph break's reason
+    assert "aten::addmm&lt;float&gt;" in page  # a profile's kernel name
+
+
+def test_process_page_shows_every_part():
+    page = render_html(process_report())
+    for chart in CHARTS["process"]:
+        assert f'data-chart="{chart}"' in page
+    assert 'data-chart="timeline"' not in page
+    text = re.sub(r"<[^>]+>", " ", page)
+    for expected in (
+        "mlp warmup report",
+        "2.13.0+cpu",
+        "reduce-overhead",  # the config's mode
+        "2026-01-02 03:04:05 UTC",
+        "9.5 s",
+        "Failed buckets",
+        "CUDA graphs need a CUDA device",  # no CUDA graphs, and graphed unavailable
+        "cpp_fused_relu_0",
+        "fx_graph_misses",
+        "noisy",
+        "published generation 2",
+    ):
+        assert expected in text, expected
+    assert re.search(r"2\.25–4\.00", text), "the first bucket's served speedup interval"  # 2.5x * [0.9, 1.6]
+
+
+def test_old_report_renders_without_the_newer_parts():
+    page = render_html(old_report())
+    for chart in CHARTS["process"]:
+        assert f'data-chart="{chart}"' in page  # latency from eager_ms/compiled_ms, speedup from `speedup`
+    assert "noisy" not in re.sub(r"<[^>]+>", " ", page).replace("Noisy figures", "")
+    assert "Profiles" not in page
+
+
+def test_without_served_speedup_the_served_variant_sets_the_figure():
+    """A record that names its served variant but has no `served_speedup`: eager serving is 1.00x,
+    whatever compiled measured (`speedup`, eager / compiled, has its own column)."""
+    report = process_report()
+    first = report["results"][0]
+    for key in ("served_speedup", "served_speedup_interval", "noisy"):
+        first.pop(key)
+    first["variant"] = "eager"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", render_html(report).split("<h2>Buckets</h2>")[1].split("</tr>")[1])
+    assert cells[2:6] == ['<span class="served">eager</span>', "0.200", "1.00x", "-"]
+    assert cells[6] == "2.50x"  # eager / compiled
+
+
+def test_a_report_with_nothing_measured_still_renders():
+    report = process_report()
+    for r in report["results"]:
+        r.update(status="failed", stage="device", error="device: no GPU", variants={}, variant=None)
+        r.update(eager_ms=None, compiled_ms=None, speedup=None, served_speedup=None, cache_hits=None, cache_misses=None)
+    page = render_html(report)
+    assert "No bucket was benchmarked" in page and "No speedup was measured" in page
+    assert "<svg" not in page
+
+
+def test_write_html_is_atomic(tmp_path):
+    out = tmp_path / "deep" / "report.html"
+    write_html(process_report(), out)
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert [p.name for p in out.parent.iterdir()] == ["report.html"]  # no temporary file left
+
+
+# ----- the CLI --------------------------------------------------------------------------------
+
+
+def test_report_command_prints_the_table_and_writes_the_page(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(fleet_report()))
+    table = orchestrate("report", str(path))
+    assert table.returncode == 0, table.stderr
+    assert "bucket" in table.stdout and "cache warm" in table.stdout
+    html_out = tmp_path / "out" / "report.html"
+    written = orchestrate("report", str(path), "--html", str(html_out))
+    assert written.returncode == 0, written.stderr
+    assert written.stdout == ""  # the page is the output; the line saying where went to stderr
+    assert str(html_out) in written.stderr
+    assert 'data-chart="timeline"' in html_out.read_text()
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "no such file"),
+        ("{not json", "not JSON"),
+        ('{"hello": 1}', "not a warmup report"),
+        ("[1, 2]", "not a warmup report"),
+        ('{"schema_version": 9, "results": [], "summary": {}, "executor": {}}', "schema_version 9"),
+    ],
+)
+def test_report_command_refuses_what_is_not_a_report(tmp_path, content, expected):
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_text(content)
+    out = orchestrate("report", str(path), "--html", str(tmp_path / "page.html"))
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orchestrate: error:") and expected in lines[0], out.stderr
+    assert not (tmp_path / "page.html").exists()
+
+
+def test_report_command_refuses_an_unwritable_page(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(process_report()))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = orchestrate("report", str(path), "--html", str(blocker / "page.html"))
+    assert out.returncode == 2
+    assert out.stderr.startswith("orchestrate: error: --html") and "cannot create its directory" in out.stderr
+    assert len(out.stderr.splitlines()) == 1
+
+
+def test_old_report_renders_through_the_command(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old_report()))
+    page = tmp_path / "old.html"
+    out = orchestrate("report", str(path), "--html", str(page))
+    assert out.returncode == 0, out.stderr
+    assert 'data-chart="latency"' in page.read_text()
+
+
+# ----- in a real browser ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip("needs Debian's headless Chromium: apt-get install chromium chromium-driver")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev extra)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def look(driver, page: Path, screenshot: Path, charts: list[str]) -> None:
+    """Open the page, as a user would from disk, and check every chart is drawn and is not blank."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    driver.set_window_size(1280, 800)
+    driver.get(page.as_uri())
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1280, height + 200)  # the whole page in the viewport: one screenshot holds it
+    errors = [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "WARNING")]
+    assert errors == []
+    png = driver.get_screenshot_as_png()
+    screenshot.write_bytes(png)
+    image = Image.open(io.BytesIO(png)).convert("L")
+    found = driver.find_elements(By.CSS_SELECTOR, "figure svg[data-chart]")
+    assert sorted(e.get_attribute("data-chart") for e in found) == sorted(charts)
+    for element in found:
+        name = element.get_attribute("data-chart")
+        rect = element.rect
+        assert rect["width"] > 200 and rect["height"] > 80, (name, rect)
+        box = image.crop(
+            (int(rect["x"]), int(rect["y"]), int(rect["x"] + rect["width"]), int(rect["y"] + rect["height"]))
+        )
+        pixels = box.width * box.height
+        inked = sum(1 for value in box.getdata() if value < 200)
+        assert inked > pixels * 0.01, (name, inked, pixels)  # bars, axes and labels, not an empty box
+        assert element.find_element(By.TAG_NAME, "title").get_attribute("textContent")  # its text alternative
+
+
+@pytest.mark.parametrize("kind", ["process", "fleet"])
+def test_page_in_a_real_browser(browser, tmp_path, kind):
+    page = tmp_path / f"{kind}.html"
+    write_html(process_report() if kind == "process" else fleet_report(), page)
+    look(browser, page, tmp_path / f"{kind}.png", CHARTS[kind])
+
+
+def test_old_report_in_a_real_browser(browser, tmp_path):
+    page = tmp_path / "old.html"
+    write_html(old_report(), page)
+    look(browser, page, tmp_path / "old.png", CHARTS["process"])
+
+
+@pytest.mark.slow
+def test_real_warmup_writes_the_page(browser, tmp_path):
+    page, report = tmp_path / "pages" / "mlp.html", tmp_path / "mlp.json"
+    run = orchestrate(
+        "warmup",
+        "--no-ray",
+        "--model",
+        "examples/mlp.yaml",
+        "--buckets",
+        "1,2",
+        "--device",
+        "cpu",
+        "--report",
+        str(report),
+        "--html",
+        str(page),
+        cache_dir=tmp_path / "cache",
+    )
+    assert run.returncode == 0, run.stderr
+    text = page.read_text()
+    assert resource_urls(text) == []
+    assert json.loads(report.read_text())["model"] in text
+    look(browser, page, tmp_path / "mlp.png", CHARTS["process"])
+
+
+def test_warmup_refuses_an_unwritable_page_before_running(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = orchestrate(
+        "warmup", "--no-ray", "--model", "examples/mlp.yaml", "--html", str(blocker / "page.html"), timeout=120
+    )
+    assert out.returncode == 2
+    assert out.stderr.startswith("orchestrate: error: --html") and "bucket" not in out.stderr
