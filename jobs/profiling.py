@@ -59,16 +59,18 @@ def short_name(name: str) -> str:
     graph = _GRAPH_CALL.match(name.strip())
     if graph:
         return f"CompiledFxGraph {graph.group(1)[:12]}"
-    name = " ".join(name.split()).removeprefix("void ").replace("(anonymous namespace)::", "")
-    depth = 0
-    for i, char in enumerate(name):
-        if char == "<":
-            depth += 1
-        elif char == ">":
-            depth -= 1
-        elif char == "(" and depth == 0 and i > 0:  # the argument list of the function itself
-            name = name[:i]
-            break
+    name = " ".join(name.split())
+    if name.startswith("void ") or "::" in name:  # a C++ signature (not `Memcpy DtoD (Device -> Device)`)
+        name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+        depth = 0
+        for i, char in enumerate(name):
+            if char == "<":
+                depth += 1
+            elif char == ">":
+                depth -= 1
+            elif char == "(" and depth == 0 and i > 0:  # the argument list of the function itself
+                name = name[:i].rstrip()
+                break
     head, bracket, rest = name.partition("<")
     name = head + bracket + _QUALIFIER.sub("", rest)
     return name if len(name) <= NAME_LIMIT else name[: NAME_LIMIT - 1] + "…"

@@ -153,7 +153,7 @@ def cli() -> None:
 @click.option(
     "--profile",
     "profile_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     help="After each bucket's benchmark, profile eager, compiled and the served variant: Chrome traces "
     "into this directory (on Ray: on each rank's node), kernel accounting into the report.",
 )
