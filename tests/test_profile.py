@@ -228,3 +228,32 @@ def test_a_real_warmup_profiles_eager_and_compiled(tmp_path):
     assert compiled["inductor_kernels"] > 0 and compiled["inductor_share"] > 0
     assert sorted(p.name for p in traces.iterdir()) == ["mlp-b1-compiled.json.gz", "mlp-b1-eager.json.gz"]
     assert "profile bucket 1: serves" in run.stdout
+
+
+@pytest.mark.slow
+def test_a_ray_rank_profiles_into_its_own_files(tmp_path):
+    traces, report_path = tmp_path / "prof", tmp_path / "report.json"
+    run = orchestrate(
+        "warmup",
+        "--model",
+        "examples/mlp.yaml",
+        "--buckets",
+        "1",
+        "--device",
+        "cpu",
+        "--ranks",
+        "1",
+        "--profile",
+        str(traces),
+        "--report",
+        str(report_path),
+        cache_dir=tmp_path / "cache",
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(report_path.read_text())
+    compile_record, warm_record = sorted(report["results"], key=lambda r: r["phase"] != "compile")
+    assert compile_record["profile"] is None  # a compile unit benchmarks nothing, so profiles nothing
+    variants = warm_record["profile"]["variants"]
+    assert set(variants) == {"eager", "compiled"} and variants["compiled"]["inductor_kernels"] > 0
+    assert sorted(p.name for p in traces.iterdir()) == ["mlp-r0-b1-compiled.json.gz", "mlp-r0-b1-eager.json.gz"]
+    assert "profile bucket 1 rank 0: serves" in run.stdout
