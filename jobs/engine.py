@@ -47,6 +47,7 @@ from orchestrator.jobs.graphs import CaptureError, GraphedCall
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
 from orchestrator.jobs.padding import copy_out
 from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this module's interface)
+    BucketProfile,
     BucketResult,
     Remote,
     VariantMeasure,
@@ -123,12 +124,15 @@ def run_warmup(
     benchmark: bool = True,
     publish: bool = True,
     progress: Progress = NoProgress(),
+    profile_dir: Optional[Path] = None,
 ) -> WarmupRun:
     """Pull, compile, warm and benchmark every bucket of `spec`, then publish what compiled.
 
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
     read or is not trusted (before anything touched the local cache)."""
-    session = Session(spec, cache_root, fresh=fresh, rank=rank, remote=remote, progress=progress)
+    session = Session(
+        spec, cache_root, fresh=fresh, rank=rank, remote=remote, progress=progress, profile_dir=profile_dir
+    )
     for bucket in spec.buckets:
         session.warm(bucket, benchmark=benchmark)
     if publish:
@@ -152,8 +156,14 @@ class Session:
         progress: Progress = NoProgress(),
         trace_ahead: bool = False,
         earlier_events: tuple[tuple[str, float], ...] = (),
+        profile_dir: Optional[Path] = None,
+        profile_prefix: Optional[str] = None,
     ) -> None:
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
+        # `warmup --profile DIR`: each benchmarked bucket's variants profiled into DIR, trace
+        # files named `<profile_prefix>-b<bucket>-<variant>.json.gz` (jobs/profiling.py)
+        self.profile_dir = profile_dir
+        self.profile_prefix = profile_prefix or spec.label
         self.spec, self.rank, self.remote, self.progress = spec, rank, remote, progress
         # earlier_events: milestones of this process before it imported torch (a Ray worker's start)
         self.events: list[tuple[str, float]] = [*earlier_events, ("imported", time.time())]
@@ -271,7 +281,32 @@ class Session:
                 if plan is not None:
                     self.serving_files.append(plan)
                 self.event(f"benchmarked bucket {bucket}")
+                self._profile(work)
         return self._finished(work)
+
+    def _profile(self, work: _BucketWork) -> None:
+        """Profile the bucket's variants once its numbers are taken, so the profiler never touches
+        them. A failure is the profile's reason, never the bucket's."""
+        if self.profile_dir is None:
+            return
+        from orchestrator.jobs import profiling
+
+        result = work.result
+        work.enter("profile")
+        try:
+            result.profile = profiling.profile_bucket(
+                work.profile_calls(),
+                served=result.variant,
+                directory=self.profile_dir,
+                prefix=self.profile_prefix,
+                bucket=result.bucket,
+                device=self.device,
+            )
+        except Exception as exc:  # never the bucket's failure
+            asked = dict.fromkeys(["eager", "compiled", result.variant or "eager"])
+            result.profile = BucketProfile(served=result.variant, unavailable={name: brief(exc) for name in asked})
+        work.pause()
+        self.event(f"profiled bucket {result.bucket}")
 
     def publish_plans(self) -> None:
         """Publish only the serving plans and aot functions this process wrote (a rank: it
@@ -644,6 +679,20 @@ class _BucketWork:
         if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()
+
+    def profile_calls(self) -> dict[str, Callable[[], Any]]:
+        """What `--profile` profiles, each called as the benchmark timed it: eager, the config's
+        compiled variant, and the served variant where it is another."""
+        args, kwargs = self.inputs
+        spec, device_type = self.spec, self.device.type
+        calls: dict[str, Callable[[], Any]] = {
+            "eager": self.eager,
+            "compiled": _served("compiled", self.run_compiled, spec, device_type),
+        }
+        served = self.result.variant
+        if served in self.graphed:
+            calls[served] = _served(served, functools.partial(self.graphed[served], *args, **kwargs), spec, device_type)
+        return calls
 
     def done(self) -> None:
         self.result.stage = "done"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from orchestrator.cache.namespace import Platform
 from orchestrator.cache.sync import Transfer
@@ -22,6 +22,46 @@ class VariantMeasure:
     build_seconds: Optional[float] = None  # a graphed variant: its compile (or cache load) and capture
     reason: Optional[str] = None  # why it is not ok: unavailable here, not capturable, wrong output
     speedup_interval: Optional[list[float]] = None  # [low, high] 95% of eager ms / this variant's ms
+
+
+@dataclass
+class KernelTime:
+    """One kernel (CUDA) or op (CPU) of a profiled variant, summed over the profiled calls."""
+
+    name: str  # shortened for reading (no argument list, namespaces dropped inside templates); the trace has it whole
+    kind: Literal["inductor", "aten", "other"]  # orchestrator.jobs.profiling.classify
+    total_us: float
+    calls: int
+    share: float  # of the variant's total time (0..1)
+
+
+@dataclass
+class VariantProfile:
+    """A profiler window around one variant of a bucket, after its benchmark (see jobs/profiling.py)."""
+
+    trace: str  # the Chrome trace (gzipped JSON; Perfetto opens it) on the node that ran the variant
+    # "cuda": device time of the GPU kernels; "cpu" (no GPU): self CPU time of the ops, where the
+    # time of Inductor's C++ kernels is the self time of its compiled graph's call
+    time_kind: Literal["cuda", "cpu"]
+    calls: int  # calls of the variant in the profiled window
+    total_us: float  # time of every kernel (or op) in the window
+    per_call_us: float
+    inductor_kernels: int  # distinct kernels Inductor generated (Triton, or its C++ on CPU)
+    inductor_share: float  # their share of total_us
+    aten_kernels: int  # distinct ATen ops and vendor-library kernels (cuBLAS, cuDNN, CUTLASS)
+    aten_share: float
+    other_kernels: int  # copies, memsets, framework wrappers
+    other_share: float
+    top: list[KernelTime] = field(default_factory=list)  # the costliest kernels, most time first
+
+
+@dataclass
+class BucketProfile:
+    """`warmup --profile DIR`: eager, the config's compiled variant and the served one, each profiled."""
+
+    served: Optional[str]  # BucketResult.variant when profiled
+    variants: dict[str, VariantProfile] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # variant -> why it has no profile
 
 
 @dataclass
@@ -71,6 +111,7 @@ class BucketResult:
     served_speedup: Optional[float] = None  # median eager / median served: what serving gains
     served_speedup_interval: Optional[list[float]] = None
     noisy: Optional[bool] = None  # the served speedup is too uncertain to quote as a clean figure
+    profile: Optional[BucketProfile] = None  # with `warmup --profile DIR`; a failure there never fails the bucket
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

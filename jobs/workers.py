@@ -45,6 +45,8 @@ class FleetJob:
     cache_root: Path  # the same path on every node; each node keeps its own directory under it
     remote: Remote
     locate: Callable[[], Host]  # called in the worker's process
+    # `warmup --profile DIR`: the same path on every node; each rank writes its traces on its own
+    profile_dir: Optional[Path] = None
 
     def node_cache_dir(self) -> Path:
         return self.cache_root / f"node-{self.locate().ip}"
@@ -176,6 +178,8 @@ class RankWorker:
                 remote=self.job.remote,
                 trace_ahead=self.spare_cpu,
                 earlier_events=(("worker up", self._up),),
+                profile_dir=self.job.profile_dir,
+                profile_prefix=f"{self.job.spec.label}-r{self.rank}",
             )
         return self._session
 

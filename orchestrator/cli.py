@@ -159,6 +159,13 @@ def cli() -> None:
 @click.option("--no-ray", is_flag=True, help="Run everything in this process: no Ray, no store unless --remote.")
 @click.option("--pushgateway", metavar="URL", help="Push metrics here at the end (pushadd; job + model grouping).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve /metrics on this port while running.")
+@click.option(
+    "--profile",
+    "profile_dir",
+    type=click.Path(path_type=Path),
+    help="After each bucket's benchmark, profile eager, compiled and the served variant: Chrome traces "
+    "into this directory (on Ray: on each rank's node), kernel accounting into the report.",
+)
 @_store_options
 @_publish_options
 def warmup(
@@ -176,6 +183,7 @@ def warmup(
     no_ray: bool,
     pushgateway: Optional[str],
     metrics_port: Optional[int],
+    profile_dir: Optional[Path],
     remote: Optional[str],
     allow_unsigned: bool,
     trust: tuple[str, ...],
@@ -191,6 +199,8 @@ def warmup(
         _check_writable(report_path)
     if html_path:
         _check_html(html_path)
+    if profile_dir:
+        profile_dir = _check_profile_dir(profile_dir)
     store_url = remote or spec.remote
     _check_store(store_url)
     err = Console(stderr=True)
@@ -199,7 +209,7 @@ def warmup(
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
-    from orchestrator.report import render_table, write_json
+    from orchestrator.report import render_profile, render_table, write_json
 
     trusted = _trusted(trust, signing_key_file).pems()
     remote_store = Remote(store_url, allow_unsigned, signing_key_file, trusted) if store_url else None
@@ -209,10 +219,20 @@ def warmup(
     try:
         with _stdout_to_stderr(as_json):
             if no_ray:
-                report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at)
+                report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at, profile_dir)
             else:
                 report, publish_errors = _on_ray(
-                    spec, fresh, remote_store, allow_unsigned, trust, ray_address, ranks, err, observe, started_at
+                    spec,
+                    fresh,
+                    remote_store,
+                    allow_unsigned,
+                    trust,
+                    ray_address,
+                    ranks,
+                    err,
+                    observe,
+                    started_at,
+                    profile_dir,
                 )
     except SetupError as exc:
         raise UserError(str(exc)) from None
@@ -233,21 +253,28 @@ def warmup(
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        render_table(report, _table_console(wide), wide=wide)
+        console = _table_console(wide)
+        render_table(report, console, wide=wide)
+        if any(r.get("profile") for r in report["results"]):
+            render_profile(report, console)
     if publish_errors:
         _fail(f"publish failed, results above stand: {publish_errors[0]}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:
         sys.exit(EXIT_BUCKET_FAILED)
 
 
-def _in_process(spec, fresh: bool, remote_store, err: Console, observe, started_at: datetime):
+def _in_process(
+    spec, fresh: bool, remote_store, err: Console, observe, started_at: datetime, profile_dir: Optional[Path] = None
+):
     """Every bucket compiled, warmed and measured in this process."""
     from orchestrator.jobs.engine import run_warmup
     from orchestrator.progress import BucketProgress
     from orchestrator.report import build_report
 
     with BucketProgress(err, on_result=observe) as progress:
-        run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store)
+        run = run_warmup(
+            spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store, profile_dir=profile_dir
+        )
     return build_report(spec, run, started_at), [run.publish_error] if run.publish_error else []
 
 
@@ -262,6 +289,7 @@ def _on_ray(
     err: Console,
     observe,
     started_at: datetime,
+    profile_dir: Optional[Path] = None,
 ):
     """Compile wave and warm wave on Ray; the store defaults to a signed directory beside the cache."""
     from orchestrator.progress import FleetProgress
@@ -271,7 +299,14 @@ def _on_ray(
     remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with FleetProgress(err, on_record=observe) as progress:
         fleet = run_on_ray(
-            spec, cache_root(spec), remote_store, address=ray_address, ranks=ranks, fresh=fresh, observer=progress
+            spec,
+            cache_root(spec),
+            remote_store,
+            address=ray_address,
+            ranks=ranks,
+            fresh=fresh,
+            observer=progress,
+            profile_dir=profile_dir,
         )
     report = build_fleet_report(spec, fleet, remote_store.url, started_at)
     return report, report["remote"]["publish_errors"]
@@ -652,10 +687,13 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
         _write_html(report, html_path)
         click.echo(f"orchestrate: wrote {html_path}", err=True)
         return
-    from orchestrator.report import render_table
+    from orchestrator.report import render_profile, render_table
 
+    console = _table_console(wide)
     try:
-        render_table(report, _table_console(wide), wide=wide)
+        render_table(report, console, wide=wide)
+        if any(r.get("profile") for r in report["results"]):
+            render_profile(report, console)
     except (KeyError, TypeError) as exc:
         raise UserError(
             f"{report_file}: the table needs a field this report lacks ({exc}); "
@@ -1020,6 +1058,23 @@ def _check_writable(path: Path, option: str = "--report") -> None:
             f"{option} {path}: directory {path.parent} is not writable ({exc.strerror or exc}); "
             "give a path in a writable directory"
         ) from None
+
+
+def _check_profile_dir(path: Path) -> Path:
+    """--profile's directory, made now and proved writable, as an absolute path (Ray ranks on
+    other nodes write to the same path on theirs): a run of many minutes must not lose its traces."""
+    path = path.expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--profile {path}: is a file; give a directory for the trace files")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path, prefix=".orchestrate-profile-"):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"--profile {path}: cannot write there ({exc.strerror or exc}); give a writable directory"
+        ) from None
+    return path
 
 
 @contextlib.contextmanager

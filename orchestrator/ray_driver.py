@@ -98,6 +98,7 @@ def run_on_ray(
     ranks: Optional[int] = None,
     fresh: bool = False,
     observer: FleetObserver = Quiet(),
+    profile_dir: Optional[Path] = None,
 ) -> FleetRun:
     import ray
 
@@ -127,7 +128,8 @@ def run_on_ray(
         fleet = FleetRun(nodes, planned, units, address=address)
         fleet.wave_seconds["start"] = time.perf_counter() - started
         wave_started = time.perf_counter()
-        FleetDriver(ray, FleetJob(spec, Path(cache_root), remote, ray_host), fresh, observer, fleet).run()
+        job = FleetJob(spec, Path(cache_root), remote, ray_host, profile_dir=profile_dir)
+        FleetDriver(ray, job, fresh, observer, fleet).run()
         fleet.wave_seconds["warm"] = time.perf_counter() - wave_started - fleet.wave_seconds["compile"]
         fleet.wall_seconds = time.perf_counter() - started
         return fleet

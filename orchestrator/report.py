@@ -640,3 +640,52 @@ def _line(console: Console, text: str, style: Optional[str] = None) -> None:
 
 def _num(value: Any, fmt: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{fmt}}{suffix}"
+
+
+PROFILE_TOP = 4  # kernels shown per variant; the report keeps more
+
+
+def render_profile(report: dict[str, Any], console: Console) -> None:
+    """`warmup --profile`: per bucket, each profiled variant's time per call, Inductor's kernels
+    against ATen's, and its costliest kernels. Printed without markup: kernel names hold brackets."""
+    fleet = report["executor"]["kind"] == "ray"
+    traces: list[str] = []
+    for r in report["results"]:
+        profile = r.get("profile")
+        if not profile:
+            continue
+        where = f"bucket {r['bucket']}" + (f" rank {r['rank']}" if fleet else "")
+        kinds = {v["time_kind"] for v in profile["variants"].values()}
+        measure = "GPU kernel time" if kinds == {"cuda"} else "self CPU time of ops (no GPU)" if kinds else "-"
+        console.print(
+            f"profile {where}: serves {profile['served'] or '-'}; {measure}",
+            highlight=False,
+            markup=False,
+            style="bold",
+        )
+        for name, v in profile["variants"].items():
+            traces.append(v["trace"])
+            console.print(
+                f"  {name + (' *' if name == profile['served'] else ''):<16} {v['per_call_us']:10.1f} us/call   "
+                f"inductor {v['inductor_kernels']:3d} ({v['inductor_share']:4.0%})   "
+                f"aten {v['aten_kernels']:3d} ({v['aten_share']:4.0%})   "
+                f"other {v['other_kernels']:3d} ({v['other_share']:4.0%})",
+                highlight=False,
+                markup=False,
+            )
+            for k in v["top"][:PROFILE_TOP]:
+                console.print(
+                    f"      {k['share']:4.0%} {k['total_us'] / v['calls']:9.1f} us  {k['calls'] / v['calls']:>4g}x  "
+                    f"{k['kind']:<8} {k['name']}",
+                    highlight=False,
+                    markup=False,
+                )
+        for name, reason in profile["unavailable"].items():
+            console.print(f"  {name}: no profile: {reason}", highlight=False, markup=False, style="yellow")
+    if traces:
+        directories = sorted({os.path.dirname(t) for t in traces})
+        console.print(
+            f"traces ({len(traces)}, Chrome/Perfetto format; * the served variant): {', '.join(directories)}",
+            highlight=False,
+            markup=False,
+        )
