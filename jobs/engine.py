@@ -629,12 +629,8 @@ class _BucketWork:
 
     def benchmark(self) -> None:
         spec, result = self.spec, self.result
-        args, kwargs = self.inputs
         pair = {"eager": self.eager, "compiled": self.run_compiled}
-        # each variant timed as a server runs it: outputs in CUDA-graph buffers are copied out
-        timed = {"eager": self.eager, "compiled": _served("compiled", self.run_compiled, spec, self.device.type)}
-        for name, call in self.graphed.items():
-            timed[name] = _served(name, functools.partial(call, *args, **kwargs), spec, self.device.type)
+        timed = self.served_calls()
         rounds = max(3, spec.bench.iterations // BACK_TO_BACK_CALLS)
         bucket = result.bucket
         self.enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
@@ -680,19 +676,24 @@ class _BucketWork:
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()
 
-    def profile_calls(self) -> dict[str, Callable[[], Any]]:
-        """What `--profile` profiles, each called as the benchmark timed it: eager, the config's
-        compiled variant, and the served variant where it is another."""
+    def served_calls(self) -> dict[str, Callable[[], Any]]:
+        """Every built variant, called as a server calls it: outputs in CUDA-graph buffers are
+        copied out, so the benchmark and the profiler time what a request costs."""
         args, kwargs = self.inputs
         spec, device_type = self.spec, self.device.type
         calls: dict[str, Callable[[], Any]] = {
             "eager": self.eager,
             "compiled": _served("compiled", self.run_compiled, spec, device_type),
         }
-        served = self.result.variant
-        if served in self.graphed:
-            calls[served] = _served(served, functools.partial(self.graphed[served], *args, **kwargs), spec, device_type)
+        for name, call in self.graphed.items():
+            calls[name] = _served(name, functools.partial(call, *args, **kwargs), spec, device_type)
         return calls
+
+    def profile_calls(self) -> dict[str, Callable[[], Any]]:
+        """What `--profile` profiles: eager, the config's compiled variant, and the served variant
+        where it is another."""
+        keep = {"eager", "compiled", self.result.variant}
+        return {name: call for name, call in self.served_calls().items() if name in keep}
 
     def done(self) -> None:
         self.result.stage = "done"
