@@ -26,6 +26,8 @@ EAGER_COLOR = "#8c8c8c"
 PALETTE = ["#0072b2", "#009e73", "#e69f00", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442", "#000000"]
 HIT_COLOR, MISS_COLOR = "#009e73", "#d55e00"
 WAVE_COLORS = {"compile": "#0072b2", "warm": "#009e73"}
+# jobs/profiling.py's classes of kernel: Inductor's in the colour of a compiled variant, ATen's in orange
+KIND_COLORS = {"inductor": "#0072b2", "aten": "#e69f00", "other": "#bbbbbb"}
 # a linear latency axis stops being readable once the slowest bar is this many times the fastest
 LOG_SCALE_RATIO = 20.0
 
@@ -61,8 +63,9 @@ pre { background: var(--bg); border: 1px solid var(--line); padding: 8px; white-
 code { font-size: 12.5px; }
 details > summary { cursor: pointer; color: var(--muted); }
 details.variants > summary h3 { display: inline; color: var(--ink); }
-.profiles { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
-details.profile { border: 1px solid var(--line); border-radius: 8px; padding: 6px 12px; }
+.kind-inductor { color: #0072b2; font-weight: 600; }
+.kind-aten { color: #9a6700; font-weight: 600; }
+details.profile { border: 1px solid var(--line); border-radius: 8px; padding: 6px 12px; margin: 8px 0; }
 details.profile > summary { font-weight: 600; color: var(--ink); }
 details.profile h4 { font-size: 13px; margin: 8px 0 2px; color: var(--muted); }
 details.profile table { font-size: 12.5px; margin: 4px 0; }
@@ -387,15 +390,89 @@ def _fleet_section(report: dict[str, Any]) -> str:
 
 
 def _profile_section(results: list[dict[str, Any]], labels: list[str]) -> str:
+    """`warmup --profile`: per profiled variant, its time per call split into Inductor's kernels,
+    ATen's and the rest (the chart), then per record its costliest kernels and trace files."""
     profiled = [(r["profile"], label) for r, label in zip(results, labels, strict=True) if r.get("profile")]
     if not profiled:
         return ""
-    out = '<h2>Profiles</h2><div class="profiles">'
-    # a few buckets open at once; a fleet's many records stay folded until asked for
+    out = '<section id="profile"><h2>Where the time goes</h2>'
+    bars = [
+        (label, name, v, name == profile.get("served"))
+        for profile, label in profiled
+        for name in _variant_order((profile.get("variants") or {}).keys())
+        for v in [profile["variants"][name]]
+        if v.get("per_call_us") is not None
+    ]
+    if bars:
+        kinds = sorted({v.get("time_kind") for _, _, v, _ in bars}, key=str)
+        out += _figure(
+            "profile",
+            _profile_chart(bars),
+            f"Profiled time per call of each variant ({_time_kinds(kinds)}), split into the kernels "
+            "Inductor generated, ATen's ops and kernels (and the vendor libraries it calls), and the "
+            "rest; each bar names how many distinct kernels of each kind ran. The served variant is "
+            "marked ★. A compiled variant should be mostly Inductor; eager is all ATen.",
+        )
+    else:
+        out += '<p class="none">No variant could be profiled; the reasons are below.</p>'
+    # a few records open at once; a fleet's many records stay folded until asked for
     opened = " open" if len(profiled) <= 4 else ""
     for profile, label in profiled:
-        out += f'<details class="profile"{opened}><summary>{_e(label)}</summary>{_any(profile)}</details>'
-    return out + "</div>"
+        out += f'<details class="profile"{opened}><summary>{_e(label)}'
+        if profile.get("served"):
+            out += f" (serves {_e(profile['served'])})"
+        out += f"</summary>{_profile_tables(profile)}</details>"
+    return out + "</section>"
+
+
+def _profile_tables(profile: dict[str, Any]) -> str:
+    variants = profile.get("variants") or {}
+    names = _variant_order(variants.keys())
+    out = ""
+    if names:
+        rows = []
+        for name in names:
+            v = variants[name]
+            rows.append(
+                [
+                    f'<span class="served">{_e(name)} ★</span>' if name == profile.get("served") else _e(name),
+                    _e(_time_kinds([v.get("time_kind")])),
+                    _n(v.get("calls"), "d"),
+                    _n(v.get("per_call_us"), ".1f"),
+                    *(
+                        _e(f"{_num(v.get(f'{kind}_kernels'), 'd')} ({_percent(v.get(f'{kind}_share'))})")
+                        for kind in ("inductor", "aten", "other")
+                    ),
+                    f"<code>{_e(v.get('trace') or '-')}</code>",
+                ]
+            )
+        out += _table(
+            ["variant", "time", "calls", "µs per call", "inductor", "aten", "other", "trace"],
+            rows,
+            numeric={2, 3, 4, 5, 6},
+        )
+        top = [
+            [
+                _e(name),
+                f'<span class="kind-{_e(k.get("kind"))}">{_e(k.get("kind") or "-")}</span>',
+                f"<code>{_e(k.get('name') or '-')}</code>",
+                _n(k.get("total_us"), ".1f"),
+                _n(k.get("calls"), "d"),
+                _e(_percent(k.get("share"))),
+            ]
+            for name in names
+            for k in variants[name].get("top") or []
+        ]
+        if top:
+            out += "<h4>Costliest kernels</h4>" + _table(
+                ["variant", "kind", "kernel", "total µs", "calls", "share"], top, numeric={3, 4, 5}
+            )
+    unavailable = profile.get("unavailable") or {}
+    if unavailable:
+        out += "<h4>Not profiled</h4>" + _table(
+            ["variant", "why"], [[_e(name), _e(reason)] for name, reason in unavailable.items()]
+        )
+    return out or '<p class="none">Nothing was profiled.</p>'
 
 
 def _store_section(report: dict[str, Any], fleet: bool) -> str:
@@ -545,6 +622,48 @@ def _cache_chart(rows: list[tuple[str, int, int]]) -> str:
     _legend(ax, [("hits", HIT_COLOR), ("misses", MISS_COLOR)])
     _tidy(ax)
     return _svg(fig, "cache")
+
+
+def _profile_chart(bars: list[tuple[str, str, dict[str, Any], bool]]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, max(1.8, 0.8 + 0.34 * len(bars))))
+    ax = fig.add_subplot()
+    mixed = len({v.get("time_kind") for _, _, v, _ in bars}) > 1
+    ends = []
+    for y, (_, _, v, served) in enumerate(bars):
+        per_call = v["per_call_us"]
+        left = 0.0
+        for kind, color in KIND_COLORS.items():
+            width = per_call * (v.get(f"{kind}_share") or 0.0)
+            ax.barh(
+                y,
+                width,
+                left=left,
+                height=0.62,
+                color=color,
+                edgecolor="black" if served else "none",
+                linewidth=1.2 if served else 0,
+            )
+            left += width
+        counts = ", ".join(
+            f"{v.get(f'{kind}_kernels') or 0} {kind}"
+            for kind in KIND_COLORS
+            if kind != "other" or v.get("other_kernels")
+        )
+        text = f"  {per_call:.3g} µs · {counts} kernels"
+        if mixed:
+            text += f" ({_time_kinds([v.get('time_kind')])})"
+        ax.text(max(left, per_call), y, text, va="center", fontsize=7.5, fontweight="bold" if served else "normal")
+        ends.append(max(left, per_call))
+    ax.set_yticks(range(len(bars)), [f"{label} · {name}" + (" ★" if served else "") for label, name, _, served in bars])
+    ax.invert_yaxis()
+    kinds = sorted({v.get("time_kind") for _, _, v, _ in bars}, key=str)
+    ax.set_xlabel(f"µs per call: {_time_kinds(kinds)}")
+    ax.set_xlim(0, max(ends + [1e-9]) * 1.55)
+    _legend(ax, [(f"{kind} kernels", color) for kind, color in KIND_COLORS.items()])
+    _tidy(ax)
+    return _svg(fig, "profile")
 
 
 def _timeline_chart(timeline: list[dict[str, Any]]) -> str:
@@ -727,6 +846,16 @@ def _spread(spread: Optional[dict[str, float]], fmt: str, suffix: str) -> str:
     return f"{spread['min']:{fmt}} / {spread['median']:{fmt}} / {spread['max']:{fmt}}{suffix}"
 
 
+def _time_kinds(kinds: Iterable[Any]) -> str:
+    """What a profile's time is: the GPU kernels' device time, or (no GPU) each op's self CPU time."""
+    words = {"cuda": "GPU device time", "cpu": "CPU self time"}
+    return " and ".join(words.get(kind, str(kind or "?")) for kind in kinds)
+
+
+def _percent(share: Any) -> str:
+    return "-" if share is None else f"{share * 100:.1f}%"
+
+
 def _status(r: dict[str, Any]) -> str:
     if r.get("status", "ok") == "ok":
         return '<span class="ok">ok</span>'
@@ -748,33 +877,3 @@ def _table(header: list[str], rows: list[list[str]], numeric: Optional[set[int]]
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _any(value: Any) -> str:
-    """A free-form record (a bucket's profile) as nested tables: lists of records as one table each,
-    mappings of plain values as key/value rows, whatever else as escaped text."""
-    if isinstance(value, dict):
-        if all(not isinstance(v, (dict, list)) for v in value.values()):
-            return _table(["field", "value"], [[_e(k), _e(_plain(v))] for k, v in value.items()])
-        parts = []
-        plain = {k: v for k, v in value.items() if not isinstance(v, (dict, list))}
-        if plain:
-            parts.append(_any(plain))
-        for k, v in value.items():
-            if isinstance(v, (dict, list)):
-                parts.append(f"<h4>{_e(k)}</h4>{_any(v)}")
-        return "".join(parts)
-    if isinstance(value, list):
-        if value and all(isinstance(v, dict) for v in value):
-            keys = list(dict.fromkeys(k for v in value for k in v))
-            return _table(keys, [[_e(_plain(v.get(k))) for k in keys] for v in value])
-        return _e(", ".join(_plain(v) for v in value))
-    return _e(_plain(value))
-
-
-def _plain(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)

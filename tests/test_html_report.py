@@ -4,9 +4,11 @@ report builders from synthetic records, drawn in a real headless Chromium (Debia
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,7 +20,14 @@ from orchestrator.cache.sync import Transfer
 from orchestrator.config import load_spec
 from orchestrator.fleet import FleetRun, TaskRun
 from orchestrator.html_report import render_html, write_html
-from orchestrator.jobs.records import BucketResult, ProcessRun, VariantMeasure
+from orchestrator.jobs.records import (
+    BucketProfile,
+    BucketResult,
+    KernelTime,
+    ProcessRun,
+    VariantMeasure,
+    VariantProfile,
+)
 from orchestrator.plan import CompileUnit, Node, Target
 from orchestrator.report import build_fleet_report, build_report
 
@@ -27,7 +36,11 @@ STARTED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 BREAK_REASON = "call_function <built-in function print>: see https://pytorch.org/docs/main/compile/graph_breaks"
 HOSTILE = '<script>alert("x")</script> & <b>bold</b>'
-CHARTS = {"process": ["latency", "speedup", "cache"], "fleet": ["latency", "speedup", "cache", "timeline"]}
+CHARTS = {
+    "process": ["latency", "speedup", "cache", "profile"],
+    "fleet": ["latency", "speedup", "cache", "timeline", "profile"],
+    "unprofiled": ["latency", "speedup", "cache"],
+}
 
 
 def spec():
@@ -70,38 +83,77 @@ def record(bucket: int, **kw) -> BucketResult:
     return BucketResult(bucket=bucket, **{**fields, **kw})
 
 
+KERNEL = "at::native::vectorized_elementwise_kernel<4, GeluKernel<float>>[grid]"
+
+
+def profile(bucket: int, served: str, time_kind: str) -> BucketProfile:
+    """What `warmup --profile` records: eager all ATen, the compiled variants mostly Inductor."""
+
+    def variant(name: str, per_call: float, inductor: float, aten: float, top: list[KernelTime]) -> VariantProfile:
+        return VariantProfile(
+            trace=f"/tmp/prof/mlp-b{bucket}-{name}.json.gz",
+            time_kind=time_kind,  # type: ignore[arg-type]
+            calls=10,
+            total_us=per_call * 10,
+            per_call_us=per_call,
+            inductor_kernels=3 if inductor else 0,
+            inductor_share=inductor,
+            aten_kernels=2,
+            aten_share=aten,
+            other_kernels=1,
+            other_share=round(1 - inductor - aten, 6),
+            top=top,
+        )
+
+    eager = variant(
+        "eager",
+        20.0 * bucket,
+        0.0,
+        0.9,
+        [
+            KernelTime("aten::addmm<float>", "aten", 120.0 * bucket, 20, 0.6),
+            KernelTime(KERNEL, "aten", 60.0 * bucket, 10, 0.3),
+        ],
+    )
+    variants = {"eager": eager}
+    for name in dict.fromkeys(["compiled", served]):
+        variants[name] = variant(
+            name,
+            8.0 * bucket,
+            0.7,
+            0.25,
+            [
+                KernelTime("cpp_fused_relu_0", "inductor", 56.0 * bucket, 10, 0.7),
+                KernelTime("aten::addmm<float>", "aten", 20.0 * bucket, 10, 0.25),
+            ],
+        )
+    return BucketProfile(served=served, variants=variants)
+
+
 def newer_fields(report: dict) -> dict:
-    """Add the fields newer reports carry (speedup intervals, noisy, a profile) where the records on
-    this checkout do not have them yet: the page uses them when present."""
+    """Add the fields newer reports carry (speedup intervals, noisy) where the records on this
+    checkout do not have them yet, and a profile as `warmup --profile` records it where the record
+    has none: the page uses them when present."""
+
+    def default(d: dict, key: str, value) -> None:
+        # records carry these keys as null until measured: set where absent or null
+        if d.get(key) is None:
+            d[key] = value
+
     for i, r in enumerate(report["results"]):
         if r["status"] != "ok":
             continue
         served_ms = r["variants"][r["variant"]]["ms"]
         served = r["eager_ms"] / served_ms
-        r.setdefault("served_speedup", served)
-        r.setdefault("served_speedup_interval", [served * 0.9, served * (1.6 if i == 0 else 1.05)])
-        r.setdefault("speedup_interval", [r["speedup"] * 0.95, r["speedup"] * 1.05])
-        r.setdefault("noisy", i == 0)
+        default(r, "served_speedup", served)
+        default(r, "served_speedup_interval", [served * 0.9, served * (1.6 if i == 0 else 1.05)])
+        default(r, "speedup_interval", [r["speedup"] * 0.95, r["speedup"] * 1.05])
+        default(r, "noisy", i == 0)
         for m in r["variants"].values():
             if m["ms"]:
-                m.setdefault("speedup_interval", [r["eager_ms"] / m["ms"] * 0.95, r["eager_ms"] / m["ms"] * 1.05])
-        r.setdefault(
-            "profile",
-            {
-                "time_kind": "cpu",
-                "variants": {
-                    r["variant"]: {
-                        "trace": f"/tmp/prof/mlp-b{r['bucket']}-{r['variant']}.json",
-                        "inductor_kernels": 3,
-                        "aten_kernels": 1,
-                        "top_kernels": [
-                            {"name": "cpp_fused_relu_0", "total_us": 12.5, "calls": 10, "share": 0.6},
-                            {"name": "aten::addmm<float>", "total_us": 8.0, "calls": 10, "share": 0.4},
-                        ],
-                    }
-                },
-            },
-        )
+                default(m, "speedup_interval", [r["eager_ms"] / m["ms"] * 0.95, r["eager_ms"] / m["ms"] * 1.05])
+        if r.get("profile") is None:
+            r["profile"] = asdict(profile(r["bucket"], r["variant"], "cuda" if r["gpu"] else "cpu"))
     return report
 
 
@@ -235,6 +287,7 @@ def test_user_text_is_escaped():
     assert "compile: &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in page
     assert "&lt;built-in function print&gt;" in page  # a graph break's reason
     assert "aten::addmm&lt;float&gt;" in page  # a profile's kernel name
+    assert html.escape(KERNEL) in page and KERNEL not in page
 
 
 def test_process_page_shows_every_part():
@@ -262,10 +315,65 @@ def test_process_page_shows_every_part():
 
 def test_old_report_renders_without_the_newer_parts():
     page = render_html(old_report())
-    for chart in CHARTS["process"]:
+    for chart in CHARTS["unprofiled"]:
         assert f'data-chart="{chart}"' in page  # latency from eager_ms/compiled_ms, speedup from `speedup`
     assert "noisy" not in re.sub(r"<[^>]+>", " ", page).replace("Noisy figures", "")
-    assert "Profiles" not in page
+    assert "Where the time goes" not in page and 'data-chart="profile"' not in page
+
+
+def profile_part(page: str) -> str:
+    return page.split('<section id="profile">')[1].split("</section>")[0]
+
+
+def test_profile_shows_where_the_time_goes():
+    page = render_html(process_report())
+    part = profile_part(page)
+    assert 'data-chart="profile"' in part
+    assert "CPU self time" in part and "GPU device time" not in part  # the process report ran on the CPU
+    text = re.sub(r"<[^>]+>", " ", part)
+    # every profiled variant of every benchmarked bucket, the served one marked; the failed bucket has none
+    assert text.count("/tmp/prof/mlp-b1-") == 2 and text.count("/tmp/prof/mlp-b8-") == 3
+    assert "mlp-b32" not in text
+    assert "/tmp/prof/mlp-b8-graphed.json.gz" in text and "(serves graphed)" in text
+    assert "<a " not in part  # trace paths are text on the node that ran them, never links
+    assert "cpp_fused_relu_0" in text and "70.0%" in text  # the compiled variant's Inductor kernel and share
+    assert len(re.findall(r"<details class=\"profile\" open>", part)) == 2  # few records: open
+    # the fleet ran on GPUs: device time
+    assert "GPU device time" in profile_part(render_html(fleet_report()))
+
+
+def test_profile_chart_draws_each_variant_split_by_kind():
+    from orchestrator.html_report import _profile_chart
+
+    report = process_report()
+    bars = [
+        (f"bucket {r['bucket']}", name, v, name == r["profile"]["served"])
+        for r in report["results"]
+        if r.get("profile")
+        for name, v in r["profile"]["variants"].items()
+    ]
+    svg = _profile_chart(bars)
+    # eager: one ATen and one other segment; compiled variants: Inductor, ATen and other; one bar per kind each
+    assert svg.count('<g id="patch_') >= 3 * len(bars)
+
+
+def test_profile_without_variants_shows_why():
+    report = process_report()
+    reason = "trace directory /prof: [Errno 13] Permission denied: <'/prof'>"
+    for r in report["results"]:
+        if r["status"] == "ok":
+            r["profile"] = asdict(BucketProfile(served=r["variant"], unavailable={"eager": reason, "compiled": reason}))
+    part = profile_part(render_html(report))
+    assert 'data-chart="profile"' not in part and "No variant could be profiled" in part
+    assert part.count(html.escape(reason)) == 4 and reason not in part
+
+
+def test_profile_none_and_absent_render_no_section():
+    report = process_report()
+    report["results"][0]["profile"] = None
+    report["results"][1].pop("profile")
+    page = render_html(report)
+    assert '<section id="profile">' not in page and 'data-chart="profile"' not in page
 
 
 def test_without_served_speedup_the_served_variant_sets_the_figure():
@@ -284,7 +392,7 @@ def test_without_served_speedup_the_served_variant_sets_the_figure():
 def test_a_report_with_nothing_measured_still_renders():
     report = process_report()
     for r in report["results"]:
-        r.update(status="failed", stage="device", error="device: no GPU", variants={}, variant=None)
+        r.update(status="failed", stage="device", error="device: no GPU", variants={}, variant=None, profile=None)
         r.update(eager_ms=None, compiled_ms=None, speedup=None, served_speedup=None, cache_hits=None, cache_misses=None)
     page = render_html(report)
     assert "No bucket was benchmarked" in page and "No speedup was measured" in page
@@ -415,7 +523,7 @@ def test_page_in_a_real_browser(browser, tmp_path, kind):
 def test_old_report_in_a_real_browser(browser, tmp_path):
     page = tmp_path / "old.html"
     write_html(old_report(), page)
-    look(browser, page, tmp_path / "old.png", CHARTS["process"])
+    look(browser, page, tmp_path / "old.png", CHARTS["unprofiled"])
 
 
 @pytest.mark.slow
@@ -440,7 +548,7 @@ def test_real_warmup_writes_the_page(browser, tmp_path):
     text = page.read_text()
     assert resource_urls(text) == []
     assert json.loads(report.read_text())["model"] in text
-    look(browser, page, tmp_path / "mlp.png", CHARTS["process"])
+    look(browser, page, tmp_path / "mlp.png", CHARTS["unprofiled"])
 
 
 def test_warmup_refuses_an_unwritable_page_before_running(tmp_path):
