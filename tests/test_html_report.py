@@ -542,13 +542,19 @@ def test_real_warmup_writes_the_page(browser, tmp_path):
         str(report),
         "--html",
         str(page),
+        "--profile",
+        str(tmp_path / "prof"),
         cache_dir=tmp_path / "cache",
     )
     assert run.returncode == 0, run.stderr
     text = page.read_text()
     assert resource_urls(text) == []
-    assert json.loads(report.read_text())["model"] in text
-    look(browser, page, tmp_path / "mlp.png", CHARTS["unprofiled"])
+    written = json.loads(report.read_text())
+    assert written["model"] in text
+    for r in written["results"]:
+        for v in r["profile"]["variants"].values():
+            assert html.escape(v["trace"]) in text
+    look(browser, page, tmp_path / "mlp.png", CHARTS["process"])
 
 
 def test_warmup_refuses_an_unwritable_page_before_running(tmp_path):
