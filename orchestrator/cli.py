@@ -127,7 +127,21 @@ def _buckets_option(command):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="orchestrate")
 def cli() -> None:
-    """Compile torch.compile models ahead of time, per input bucket, and prove they are warm and fast."""
+    """Compile torch.compile models ahead of time, per input bucket, and prove they are warm and fast.
+
+    \b
+    Example:
+      orchestrate warmup --model examples/mlp.yaml --buckets 1,8,32
+    Exit codes:
+        0  ok
+        1  a bucket failed
+        2  usage/config/setup error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        5  pull found nothing published
+        6  Ray cluster unreachable
+      130  interrupted
+    """
 
 
 @cli.command()
@@ -174,7 +188,20 @@ def warmup(
 
     On Ray (the default; a local instance unless --ray-address): each bucket is compiled once
     per GPU class and published to the store, then every rank pulls, loads and benchmarks.
-    The store is --remote (or the config's `remote`), else a directory beside the cache."""
+    The store is --remote (or the config's `remote`), else a directory beside the cache.
+
+    \b
+    Example:
+      orchestrate warmup --model examples/mlp.yaml --buckets 1,8,32
+    Exit codes:
+        0  ok
+        1  a bucket failed
+        2  usage/config/setup error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        6  Ray cluster unreachable
+      130  interrupted
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     if report_path:
         _check_writable(report_path)
@@ -304,7 +331,19 @@ def pull(
     """Fill a serving replica's cache directory from the store (for init containers).
 
     A namespace never published for this platform exits 5 with one line naming the platforms this
-    model's config was published for, if any, beside this one."""
+    model's config was published for, if any, beside this one.
+
+    \b
+    Example:
+      orchestrate pull --model examples/mlp.yaml --cache-dir /nvme/cache --remote s3://bucket/cache
+    Exit codes:
+        0  pulled (or missed with --allow-miss)
+        2  usage/config error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        5  never published for this platform
+      130  interrupted
+    """
     spec = load_spec_with_overrides(model_path, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
     _check_store(store_url)
@@ -430,7 +469,19 @@ def serve(
     """Serve the warmed model over HTTP on Ray Serve until Ctrl-C: POST /predict {"inputs": [...]}.
 
     One replica loads every bucket from the cache (pulled from --remote, or the store beside the
-    cache, first) before it takes requests; requests that arrive together run as one call."""
+    cache, first) before it takes requests; requests that arrive together run as one call.
+
+    \b
+    Example:
+      orchestrate serve --model examples/mlp.yaml --port 8000 --require-warm
+    Exit codes:
+        0  stopped by Ctrl-C or SIGTERM
+        2  usage/config error or a replica that failed to load
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        6  Ray cluster unreachable
+      130  interrupted before ready
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
     _check_store(store_url)
@@ -564,7 +615,19 @@ def submit(
     **shape: Any,
 ) -> None:
     """Run a warmup on a Ray cluster (Jobs API) or on Kubernetes (a KubeRay RayJob, and the serving
-    Deployment that starts from what it publishes)."""
+    Deployment that starts from what it publishes).
+
+    \b
+    Example:
+      orchestrate submit --model examples/mlp.yaml --ray-address http://head:8265 --wait
+    Exit codes:
+        0  submitted (with --wait: succeeded)
+        1  the job failed or was stopped
+        2  usage/config error
+        3  the Kubernetes API refused --apply
+        6  Ray cluster unreachable
+      130  interrupted
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     remote = remote or spec.remote
     if as_k8s:
@@ -620,7 +683,15 @@ def submit(
 
 @cli.group()
 def render() -> None:
-    """Render deployment manifests."""
+    """Render deployment manifests.
+
+    \b
+    Example:
+      orchestrate render k8s --model examples/mlp.yaml --image IMAGE:TAG --remote s3://bucket/cache > model.yaml
+    Exit codes:
+        0  ok
+        2  usage/config error
+    """
 
 
 @render.command("k8s")
@@ -633,7 +704,15 @@ def render_k8s(
     model_path: str, buckets: Optional[str], remote: Optional[str], pushgateway: Optional[str], **shape: Any
 ) -> None:
     """The warmup (ConfigMap, KubeRay RayJob) and, with a store, the serving side (ConfigMap,
-    Deployment, Service), all on one image, as YAML on stdout."""
+    Deployment, Service), all on one image, as YAML on stdout.
+
+    \b
+    Example:
+      orchestrate render k8s --model examples/mlp.yaml --image IMAGE:TAG --remote s3://bucket/cache > model.yaml
+    Exit codes:
+        0  ok
+        2  usage/config error
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     from orchestrator.k8s import to_yaml
 
@@ -683,7 +762,18 @@ def _store_and_keys(remote: Optional[str], cache_dir: Optional[str], allow_unsig
 
 @cli.group()
 def cache() -> None:
-    """Inspect and maintain cache stores."""
+    """Inspect and maintain cache stores.
+
+    \b
+    Example:
+      orchestrate cache verify --remote s3://bucket/cache
+    Exit codes:
+        0  ok
+        2  usage error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
 
 
 @cache.command("ls")
@@ -697,7 +787,18 @@ def cache_ls(
     allow_unsigned: bool,
     trust: tuple[str, ...],
 ) -> None:
-    """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
+    """Namespaces in a store (--remote) or a local cache root (--cache-dir).
+
+    \b
+    Example:
+      orchestrate cache ls --remote s3://bucket/cache
+    Exit codes:
+        0  ok
+        2  usage error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
     from orchestrator.cache import sync
     from orchestrator.cache.local import local_namespaces
     from orchestrator.cache.store import open_store
@@ -730,7 +831,18 @@ def cache_verify(
     trust: tuple[str, ...],
 ) -> None:
     """Check every generation's manifest signature and every shard and file hash in a store; a
-    namespace that fails is reported and the others are still checked."""
+    namespace that fails is reported and the others are still checked.
+
+    \b
+    Example:
+      orchestrate cache verify --remote s3://bucket/cache
+    Exit codes:
+        0  every namespace verifies
+        2  usage error
+        3  store unreachable or refusing
+        4  a namespace failed verification
+      130  interrupted
+    """
     from orchestrator.cache import sync
 
     store, key, _ = _store_and_keys(remote, cache_dir, allow_unsigned, trust)
@@ -770,7 +882,18 @@ def cache_repair(
     """Make a damaged store verify again: shards that are missing or hold other bytes are uploaded
     again from this node's cache where its files rebuild them; files nothing rebuilds leave the
     manifest (the next warmup compiles and publishes them again); older generations that name a
-    damaged shard are deleted. Needs the signing key: it publishes."""
+    damaged shard are deleted. Needs the signing key: it publishes.
+
+    \b
+    Example:
+      orchestrate cache repair --remote s3://bucket/cache --cache-dir /nvme/cache
+    Exit codes:
+        0  ok
+        2  usage error or no signing key
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
     from orchestrator.cache import sync
     from orchestrator.cache.manifest import SigningKey
 
@@ -832,7 +955,18 @@ def cache_gc(
     trust: tuple[str, ...],
 ) -> None:
     """Per namespace, delete all but its newest generations; then shards no kept generation names
-    and uploads abandoned midway. One namespace is never judged by another."""
+    and uploads abandoned midway. One namespace is never judged by another.
+
+    \b
+    Example:
+      orchestrate cache gc --keep 2 --remote s3://bucket/cache --dry-run
+    Exit codes:
+        0  ok
+        2  usage error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
     from orchestrator.cache import sync
 
     store, trusted, _ = _store_and_keys(remote, cache_dir, allow_unsigned, trust)
@@ -861,14 +995,30 @@ def cache_gc(
 
 @cli.group()
 def keys() -> None:
-    """Make and inspect the Ed25519 keys that sign cache manifests."""
+    """Make and inspect the Ed25519 keys that sign cache manifests.
+
+    \b
+    Example:
+      orchestrate keys new ~/keys
+    Exit codes:
+        0  ok
+        2  usage error or an unwritable DIR or unreadable key file
+    """
 
 
 @keys.command("new")
 @click.argument("directory", metavar="DIR")
 def keys_new(directory: str) -> None:
     """Write a new key pair into DIR: the private key (mode 0600) for publishers, its .pub file
-    for everyone who pulls, verifies or serves. Never overwrites a key."""
+    for everyone who pulls, verifies or serves. Never overwrites a key.
+
+    \b
+    Example:
+      orchestrate keys new ~/keys
+    Exit codes:
+        0  ok
+        2  usage error, a key already there or an unwritable DIR
+    """
     from orchestrator.cache.manifest import PRIVATE_NAME, SigningKey
 
     folder = Path(directory).expanduser()
@@ -893,7 +1043,15 @@ def keys_new(directory: str) -> None:
 @keys.command("id")
 @click.argument("path", metavar="FILE")
 def keys_id(path: str) -> None:
-    """Print the key id of a public or private key file (the id manifests and errors name)."""
+    """Print the key id of a public or private key file (the id manifests and errors name).
+
+    \b
+    Example:
+      orchestrate keys id ~/keys/cache-signing.key.pub
+    Exit codes:
+        0  ok
+        2  usage error or a key file that cannot be read
+    """
     from orchestrator.cache.manifest import PublicKey, SigningKey
 
     text = Path(path).expanduser()
