@@ -161,7 +161,11 @@ def cli() -> None:
 @click.option(
     "--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU)."
 )
-@click.option("--no-ray", is_flag=True, help="Run everything in this process: no Ray, no store unless --remote.")
+@click.option(
+    "--no-ray",
+    is_flag=True,
+    help="Run everything in this process, no Ray; the same store as on Ray (--remote, else the one beside the cache).",
+)
 @click.option("--pushgateway", metavar="URL", help="Push metrics here at the end (pushadd; job + model grouping).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve /metrics on this port while running.")
 @_store_options
@@ -223,7 +227,9 @@ def warmup(
     try:
         with _stdout_to_stderr(as_json):
             if no_ray:
-                report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at)
+                report, publish_errors = _in_process(
+                    spec, fresh, remote_store, allow_unsigned, trust, err, observe, started_at
+                )
             else:
                 report, publish_errors = _on_ray(
                     spec, fresh, remote_store, allow_unsigned, trust, ray_address, ranks, err, observe, started_at
@@ -253,12 +259,25 @@ def warmup(
         sys.exit(EXIT_BUCKET_FAILED)
 
 
-def _in_process(spec, fresh: bool, remote_store, err: Console, observe, started_at: datetime):
-    """Every bucket compiled, warmed and measured in this process."""
+def _in_process(
+    spec,
+    fresh: bool,
+    remote_store,
+    allow_unsigned: bool,
+    trust: tuple[str, ...],
+    err: Console,
+    observe,
+    started_at: datetime,
+):
+    """Every bucket compiled, warmed and measured in this process. The store defaults to the one
+    beside the cache, as on Ray: a Ray warmup's ranks pull into their node's directory, not into
+    the namespace directory this process compiles in, so the store is where the two meet (either
+    one run after the other hits the cache)."""
     from orchestrator.jobs.engine import run_warmup
     from orchestrator.progress import BucketProgress
     from orchestrator.report import build_report
 
+    remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with BucketProgress(err, on_result=observe) as progress:
         run = run_warmup(spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store)
     return build_report(spec, run, started_at), [run.publish_error] if run.publish_error else []
