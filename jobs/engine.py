@@ -225,11 +225,14 @@ class Session:
         or no store)."""
         if self.store is None or self.remote is None:
             return None
-        self.progress.step(f"pull {self.local.namespace} from {self.remote.url}")
         transfer = sync.pull(
             self.store, self.local.namespace, self.local.path, self.trusted, allow_unsigned=self.remote.allow_unsigned
         )
-        if transfer:
+        if transfer:  # said once it happened: a run that pulls nothing and then fails says only why
+            self.progress.step(
+                f"pulled {self.local.namespace} generation {transfer.generation} from {self.remote.url} "
+                f"({transfer.files} files)"
+            )
             self.pulls.append(transfer)
             self.event(f"pulled generation {transfer.generation}")
         return transfer
