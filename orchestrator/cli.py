@@ -8,14 +8,11 @@ all found before anything runs), 3 store unreachable or refusing, 4 untrusted ca
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -211,7 +208,6 @@ def warmup(
         _check_writable(report_path)
     store_url = remote or spec.remote
     _check_store(store_url)
-    err = Console(stderr=True)
     started_at = datetime.now(timezone.utc)
 
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
@@ -224,8 +220,13 @@ def warmup(
     metrics = _metrics(spec, metrics_port) if (pushgateway or metrics_port) else None
     observe = metrics.observe if metrics else (lambda record: None)
     report, clock = None, time.perf_counter()
+    from orchestrator.cache.namespace import slug
+    from orchestrator.progress import RunLog
+
+    log = RunLog(cache_root(spec) / "logs", f"warmup-{slug(spec.label, 32, keep='.', fallback='model')}")
     try:
-        with _stdout_to_stderr(as_json):
+        with log:
+            err = Console(file=log.screen)
             if no_ray:
                 report, publish_errors = _in_process(
                     spec, fresh, remote_store, allow_unsigned, trust, err, observe, started_at
@@ -235,7 +236,11 @@ def warmup(
                     spec, fresh, remote_store, allow_unsigned, trust, ray_address, ranks, err, observe, started_at
                 )
     except SetupError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(_pointing_at(log.kept, str(exc))) from None
+    except (UserError, StoreError, IntegrityError) as exc:
+        if len(exc.args) == 1 and isinstance(exc.args[0], str):  # still the one line, with where the rest went
+            exc.args = (_pointing_at(log.kept, exc.args[0]),)
+        raise
     finally:
         # in `finally`: a failed or interrupted run is pushed too, and never moves last-success
         if metrics:
@@ -248,6 +253,8 @@ def warmup(
             write_json(report, report_path)
         except OSError as exc:
             raise UserError(f"--report {report_path}: cannot write it ({exc.strerror or exc})") from None
+    if log.kept:
+        click.echo(f"orchestrate: torch's, Ray's and the compilers' own output is in {log.kept}", err=True)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -1102,23 +1109,8 @@ def _check_writable(path: Path) -> None:
         ) from None
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
-    """With --json, stdout carries the report alone: route anything else that prints there
-    (torch, compiler subprocesses writing to fd 1) to stderr for the duration of the run."""
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+def _pointing_at(log: Optional[Path], message: str) -> str:
+    return f"{message} (the run's other output: {log})" if log else message
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -112,7 +112,7 @@ def run_on_ray(
     preflight(spec)
     if address and address != "auto":
         _probe(address)
-    _join(ray, address, env)
+    _join(ray, address, env, observer.line)
     try:
         from orchestrator.jobs.errors import SetupError
 
@@ -152,12 +152,13 @@ def ray_host() -> Host:
 DRIVER_LOG = "orchestrate-driver.log"  # in the Ray session's logs directory, beside Ray's own
 
 
-def _join(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
+def _join(ray: Any, address: Optional[str], env: dict[str, str], say: Optional[Callable[[str], None]] = None) -> None:
+    """Start or join Ray; `say` names, once, the file its log records go to (default: stderr)."""
     if ray.is_initialized():
         return
     with _ray_logs_held() as held:
         _init(ray, address, env)
-    _write_ray_logs_to_session(ray, held)
+    _write_ray_logs_to_session(ray, held, say)
 
 
 def _init(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
@@ -213,7 +214,9 @@ def _ray_logs_held() -> Iterator[logging.handlers.MemoryHandler]:
         ray_logger.removeHandler(held)
 
 
-def _write_ray_logs_to_session(ray: Any, held: logging.handlers.MemoryHandler) -> None:
+def _write_ray_logs_to_session(
+    ray: Any, held: logging.handlers.MemoryHandler, say: Optional[Callable[[str], None]]
+) -> None:
     """Send what Ray logged so far, and all it logs from now, to the session's DRIVER_LOG, and name
     that file once on stderr. A session without a local directory keeps them in a temporary file."""
     import tempfile
@@ -230,7 +233,11 @@ def _write_ray_logs_to_session(ray: Any, held: logging.handlers.MemoryHandler) -
     held.setTarget(to_file)
     held.flush()
     logging.getLogger("ray").addHandler(to_file)
-    print(f"orchestrate: Ray's messages are in {path}", file=sys.stderr, flush=True)
+    line = f"Ray's log records: {path}"
+    if say:
+        say(line)
+    else:
+        print(f"orchestrate: {line}", file=sys.stderr, flush=True)
 
 
 def _probe(address: str) -> None:
