@@ -39,6 +39,22 @@ class LocalCache:
         os.replace(self.path, trash)
         shutil.rmtree(trash, ignore_errors=True)
 
+    def remove_if_empty(self) -> bool:
+        """Remove the namespace directory if it holds no file, only folders (a set-up that failed
+        after making it, or buckets that all failed and whose files were deleted): left there, an
+        empty namespace looks like a cache to `cache ls` and to the next person. Folders go one by
+        one, deepest first, and never with what is in them: a file another process writes into
+        the namespace meanwhile stops the removal and stays."""
+        if not self.path.is_dir() or self.path.is_symlink():
+            return False
+        folders = sorted((p for p in self.path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        try:
+            for folder in [*folders, self.path]:
+                folder.rmdir()
+        except OSError:  # not empty: a file is there
+            return False
+        return True
+
     def usage(self) -> tuple[int, int]:
         """(files, bytes) under the namespace directory."""
         sizes = [f.stat().st_size for f in self.path.rglob("*") if f.is_file()]

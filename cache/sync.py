@@ -398,13 +398,25 @@ def check_paths(manifest: Manifest) -> None:
 
 @contextlib.contextmanager
 def _turn(directory: Path) -> Iterator[None]:
-    """Pulls into one directory take turns: two replicas on a node may start together."""
-    with open(directory.parent / f".{directory.name}.pull-lock", "a") as lock:
+    """Pulls into one directory take turns: two replicas on a node may start together. The lock
+    file goes when its holder is done, so none is left beside the cache. It is removed while still
+    held: a waiter that then gets the lock finds the file it locked gone from its path, and opens
+    the path again, so two processes never hold locks on different files of one name."""
+    path = directory.parent / f".{directory.name}.pull-lock"
+    while True:
+        lock = open(path, "a")
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        lock.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        lock.close()
 
 
 def _recover(directory: Path) -> None:

@@ -177,6 +177,13 @@ class Session:
             point_caches_at(self.local.prepare())
         except OSError as exc:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
+        try:
+            self._set_up(spec, remote, fresh, trace_ahead)
+        except BaseException:
+            self.local.remove_if_empty()  # a model that does not build leaves no empty namespace behind
+            raise
+
+    def _set_up(self, spec: WarmupSpec, remote: Optional[Remote], fresh: bool, trace_ahead: bool) -> None:
         self.store: Optional[Store] = open_store(remote.url) if remote else None
         self.key: Optional[SigningKey] = SigningKey.from_env(remote.key_file) if remote else None
         # a publisher trusts its own key: a worker pulls what it, or one like it, published
@@ -229,11 +236,14 @@ class Session:
         or no store)."""
         if self.store is None or self.remote is None:
             return None
-        self.progress.step(f"pull {self.local.namespace} from {self.remote.url}")
         transfer = sync.pull(
             self.store, self.local.namespace, self.local.path, self.trusted, allow_unsigned=self.remote.allow_unsigned
         )
-        if transfer:
+        if transfer:  # said once it happened: a run that pulls nothing and then fails says only why
+            self.progress.step(
+                f"pulled {self.local.namespace} generation {transfer.generation} from {self.remote.url} "
+                f"({transfer.files} files)"
+            )
             self.pulls.append(transfer)
             self.event(f"pulled generation {transfer.generation}")
         return transfer
@@ -371,7 +381,11 @@ class Session:
         self.event("published" if self.published else "publish failed")
 
     def run(self) -> WarmupRun:
+        """The process's results so far. A namespace left without a file (every bucket failed and
+        its files were deleted) is removed: nothing in it can warm anyone."""
         files, size = self.local.usage()
+        if not files:
+            self.local.remove_if_empty()
         return WarmupRun(
             platform=self.platform,
             namespace=self.local.namespace,

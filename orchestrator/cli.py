@@ -8,14 +8,11 @@ all found before anything runs), 3 store unreachable or refusing, 4 untrusted ca
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -127,7 +124,21 @@ def _buckets_option(command):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="orchestrate")
 def cli() -> None:
-    """Compile torch.compile models ahead of time, per input bucket, and prove they are warm and fast."""
+    """Compile torch.compile models ahead of time, per input bucket, and prove they are warm and fast.
+
+    \b
+    Example:
+      orchestrate warmup --model examples/mlp.yaml --buckets 1,8,32
+    Exit codes:
+        0  ok
+        1  a bucket failed
+        2  usage/config/setup error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        5  pull found nothing published
+        6  Ray cluster unreachable
+      130  interrupted
+    """
 
 
 @cli.command()
@@ -156,7 +167,11 @@ def cli() -> None:
 @click.option(
     "--ranks", type=click.IntRange(min=1), help="Warm this many ranks (default: every GPU; one per node on CPU)."
 )
-@click.option("--no-ray", is_flag=True, help="Run everything in this process: no Ray, no store unless --remote.")
+@click.option(
+    "--no-ray",
+    is_flag=True,
+    help="Run everything in this process, no Ray; the same store as on Ray (--remote, else the one beside the cache).",
+)
 @click.option("--pushgateway", metavar="URL", help="Push metrics here at the end (pushadd; job + model grouping).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve /metrics on this port while running.")
 @click.option(
@@ -193,7 +208,20 @@ def warmup(
 
     On Ray (the default; a local instance unless --ray-address): each bucket is compiled once
     per GPU class and published to the store, then every rank pulls, loads and benchmarks.
-    The store is --remote (or the config's `remote`), else a directory beside the cache."""
+    The store is --remote (or the config's `remote`), else a directory beside the cache.
+
+    \b
+    Example:
+      orchestrate warmup --model examples/mlp.yaml --buckets 1,8,32
+    Exit codes:
+        0  ok
+        1  a bucket failed
+        2  usage/config/setup error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        6  Ray cluster unreachable
+      130  interrupted
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     if report_path:
         _check_writable(report_path)
@@ -203,7 +231,6 @@ def warmup(
         profile_dir = _check_profile_dir(profile_dir)
     store_url = remote or spec.remote
     _check_store(store_url)
-    err = Console(stderr=True)
     started_at = datetime.now(timezone.utc)
 
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
@@ -216,10 +243,17 @@ def warmup(
     metrics = _metrics(spec, metrics_port) if (pushgateway or metrics_port) else None
     observe = metrics.observe if metrics else (lambda record: None)
     report, clock = None, time.perf_counter()
+    from orchestrator.cache.namespace import slug
+    from orchestrator.progress import RunLog
+
+    log = RunLog(cache_root(spec) / "logs", f"warmup-{slug(spec.label, 32, keep='.', fallback='model')}")
     try:
-        with _stdout_to_stderr(as_json):
+        with log:
+            err = Console(file=log.screen)
             if no_ray:
-                report, publish_errors = _in_process(spec, fresh, remote_store, err, observe, started_at, profile_dir)
+                report, publish_errors = _in_process(
+                    spec, fresh, remote_store, allow_unsigned, trust, err, observe, started_at, profile_dir
+                )
             else:
                 report, publish_errors = _on_ray(
                     spec,
@@ -235,7 +269,11 @@ def warmup(
                     profile_dir,
                 )
     except SetupError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(_pointing_at(log.kept, str(exc))) from None
+    except (UserError, StoreError, IntegrityError) as exc:
+        if len(exc.args) == 1 and isinstance(exc.args[0], str):  # still the one line, with where the rest went
+            exc.args = (_pointing_at(log.kept, exc.args[0]),)
+        raise
     finally:
         # in `finally`: a failed or interrupted run is pushed too, and never moves last-success
         if metrics:
@@ -250,6 +288,8 @@ def warmup(
             raise UserError(f"--report {report_path}: cannot write it ({exc.strerror or exc})") from None
     if html_path:
         _write_html(report, html_path)
+    if log.kept:
+        click.echo(f"orchestrate: torch's, Ray's and the compilers' own output is in {log.kept}", err=True)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -264,13 +304,25 @@ def warmup(
 
 
 def _in_process(
-    spec, fresh: bool, remote_store, err: Console, observe, started_at: datetime, profile_dir: Optional[Path] = None
+    spec,
+    fresh: bool,
+    remote_store,
+    allow_unsigned: bool,
+    trust: tuple[str, ...],
+    err: Console,
+    observe,
+    started_at: datetime,
+    profile_dir: Optional[Path] = None,
 ):
-    """Every bucket compiled, warmed and measured in this process."""
+    """Every bucket compiled, warmed and measured in this process. The store defaults to the one
+    beside the cache, as on Ray: a Ray warmup's ranks pull into their node's directory, not into
+    the namespace directory this process compiles in, so the store is where the two meet (either
+    one run after the other hits the cache)."""
     from orchestrator.jobs.engine import run_warmup
     from orchestrator.progress import BucketProgress
     from orchestrator.report import build_report
 
+    remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with BucketProgress(err, on_result=observe) as progress:
         run = run_warmup(
             spec, cache_root(spec), fresh=fresh, progress=progress, remote=remote_store, profile_dir=profile_dir
@@ -353,7 +405,19 @@ def pull(
     """Fill a serving replica's cache directory from the store (for init containers).
 
     A namespace never published for this platform exits 5 with one line naming the platforms this
-    model's config was published for, if any, beside this one."""
+    model's config was published for, if any, beside this one.
+
+    \b
+    Example:
+      orchestrate pull --model examples/mlp.yaml --cache-dir /nvme/cache --remote s3://bucket/cache
+    Exit codes:
+        0  pulled (or missed with --allow-miss)
+        2  usage/config error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        5  never published for this platform
+      130  interrupted
+    """
     spec = load_spec_with_overrides(model_path, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
     _check_store(store_url)
@@ -479,7 +543,19 @@ def serve(
     """Serve the warmed model over HTTP on Ray Serve until Ctrl-C: POST /predict {"inputs": [...]}.
 
     One replica loads every bucket from the cache (pulled from --remote, or the store beside the
-    cache, first) before it takes requests; requests that arrive together run as one call."""
+    cache, first) before it takes requests; requests that arrive together run as one call.
+
+    \b
+    Example:
+      orchestrate serve --model examples/mlp.yaml --port 8000 --require-warm
+    Exit codes:
+        0  stopped by Ctrl-C or SIGTERM
+        2  usage/config error or a replica that failed to load
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+        6  Ray cluster unreachable
+      130  interrupted before ready
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
     store_url = remote or spec.remote
     _check_store(store_url)
@@ -613,7 +689,19 @@ def submit(
     **shape: Any,
 ) -> None:
     """Run a warmup on a Ray cluster (Jobs API) or on Kubernetes (a KubeRay RayJob, and the serving
-    Deployment that starts from what it publishes)."""
+    Deployment that starts from what it publishes).
+
+    \b
+    Example:
+      orchestrate submit --model examples/mlp.yaml --ray-address http://head:8265 --wait
+    Exit codes:
+        0  submitted (with --wait: succeeded)
+        1  the job failed or was stopped
+        2  usage/config error
+        3  the Kubernetes API refused --apply
+        6  Ray cluster unreachable
+      130  interrupted
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     remote = remote or spec.remote
     if as_k8s:
@@ -679,7 +767,15 @@ def submit(
     "--wide", is_flag=True, help="Table: one row per record (each rank on Ray) with every field, not one per bucket."
 )
 def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> None:
-    """Show a warmup report (from `warmup --report PATH` or `--json`) as the table, or as an HTML page."""
+    """Show a warmup report (from `warmup --report PATH` or `--json`) as the table, or as an HTML page.
+
+    \b
+    Example:
+      orchestrate report report.json --html report.html
+    Exit codes:
+        0  shown or written
+        2  not a readable warmup report, or OUT.html cannot be written
+    """
     if html_path:
         _check_html(html_path)
     report = _load_report(report_file)
@@ -752,7 +848,15 @@ def _write_html(report: dict[str, Any], path: Path) -> None:
 
 @cli.group()
 def render() -> None:
-    """Render deployment manifests."""
+    """Render deployment manifests.
+
+    \b
+    Example:
+      orchestrate render k8s --model examples/mlp.yaml --image IMAGE:TAG --remote s3://bucket/cache > model.yaml
+    Exit codes:
+        0  ok
+        2  usage/config error
+    """
 
 
 @render.command("k8s")
@@ -765,7 +869,15 @@ def render_k8s(
     model_path: str, buckets: Optional[str], remote: Optional[str], pushgateway: Optional[str], **shape: Any
 ) -> None:
     """The warmup (ConfigMap, KubeRay RayJob) and, with a store, the serving side (ConfigMap,
-    Deployment, Service), all on one image, as YAML on stdout."""
+    Deployment, Service), all on one image, as YAML on stdout.
+
+    \b
+    Example:
+      orchestrate render k8s --model examples/mlp.yaml --image IMAGE:TAG --remote s3://bucket/cache > model.yaml
+    Exit codes:
+        0  ok
+        2  usage/config error
+    """
     spec = load_spec_with_overrides(model_path, buckets=buckets)
     from orchestrator.k8s import to_yaml
 
@@ -815,7 +927,18 @@ def _store_and_keys(remote: Optional[str], cache_dir: Optional[str], allow_unsig
 
 @cli.group()
 def cache() -> None:
-    """Inspect and maintain cache stores."""
+    """Inspect and maintain cache stores.
+
+    \b
+    Example:
+      orchestrate cache verify --remote s3://bucket/cache
+    Exit codes:
+        0  ok
+        2  usage error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
 
 
 @cache.command("ls")
@@ -829,7 +952,18 @@ def cache_ls(
     allow_unsigned: bool,
     trust: tuple[str, ...],
 ) -> None:
-    """Namespaces in a store (--remote) or a local cache root (--cache-dir)."""
+    """Namespaces in a store (--remote) or a local cache root (--cache-dir).
+
+    \b
+    Example:
+      orchestrate cache ls --remote s3://bucket/cache
+    Exit codes:
+        0  ok
+        2  usage error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
     from orchestrator.cache import sync
     from orchestrator.cache.local import local_namespaces
     from orchestrator.cache.store import open_store
@@ -862,7 +996,18 @@ def cache_verify(
     trust: tuple[str, ...],
 ) -> None:
     """Check every generation's manifest signature and every shard and file hash in a store; a
-    namespace that fails is reported and the others are still checked."""
+    namespace that fails is reported and the others are still checked.
+
+    \b
+    Example:
+      orchestrate cache verify --remote s3://bucket/cache
+    Exit codes:
+        0  every namespace verifies
+        2  usage error
+        3  store unreachable or refusing
+        4  a namespace failed verification
+      130  interrupted
+    """
     from orchestrator.cache import sync
 
     store, key, _ = _store_and_keys(remote, cache_dir, allow_unsigned, trust)
@@ -902,7 +1047,18 @@ def cache_repair(
     """Make a damaged store verify again: shards that are missing or hold other bytes are uploaded
     again from this node's cache where its files rebuild them; files nothing rebuilds leave the
     manifest (the next warmup compiles and publishes them again); older generations that name a
-    damaged shard are deleted. Needs the signing key: it publishes."""
+    damaged shard are deleted. Needs the signing key: it publishes.
+
+    \b
+    Example:
+      orchestrate cache repair --remote s3://bucket/cache --cache-dir /nvme/cache
+    Exit codes:
+        0  ok
+        2  usage error or no signing key
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
     from orchestrator.cache import sync
     from orchestrator.cache.manifest import SigningKey
 
@@ -964,7 +1120,18 @@ def cache_gc(
     trust: tuple[str, ...],
 ) -> None:
     """Per namespace, delete all but its newest generations; then shards no kept generation names
-    and uploads abandoned midway. One namespace is never judged by another."""
+    and uploads abandoned midway. One namespace is never judged by another.
+
+    \b
+    Example:
+      orchestrate cache gc --keep 2 --remote s3://bucket/cache --dry-run
+    Exit codes:
+        0  ok
+        2  usage error
+        3  store unreachable or refusing
+        4  untrusted cache data refused
+      130  interrupted
+    """
     from orchestrator.cache import sync
 
     store, trusted, _ = _store_and_keys(remote, cache_dir, allow_unsigned, trust)
@@ -993,14 +1160,30 @@ def cache_gc(
 
 @cli.group()
 def keys() -> None:
-    """Make and inspect the Ed25519 keys that sign cache manifests."""
+    """Make and inspect the Ed25519 keys that sign cache manifests.
+
+    \b
+    Example:
+      orchestrate keys new ~/keys
+    Exit codes:
+        0  ok
+        2  usage error or an unwritable DIR or unreadable key file
+    """
 
 
 @keys.command("new")
 @click.argument("directory", metavar="DIR")
 def keys_new(directory: str) -> None:
     """Write a new key pair into DIR: the private key (mode 0600) for publishers, its .pub file
-    for everyone who pulls, verifies or serves. Never overwrites a key."""
+    for everyone who pulls, verifies or serves. Never overwrites a key.
+
+    \b
+    Example:
+      orchestrate keys new ~/keys
+    Exit codes:
+        0  ok
+        2  usage error, a key already there or an unwritable DIR
+    """
     from orchestrator.cache.manifest import PRIVATE_NAME, SigningKey
 
     folder = Path(directory).expanduser()
@@ -1025,7 +1208,15 @@ def keys_new(directory: str) -> None:
 @keys.command("id")
 @click.argument("path", metavar="FILE")
 def keys_id(path: str) -> None:
-    """Print the key id of a public or private key file (the id manifests and errors name)."""
+    """Print the key id of a public or private key file (the id manifests and errors name).
+
+    \b
+    Example:
+      orchestrate keys id ~/keys/cache-signing.key.pub
+    Exit codes:
+        0  ok
+        2  usage error or a key file that cannot be read
+    """
     from orchestrator.cache.manifest import PublicKey, SigningKey
 
     text = Path(path).expanduser()
@@ -1077,23 +1268,8 @@ def _check_profile_dir(path: Path) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
-    """With --json, stdout carries the report alone: route anything else that prints there
-    (torch, compiler subprocesses writing to fd 1) to stderr for the duration of the run."""
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+def _pointing_at(log: Optional[Path], message: str) -> str:
+    return f"{message} (the run's other output: {log})" if log else message
 
 
 def main() -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections.abc import Callable
-from typing import Optional
+from pathlib import Path
+from typing import IO, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -128,3 +132,55 @@ class FleetProgress(_Bars):
             loaded = len(self._loaded[bucket] | self._failed[bucket])
             done = self._compiled[bucket] + loaded + len(self._reported[bucket])
             self._bars.update(self._tasks[bucket], description=self._describe(bucket), completed=done)
+
+
+class RunLog:
+    """For the length of a run, everything this process and its children write to file
+    descriptors 1 and 2 goes to a log file: torch's and Inductor's warnings, Dynamo's graph dumps,
+    Ray's start-up lines, compiler output, prints from C code. The screen gets the progress lines
+    alone (through `screen`, a copy of the real stderr), and stdout stays free for the report.
+    A log that stays empty is deleted; one that is not is `kept`, for the caller to name once.
+    Where the directory cannot be written, nothing is redirected (the run then says why it cannot
+    use the cache directory)."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.path = directory / f"{name}-{stamp}-{os.getpid()}.log"
+        self.kept: Optional[Path] = None
+        self._saved: list[int] = []
+        self.screen: IO[str] = sys.stderr
+
+    def __enter__(self) -> RunLog:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            log = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError:
+            return self
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = [os.dup(1), os.dup(2)]
+        self.screen = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding=sys.stderr.encoding)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._saved:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self._saved, strict=True):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved = []
+        self.screen.close()
+        self.screen = sys.stderr
+        try:
+            if self.path.stat().st_size:
+                self.kept = self.path
+            else:
+                self.path.unlink()
+                self.path.parent.rmdir()  # the folder goes too when it holds no other log
+        except OSError:
+            pass

@@ -13,11 +13,16 @@ actor, and gathers their answers into a FleetRun for the report.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
+import logging.handlers
 import os
 import socket
+import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -108,7 +113,7 @@ def run_on_ray(
     preflight(spec)
     if address and address != "auto":
         _probe(address)
-    _join(ray, address, env)
+    _join(ray, address, env, observer.line)
     try:
         from orchestrator.jobs.errors import SetupError
 
@@ -146,9 +151,19 @@ def ray_host() -> Host:
     return Host(ray.util.get_node_ip_address(), [str(i) for i in gpu_ids])
 
 
-def _join(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
+DRIVER_LOG = "orchestrate-driver.log"  # in the Ray session's logs directory, beside Ray's own
+
+
+def _join(ray: Any, address: Optional[str], env: dict[str, str], say: Optional[Callable[[str], None]] = None) -> None:
+    """Start or join Ray; `say` names, once, the file its log records go to (default: stderr)."""
     if ray.is_initialized():
         return
+    with _ray_logs_held() as held:
+        _init(ray, address, env)
+    _write_ray_logs_to_session(ray, held, say)
+
+
+def _init(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
     try:
         # "local": a new instance of our own, even where `ray start` left one running
         # (--ray-address auto joins that one instead)
@@ -177,6 +192,54 @@ def _join(ray: Any, address: Optional[str], env: dict[str, str]) -> None:
             f"{str(exc).splitlines()[0]}; check --ray-address, and RAY_AUTH_TOKEN where "
             "the cluster uses token authentication"
         ) from None
+
+
+@contextlib.contextmanager
+def _ray_logs_held() -> Iterator[logging.handlers.MemoryHandler]:
+    """Ray's Python loggers (the token-authentication banner at init, task retries, dead workers)
+    would print to stderr, burying the progress lines with what means nothing to the user. While
+    Ray starts they are held in memory: `ray.init(configure_logging=False)` clears the "ray"
+    logger's handlers (the one `import ray` gave it prints to stderr) and its records then fall
+    to logging.lastResort, which is the holder for that time. Once the session exists they go to
+    a file in its logs directory (_write_ray_logs_to_session)."""
+    held = logging.handlers.MemoryHandler(capacity=10_000, flushLevel=logging.CRITICAL + 1)
+    ray_logger = logging.getLogger("ray")
+    for handler in list(ray_logger.handlers):
+        ray_logger.removeHandler(handler)
+    ray_logger.addHandler(held)
+    ray_logger.propagate = False
+    saved, logging.lastResort = logging.lastResort, held
+    try:
+        yield held
+    finally:
+        logging.lastResort = saved
+        ray_logger.removeHandler(held)
+
+
+def _write_ray_logs_to_session(
+    ray: Any, held: logging.handlers.MemoryHandler, say: Optional[Callable[[str], None]]
+) -> None:
+    """Send what Ray logged so far, and all it logs from now, to the session's DRIVER_LOG, and name
+    that file once on stderr. A session without a local directory keeps them in a temporary file."""
+    import tempfile
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    logs = Path(node.get_logs_dir_path()) if node is not None else Path(tempfile.gettempdir())
+    path = logs / DRIVER_LOG
+    try:
+        to_file: logging.Handler = logging.FileHandler(path)
+    except OSError:  # the records stay in memory: off the screen either way
+        logging.getLogger("ray").addHandler(held)
+        return
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    held.setTarget(to_file)
+    held.flush()
+    logging.getLogger("ray").addHandler(to_file)
+    line = f"Ray's log records: {path}"
+    if say:
+        say(line)
+    else:
+        print(f"orchestrate: {line}", file=sys.stderr, flush=True)
 
 
 def _probe(address: str) -> None:

@@ -63,7 +63,7 @@ def wait_until(probe, what: str, seconds: float = 60):
 def monitoring(tmp_path_factory):
     for binary in ("prometheus", "prometheus-pushgateway"):
         if shutil.which(binary) is None:
-            pytest.fail(f"{binary} is not installed; scripts/install.sh installs Debian's package")
+            pytest.fail(f"{binary} is not installed; scripts/install.sh --tests installs Debian's package")
     work = tmp_path_factory.mktemp("monitoring")
     gateway_port, prometheus_port, replica_port = free_ports(3)
     (work / "prometheus.yml").write_text(
