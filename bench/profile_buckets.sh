@@ -40,4 +40,6 @@ for r in report["results"]:
             print(f"    {k['share']:5.1%} {k['calls']:5d} calls  {k['kind']:<8} {k['name']}")
 PY
 rm -rf "$out/cache"
-tar -czf "$out/profile-buckets.tar.gz" -C "$out" --exclude profile-buckets.tar.gz .
+# written beside, then moved in: tar fails a directory that changes while it reads it
+tar -czf "/tmp/profile-buckets.$$.tar.gz" -C "$out" --exclude profile-buckets.tar.gz . \
+    && mv "/tmp/profile-buckets.$$.tar.gz" "$out/profile-buckets.tar.gz"

@@ -168,13 +168,15 @@ def profile_call(call: Callable[[], Any], trace: Path, device: torch.device) -> 
             partial.unlink(missing_ok=True)
         if cuda:  # the kernels themselves: events on the device, timed by CUPTI
             timed = [
-                Timed(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA
+                Timed(e.name, e.time_range.elapsed_us())
+                for e in prof.events()
+                if e.device_type == DeviceType.CUDA and not _annotation(e)
             ]
         else:
             timed = [
                 Timed(e.name, e.self_cpu_time_total)
                 for e in prof.events()
-                if e.device_type == DeviceType.CPU and not e.is_async and not e.name.startswith("ProfilerStep")
+                if e.device_type == DeviceType.CPU and not e.is_async and not _annotation(e)
             ]
         results.append(account(timed, calls=PROFILED_CALLS, time_kind="cuda" if cuda else "cpu", trace=str(trace)))
 
@@ -188,3 +190,9 @@ def profile_call(call: Callable[[], Any], trace: Path, device: torch.device) -> 
     if not results:
         raise RuntimeError("the profiler closed no window")
     return results[0]
+
+
+def _annotation(event: Any) -> bool:
+    """A range the profiler or a user marked (each `ProfilerStep#N`, `record_function`), mirrored
+    onto the GPU's timeline over the kernels it spans: counting it would count those kernels twice."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith("ProfilerStep")
