@@ -69,7 +69,11 @@ class BucketProgress(_Bars):
             line = (
                 f"bucket {result.bucket}: {result.phase} ok, first call {result.compile_seconds:.2f} s, "
                 f"{result.cache_hits} hits/{result.cache_misses} misses"
-                + (f", speedup {result.speedup:.2f}x" if result.speedup is not None else "")
+                + (
+                    f", serves {result.variant} at {result.served_speedup:.2f}x eager"
+                    if result.served_speedup is not None
+                    else ""
+                )
             )
         else:
             line = f"bucket {result.bucket}: FAILED at {result.error}"

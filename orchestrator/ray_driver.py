@@ -410,13 +410,13 @@ class FleetDriver:
         for record in outcome.results:
             record.phase, record.rank = "warm", target.rank
             self._result(record)
-        speedups = [r.speedup for r in ok if r.speedup]
+        speedups = [r.served_speedup for r in ok if r.served_speedup]
         report(
             f"warm rank {target.rank} ({target.node.ip}, {target.gpu_class}): {len(ok)}/{len(buckets)} ok, "
             f"pull {_seconds(run.pull.seconds if run.pull else None)}, "
             f"load {_seconds(sum(r.compile_seconds or 0 for r in ok))}, "
             f"misses {sum(r.cache_misses or 0 for r in ok)}"
-            + (f", speedup {min(speedups):.2f}-{max(speedups):.2f}x" if speedups else "")
+            + (f", served {min(speedups):.2f}-{max(speedups):.2f}x eager" if speedups else "")
         )
 
 
