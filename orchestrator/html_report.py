@@ -13,13 +13,13 @@ from __future__ import annotations
 import html
 import io
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
+
+from orchestrator.report import write_atomic
 
 EAGER_COLOR = "#8c8c8c"
 # the other variants in order of first appearance; colour-blind-safe (Okabe-Ito)
@@ -74,17 +74,7 @@ details.profile table { font-size: 12.5px; margin: 4px 0; }
 
 
 def write_html(report: dict[str, Any], path: Path) -> None:
-    """Atomic, as the JSON report: a reader never opens half a page."""
-    page = render_html(report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(page)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, render_html(report))
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -367,14 +357,14 @@ def _fleet_section(report: dict[str, Any]) -> str:
                 _e(bucket),
                 _n(row.get("cold_compile_seconds"), ".2f"),
                 _e(_spread(row.get("warm_load_seconds"), ".2f", " s")),
-                _e(_spread(row.get("speedup"), ".2f", "x")),
+                _e(_spread(row.get("served_speedup") or row.get("speedup"), ".2f", "x")),
                 _n(row.get("ranks_ok"), "d"),
                 _n(row.get("ranks_failed"), "d"),
             ]
             for bucket, row in sorted(buckets.items(), key=lambda kv: _int_or(kv[0]))
         ]
         out += "<h3>Per bucket across ranks (min / median / max)</h3>" + _table(
-            ["bucket", "cold compile s", "warm load", "speedup", "ranks ok", "ranks failed"],
+            ["bucket", "cold compile s", "warm load", "served speedup", "ranks ok", "ranks failed"],
             rows,
             numeric={1, 4, 5},
         )

@@ -329,13 +329,24 @@ def _summary(
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:
-    """Atomic: a reader never sees half a report."""
+    write_atomic(path, json.dumps(report, indent=2) + "\n")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Written beside and renamed: a reader never sees half a report. The file gets the mode any
+    new file gets here (0666 less the umask), not mkstemp's private 0600: reports are shared."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        json.dump(report, out, indent=2)
-        out.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 WAVES = ("compile", "warm")  # the order a record's wave sorts in: compile tasks ran first

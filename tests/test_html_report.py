@@ -7,7 +7,9 @@ from __future__ import annotations
 import html
 import io
 import json
+import os
 import re
+import stat
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +31,7 @@ from orchestrator.jobs.records import (
     VariantProfile,
 )
 from orchestrator.plan import CompileUnit, Node, Target
-from orchestrator.report import build_fleet_report, build_report
+from orchestrator.report import build_fleet_report, build_report, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -404,6 +406,17 @@ def test_write_html_is_atomic(tmp_path):
     write_html(process_report(), out)
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]  # no temporary file left
+
+
+def test_reports_get_the_mode_of_any_new_file_not_a_private_one(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_html(process_report(), tmp_path / "report.html")
+        write_json(process_report(), tmp_path / "report.json")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "report.json").stat().st_mode) == 0o644
 
 
 # ----- the CLI --------------------------------------------------------------------------------
