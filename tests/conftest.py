@@ -1,7 +1,9 @@
+import json
 import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,47 @@ def assert_measured(record: dict, *, benchmarked: bool = True) -> None:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@dataclass
+class ProfiledRun:
+    """One real warmup of examples/mlp.yaml on the CPU with `--profile`, which several test modules
+    read (the profile, the page, the screen): compiling it once per session keeps CI short."""
+
+    run: subprocess.CompletedProcess
+    report: dict
+    traces: Path
+    cache: Path
+    page: Path | None = None
+
+
+@pytest.fixture(scope="session")
+def profiled_warmup(tmp_path_factory) -> ProfiledRun:
+    """`warmup --no-ray --buckets 1,2 --profile DIR --report R --html P`."""
+    where = tmp_path_factory.mktemp("profiled")
+    traces, report, page = where / "prof", where / "report.json", where / "pages" / "mlp.html"
+    run = orchestrate(
+        "warmup",
+        "--no-ray",
+        *("--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu"),
+        *("--profile", str(traces), "--report", str(report), "--html", str(page)),
+        cache_dir=where / "cache",
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return ProfiledRun(run, json.loads(report.read_text()), traces, where / "cache", page)
+
+
+@pytest.fixture(scope="session")
+def profiled_ray_warmup(tmp_path_factory) -> ProfiledRun:
+    """`warmup --buckets 1 --profile DIR --json` on a local Ray: one rank, its report on stdout."""
+    where = tmp_path_factory.mktemp("profiled-ray")
+    traces = where / "prof"
+    run = orchestrate(
+        "warmup",
+        *("--model", "examples/mlp.yaml", "--buckets", "1", "--device", "cpu", "--json"),
+        *("--profile", str(traces)),
+        cache_dir=where / "cache",
+        env={"RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return ProfiledRun(run, json.loads(run.stdout), traces, where / "cache")

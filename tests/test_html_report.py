@@ -540,29 +540,10 @@ def test_old_report_in_a_real_browser(browser, tmp_path):
 
 
 @pytest.mark.slow
-def test_real_warmup_writes_the_page(browser, tmp_path):
-    page, report = tmp_path / "pages" / "mlp.html", tmp_path / "mlp.json"
-    run = orchestrate(
-        "warmup",
-        "--no-ray",
-        "--model",
-        "examples/mlp.yaml",
-        "--buckets",
-        "1,2",
-        "--device",
-        "cpu",
-        "--report",
-        str(report),
-        "--html",
-        str(page),
-        "--profile",
-        str(tmp_path / "prof"),
-        cache_dir=tmp_path / "cache",
-    )
-    assert run.returncode == 0, run.stderr
+def test_real_warmup_writes_the_page(browser, profiled_warmup, tmp_path):
+    page, written = profiled_warmup.page, profiled_warmup.report
     text = page.read_text()
     assert resource_urls(text) == []
-    written = json.loads(report.read_text())
     assert written["model"] in text
     for r in written["results"]:
         for v in r["profile"]["variants"].values():

@@ -3,6 +3,7 @@ profiler window on the CPU, the rendering, and (slow) a real `--no-ray` warmup o
 
 import gzip
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -192,68 +193,39 @@ def test_a_file_as_the_profile_directory_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_real_warmup_profiles_eager_and_compiled(tmp_path):
-    traces, report_path = tmp_path / "prof", tmp_path / "report.json"
-    run = orchestrate(
-        "warmup",
-        "--no-ray",
-        "--model",
-        "examples/mlp.yaml",
-        "--buckets",
-        "1",
-        "--device",
-        "cpu",
-        "--profile",
-        str(traces),
-        "--report",
-        str(report_path),
-        cache_dir=tmp_path / "cache",
-    )
-    assert run.returncode == 0, run.stderr
-    report = json.loads(report_path.read_text())
+def test_a_real_warmup_profiles_eager_and_compiled(profiled_warmup):
+    report, traces = profiled_warmup.report, profiled_warmup.traces
     jsonschema.Draft202012Validator(report_schema()).validate(report)
-    (record,) = report["results"]
-    assert_measured(record)
-    profile = record["profile"]
-    assert profile["served"] == record["variant"] and profile["unavailable"] == {}
-    # eager, the config's compiled variant, and the served one (on the CPU one of those two)
-    assert set(profile["variants"]) == {"eager", "compiled"}
-    for name, variant in profile["variants"].items():
-        assert variant["time_kind"] == "cpu"
-        assert variant["trace"] == str(traces / f"mlp-b1-{name}.json.gz")
-        assert json.loads(gzip.decompress((traces / f"mlp-b1-{name}.json.gz").read_bytes()))["traceEvents"]
-        assert variant["total_us"] > 0 and variant["top"]
-    eager, compiled = profile["variants"]["eager"], profile["variants"]["compiled"]
-    assert eager["inductor_kernels"] == 0 and eager["aten_kernels"] > 0
-    assert compiled["inductor_kernels"] > 0 and compiled["inductor_share"] > 0
-    assert sorted(p.name for p in traces.iterdir()) == ["mlp-b1-compiled.json.gz", "mlp-b1-eager.json.gz"]
-    assert "profile bucket 1: serves" in run.stdout
+    for record in report["results"]:
+        assert_measured(record)
+        bucket, profile = record["bucket"], record["profile"]
+        assert profile["served"] == record["variant"] and profile["unavailable"] == {}
+        # eager, the config's compiled variant, and the served one (on the CPU one of those two)
+        assert set(profile["variants"]) == {"eager", "compiled"}
+        for name, variant in profile["variants"].items():
+            assert variant["time_kind"] == "cpu"
+            assert variant["trace"] == str(traces / f"mlp-b{bucket}-{name}.json.gz")
+            assert json.loads(gzip.decompress(Path(variant["trace"]).read_bytes()))["traceEvents"]
+            assert variant["total_us"] > 0 and variant["top"]
+        eager, compiled = profile["variants"]["eager"], profile["variants"]["compiled"]
+        assert eager["inductor_kernels"] == 0 and eager["aten_kernels"] > 0
+        assert compiled["inductor_kernels"] > 0 and compiled["inductor_share"] > 0
+    assert sorted(p.name for p in traces.iterdir()) == [
+        f"mlp-b{bucket}-{name}.json.gz" for bucket in (1, 2) for name in ("compiled", "eager")
+    ]
+    assert "profile bucket 1: serves" in profiled_warmup.run.stdout
 
 
 @pytest.mark.slow
-def test_a_ray_rank_profiles_into_its_own_files(tmp_path):
-    traces, report_path = tmp_path / "prof", tmp_path / "report.json"
-    run = orchestrate(
-        "warmup",
-        "--model",
-        "examples/mlp.yaml",
-        "--buckets",
-        "1",
-        "--device",
-        "cpu",
-        "--ranks",
-        "1",
-        "--profile",
-        str(traces),
-        "--report",
-        str(report_path),
-        cache_dir=tmp_path / "cache",
-    )
-    assert run.returncode == 0, run.stderr
-    report = json.loads(report_path.read_text())
+def test_a_ray_rank_profiles_into_its_own_files(profiled_ray_warmup, tmp_path):
+    report, traces = profiled_ray_warmup.report, profiled_ray_warmup.traces
     compile_record, warm_record = sorted(report["results"], key=lambda r: r["phase"] != "compile")
     assert compile_record["profile"] is None  # a compile unit benchmarks nothing, so profiles nothing
     variants = warm_record["profile"]["variants"]
     assert set(variants) == {"eager", "compiled"} and variants["compiled"]["inductor_kernels"] > 0
     assert sorted(p.name for p in traces.iterdir()) == ["mlp-r0-b1-compiled.json.gz", "mlp-r0-b1-eager.json.gz"]
-    assert "profile bucket 1 rank 0: serves" in run.stdout
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(report))
+    shown = orchestrate("report", str(saved))
+    assert shown.returncode == 0, shown.stderr
+    assert "profile bucket 1 rank 0: serves" in shown.stdout

@@ -133,15 +133,12 @@ def test_an_unwritable_log_directory_redirects_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_ray_warmup_then_an_in_process_one_share_the_cache(tmp_path):
+def test_a_ray_warmup_then_an_in_process_one_share_the_cache(profiled_ray_warmup):
     """On Ray, stdout is the report alone and Ray's token-authentication banner and log lines are
     off the screen, in the file the run names; then `--no-ray` on the same cache root hits only."""
-    cache = tmp_path / "cache"
+    cache, on_ray, report = profiled_ray_warmup.cache, profiled_ray_warmup.run, profiled_ray_warmup.report
     common = ("--model", "examples/mlp.yaml", "--buckets", "1", "--device", "cpu", "--json")
     env = {"RAY_USAGE_STATS_ENABLED": "0"}
-    on_ray = orchestrate("warmup", *common, cache_dir=cache, env=env)
-    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
-    report = json.loads(on_ray.stdout)
     assert report["executor"]["kind"] == "ray"
     assert "Token authentication" not in on_ray.stderr
     assert all(
