@@ -243,10 +243,7 @@ def warmup(
     metrics = _metrics(spec, metrics_port) if (pushgateway or metrics_port) else None
     observe = metrics.observe if metrics else (lambda record: None)
     report, clock = None, time.perf_counter()
-    from orchestrator.cache.namespace import slug
-    from orchestrator.progress import RunLog
-
-    log = RunLog(cache_root(spec) / "logs", f"warmup-{slug(spec.label, 32, keep='.', fallback='model')}")
+    log = _run_log(spec, "warmup")
     try:
         with log:
             err = Console(file=log.screen)
@@ -577,36 +574,44 @@ def serve(
             raise UserError(problem)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its INFO lines would bury the ready line
     where = f"the Ray cluster at {ray_address}" if ray_address else "a local Ray instance"
-    click.echo(f"orchestrate: loading {spec.label} (buckets {format_buckets(spec.buckets)}) on {where}", err=True)
+    log = _run_log(spec, "serve")
+
+    def say(line: str) -> None:
+        print(line, file=log.screen, flush=True)
 
     def ready(url: str, info: dict[str, Any]) -> None:
         variants = ", ".join(f"{bucket}: {row['variant']}" for bucket, row in info["buckets"].items())
-        click.echo(
+        say(
             f"orchestrate: serving {spec.label} at {url} ({info['device']}; {variants}; "
-            f"ready in {info['ready_seconds']:.1f} s); Ctrl-C stops",
-            err=True,
+            f"ready in {info['ready_seconds']:.1f} s); Ctrl-C stops"
         )
 
     try:
-        run_server(
-            spec,
-            host=host,
-            port=port,
-            ray_address=ray_address,
-            remote=Remote(store_url, allow_unsigned, trusted=trusted) if store_url else None,
-            require_warm=require_warm,
-            max_batch_size=max_batch_size,
-            metrics_port=metrics_port,
-            on_ready=ready,
-            until=block_until_signalled,
-        )
+        # Ray's and Serve's own lines (a task retried while Serve shuts down, a replica's start)
+        # go to the run's log, off a screen that holds this command's lines alone
+        with log:
+            say(f"orchestrate: loading {spec.label} (buckets {format_buckets(spec.buckets)}) on {where}")
+            if log.redirected:
+                say(f"orchestrate: Ray's, Serve's and torch's own output goes to {log.path}")
+            run_server(
+                spec,
+                host=host,
+                port=port,
+                ray_address=ray_address,
+                remote=Remote(store_url, allow_unsigned, trusted=trusted) if store_url else None,
+                require_warm=require_warm,
+                max_batch_size=max_batch_size,
+                metrics_port=metrics_port,
+                on_ready=ready,
+                until=block_until_signalled,
+            )
     except SetupError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(_pointing_at(log.kept, str(exc))) from None
     except ServeFailed as exc:
         # the replica's exception crossed Ray as text: its class name says which exit code it means
         store = ("StoreError", "StoreUnreachable", "StoreAuthError", "NotFound", "TransientError")
         code = EXIT_STORE if exc.kind in store else EXIT_UNTRUSTED if exc.kind == "IntegrityError" else EXIT_USAGE
-        _fail(str(exc), code)
+        _fail(_pointing_at(log.kept, str(exc)), code)
     click.echo("orchestrate: stopped", err=True)
 
 
@@ -1266,6 +1271,14 @@ def _check_profile_dir(path: Path) -> Path:
             f"--profile {path}: cannot write there ({exc.strerror or exc}); give a writable directory"
         ) from None
     return path
+
+
+def _run_log(spec, command: str):
+    """Where a run's own output goes (orchestrator.progress.RunLog): `<cache root>/logs`."""
+    from orchestrator.cache.namespace import slug
+    from orchestrator.progress import RunLog
+
+    return RunLog(cache_root(spec) / "logs", f"{command}-{slug(spec.label, 32, keep='.', fallback='model')}")
 
 
 def _pointing_at(log: Optional[Path], message: str) -> str:

@@ -154,6 +154,11 @@ class RunLog:
         self._saved: list[int] = []
         self.screen: IO[str] = sys.stderr
 
+    @property
+    def redirected(self) -> bool:
+        """Inside the run, and the output does go to `path`."""
+        return bool(self._saved)
+
     def __enter__(self) -> RunLog:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,8 +49,8 @@ class Server:
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("ORCHESTRATE_CACHE_DIR", None)
         env.pop("RAY_ADDRESS", None)  # its own instance, whatever this shell points at
-        self.log = log
-        self._stderr = log.open("w")
+        self.log, self.stdout = log, log.with_name(f"{log.name}.stdout")
+        self._stderr, self._stdout = log.open("w"), self.stdout.open("w")
         command = [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8"]
         command += ["--device", "cpu", "--cache-dir", str(cache), "--port", str(self.port)]
         command += ["--metrics-port", str(self.metrics_port)]
@@ -61,7 +61,7 @@ class Server:
             command,
             cwd=ROOT,
             env=env,
-            stdout=subprocess.DEVNULL,
+            stdout=self._stdout,
             stderr=self._stderr,
             start_new_session=True,
         )
@@ -89,6 +89,7 @@ class Server:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._stderr.close()
+        self._stdout.close()
         return self.process.returncode
 
 
@@ -284,4 +285,10 @@ def test_the_replica_serves_its_metrics(server, eager):
 
 def test_sigterm_stops_the_server_cleanly(server):
     assert server.stop() == 0, server.log.read_text()
-    assert server.log.read_text().splitlines()[-1] == "orchestrate: stopped"
+    screen = server.log.read_text().splitlines()
+    assert screen[-1] == "orchestrate: stopped"
+    # Ray's and Serve's own lines (tasks retried while Serve shuts down) are in the run's log, not here
+    assert all(line.startswith("orchestrate: ") for line in screen), screen
+    assert server.stdout.read_text() == ""
+    (named,) = [line for line in screen if "own output goes to" in line]
+    assert Path(named.rsplit(" ", 1)[1]).is_file()
