@@ -338,7 +338,9 @@ class FleetDriver:
                 else:
                     failed.add((what.gpu_class, what.bucket))
                     self._result(
-                        _failed_record(what.bucket, target.rank, target.gpu_class, "warm", f"not loaded: {error}")
+                        _failed_record(
+                            what.bucket, target.rank, target.gpu_class, "warm", f"not loaded: {error}", target.node.ip
+                        )
                     )
             compiling[what.gpu_class] -= 1
             if not compiling[what.gpu_class]:  # the class has stopped compiling: its ranks benchmark
@@ -372,7 +374,7 @@ class FleetDriver:
                 error = f"compile task could not publish: {run.publish_error}"
             report(
                 f"compile bucket {unit.bucket} [{unit.gpu_class}] on {record.node}: {record.status}, "
-                f"{_seconds(record.compile_seconds)}, {record.cache_hits} hits/{record.cache_misses} misses"
+                f"{_seconds(record.compile_seconds)}, {_lookups(record)}"
                 + (f", published generation {run.publish.generation}" if run.publish else "")
                 + (f" ({record.error})" if record.error else "")
             )
@@ -392,7 +394,7 @@ class FleetDriver:
         self.observer.loaded(target.rank, bucket)
         self.observer.line(
             f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome.status}, "
-            f"{_seconds(outcome.compile_seconds)}, {outcome.cache_hits} hits/{outcome.cache_misses} misses"
+            f"{_seconds(outcome.compile_seconds)}, {_lookups(outcome)}"
         )
 
     def _finished(self, target: Target, outcome: WorkerAnswer | Exception, buckets: list[int]) -> None:
@@ -400,7 +402,9 @@ class FleetDriver:
         if isinstance(outcome, Exception):
             for bucket in buckets:
                 self._result(
-                    _failed_record(bucket, target.rank, target.gpu_class, "warm", _task_error("warm", outcome))
+                    _failed_record(
+                        bucket, target.rank, target.gpu_class, "warm", _task_error("warm", outcome), target.node.ip
+                    )
                 )
             report(f"warm rank {target.rank} ({target.node.ip}): FAILED {outcome}")
             return
@@ -481,10 +485,19 @@ def _gather(ray: Any, refs: dict[Any, Any]):
         raise
 
 
-def _failed_record(bucket: int, rank: Optional[int], gpu_class: str, phase: str, error: str) -> BucketResult:
-    return BucketResult(
-        bucket=bucket, rank=rank, gpu=gpu_class, phase=phase, status="failed", node="unknown", error=error
-    )
+def _failed_record(
+    bucket: int, rank: Optional[int], gpu_class: str, phase: str, error: str, node: str = "unknown"
+) -> BucketResult:
+    """A record the driver writes for a task that gave none: a rank's node is known, a compile
+    task's (placed by Ray) is not."""
+    return BucketResult(bucket=bucket, rank=rank, gpu=gpu_class, phase=phase, status="failed", node=node, error=error)
+
+
+def _lookups(record: BucketResult) -> str:
+    """The cache counts of a record, or that it made no lookup (it failed before compiling)."""
+    if record.cache_hits is None or record.cache_misses is None:
+        return "no cache lookups"
+    return f"{record.cache_hits} hits/{record.cache_misses} misses"
 
 
 def _task_error(phase: str, exc: Exception) -> str:

@@ -261,6 +261,12 @@ def test_a_failing_bucket_is_reported_and_the_rest_succeed(cluster, tmp_path):
     for r in by_bucket[2]:
         assert r["status"] == "failed" and "refuses batch 2" in r["error"]
     assert report["summary"]["fleet"]["buckets"]["2"]["ranks_failed"] == 2
+    # counted per bucket, not per record; a rank's record names the rank's node even where the
+    # driver wrote it (the compile failed, so the rank never loaded the bucket)
+    assert (report["summary"]["buckets_ok"], report["summary"]["buckets_failed"]) == (1, 1)
+    nodes = {r["rank"]: r["node"] for r in by_bucket[1] if r["phase"] == "warm"}
+    assert all(r["node"] == nodes[r["rank"]] for r in by_bucket[2] if r["phase"] == "warm")
+    assert "None" not in proc.stderr, proc.stderr
 
 
 def test_a_factory_that_fails_everywhere_is_a_config_error(cluster, tmp_path):
