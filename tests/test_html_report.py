@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import orchestrate
+from test_report_records import worker_account
 
 from orchestrator.cache.namespace import Platform
 from orchestrator.cache.sync import Transfer
@@ -26,7 +27,6 @@ from orchestrator.jobs.records import (
     BucketProfile,
     BucketResult,
     KernelTime,
-    ProcessRun,
     VariantMeasure,
     VariantProfile,
 )
@@ -195,28 +195,11 @@ def fleet_report() -> dict:
         for b in (1, 8)
     ]
 
-    def process(node: str, started: float, ended: float, events: list[tuple[str, float]]) -> ProcessRun:
-        return ProcessRun(
-            namespace="mlp-ns",
-            platform=Platform("2.13.0", "abc", None, None, "NVIDIA H200", "3.12.3"),
-            device="cuda:0",
-            node=node,
-            pull=None,
-            publish=Transfer(generation=3),
-            publish_error=None,
-            cache_bytes=100,
-            cache_files=4,
-            setup_seconds=1.0,
-            process_age_at_start=None,
-            process_started_at=started,
-            ended_at=ended,
-            events=events,
-            gpu_ids=["0"],
-        )
-
     runs = [
         TaskRun(
-            process("10.0.0.1", 100.5, 108.0, [("worker up", 101.0), ("imported", 102.0), (f"b{b} compiled", 107.5)]),
+            worker_account(
+                "10.0.0.1", 100.5, 108.0, [("worker up", 101.0), ("imported", 102.0), (f"b{b} compiled", 107.5)]
+            ),
             "compile",
             None,
             b,
@@ -225,7 +208,7 @@ def fleet_report() -> dict:
         for b in (1, 8)
     ] + [
         TaskRun(
-            process(
+            worker_account(
                 t.node.ip,
                 101.0,
                 114.0 + t.rank,

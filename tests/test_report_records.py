@@ -117,16 +117,13 @@ def test_process_report_keeps_its_keys_and_values():
     json.dumps(report)  # plain JSON types all the way down
 
 
-def fleet_run() -> FleetRun:
-    node = Node("id1", "10.0.0.1", 1, 4, "H200")
-    target = Target(0, node)
-    compiled = result(8, rank=None, gpu="H200", node="10.0.0.1")
-    warm = result(8, rank=0, gpu="H200", node="10.0.0.1", phase="warm", cache_state="hit", compile_seconds=0.5)
-    process = ProcessRun(
+def worker_account(node: str, started: float, ended: float, events: list[tuple[str, float]]) -> ProcessRun:
+    """A GPU worker's account of itself, as a fleet task returns it (test_html_report.py too)."""
+    return ProcessRun(
         namespace="mlp-ns",
         platform=Platform("2.13.0", "abc", None, None, "NVIDIA H200", "3.12.3"),
         device="cuda:0",
-        node="10.0.0.1",
+        node=node,
         pull=None,
         publish=Transfer(generation=3),
         publish_error=None,
@@ -134,11 +131,19 @@ def fleet_run() -> FleetRun:
         cache_files=4,
         setup_seconds=1.0,
         process_age_at_start=None,
-        process_started_at=100.0,
-        ended_at=110.0,
-        events=[("imported", 102.0)],
+        process_started_at=started,
+        ended_at=ended,
+        events=events,
         gpu_ids=["0"],
     )
+
+
+def fleet_run() -> FleetRun:
+    node = Node("id1", "10.0.0.1", 1, 4, "H200")
+    target = Target(0, node)
+    compiled = result(8, rank=None, gpu="H200", node="10.0.0.1")
+    warm = result(8, rank=0, gpu="H200", node="10.0.0.1", phase="warm", cache_state="hit", compile_seconds=0.5)
+    process = worker_account("10.0.0.1", 100.0, 110.0, [("imported", 102.0)])
     return FleetRun(
         nodes=[node],
         targets=[target],
