@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.report import write_atomic
+from orchestrator.report import as_record, served_speedup, write_atomic
 
 EAGER_COLOR = "#8c8c8c"
 # the other variants in order of first appearance; colour-blind-safe (Okabe-Ito)
@@ -770,16 +770,9 @@ def _variants(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _served_speedup(r: dict[str, Any]) -> tuple[Optional[float], Optional[list[float]]]:
-    """Eager / served with its interval. A report without `served_speedup` has no interval: the ratio
-    of the variants' medians where it names the served variant (1.0 when eager serves, whatever
-    compiled measured), else `speedup` (eager / compiled, which served before there were variants)."""
-    if r.get("served_speedup") is not None:
-        return r["served_speedup"], r.get("served_speedup_interval")
-    variants = r.get("variants") or {}
-    eager, served = (variants.get("eager") or {}).get("ms"), (variants.get(r.get("variant") or "") or {}).get("ms")
-    if eager and served:
-        return eager / served, None
-    return r.get("speedup"), None
+    """Eager / served (orchestrator.report.served_speedup) with its interval, which a report from
+    before intervals lacks."""
+    return served_speedup(as_record(r)), r.get("served_speedup_interval")
 
 
 def _variant_order(names: Iterable[str]) -> list[str]:

@@ -147,7 +147,7 @@ def fleet_stats(results: list[BucketResult], pull_seconds: list[float]) -> Fleet
         compiled = [r for r in results if r.bucket == bucket and r.phase == "compile" and r.status == "ok"]
         warm = [r for r in results if r.bucket == bucket and r.phase == "warm"]
         ok_warm = [r for r in warm if r.status == "ok"]
-        served_speedups = [v for v in map(_served_speedup, ok_warm) if v is not None]
+        served_speedups = [v for v in map(served_speedup, ok_warm) if v is not None]
         intervals = [r.served_speedup_interval for r in ok_warm if r.served_speedup_interval]
         middle = statistics.median(served_speedups) if served_speedups else None
         interval = (
@@ -176,7 +176,7 @@ def fleet_stats(results: list[BucketResult], pull_seconds: list[float]) -> Fleet
             else is_noisy(middle, interval, samples=None) or (ok_warm != [] and 2 * ranks_noisy >= len(ok_warm)),
         )
         for r in warm:
-            value = _served_speedup(r)
+            value = served_speedup(r)
             if r.status != "ok":
                 deviating.append(Deviation(rank=r.rank, bucket=bucket, why=r.error))
             elif middle and value and abs(value - middle) > 0.2 * middle:
@@ -194,9 +194,10 @@ def _served_ms(r: BucketResult) -> Optional[float]:
     return measure.ms if measure else None
 
 
-def _served_speedup(r: BucketResult) -> Optional[float]:
+def served_speedup(r: BucketResult) -> Optional[float]:
     """Eager over what serves the bucket; a record from before `served_speedup`: from its variant's
-    latency, or, from before variants, `speedup` (the compiled model was what served then)."""
+    latency, or, from before variants, `speedup` (the compiled model was what served then). The
+    table and the HTML page quote this one figure."""
     if r.served_speedup is not None:
         return r.served_speedup
     if r.variant is None:
@@ -357,7 +358,7 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
     median across ranks, the ranks that deviate or failed named below), or with `wide` one row
     per record with every field. Text from records (errors, nodes, names) is never read as markup."""
     fleet = report["executor"]["kind"] == "ray"
-    records = sorted(map(_record, report["results"]), key=_order)
+    records = sorted(map(as_record, report["results"]), key=_order)
     title = Text(
         f"{report['model']} on {report['gpu'] or report['device']} "
         f"(torch {report['torch_version']}, mode={report['compile'].get('mode')})"
@@ -491,7 +492,7 @@ def _process_cells(r: BucketResult) -> list[str | Text]:
         _num(r.eager_ms, ".3f"),
         _num(_served_ms(r), ".3f"),
         Text(r.variant or "-"),
-        _speedup(_served_speedup(r), r.served_speedup_interval, bool(r.noisy)),
+        _speedup(served_speedup(r), r.served_speedup_interval, bool(r.noisy)),
     ]
 
 
@@ -525,7 +526,7 @@ def _fleet_cells(bucket: int, rows: list[BucketResult], row: Optional[dict[str, 
 def _deviates(row: dict[str, Any], ok: list[BucketResult]) -> bool:
     """An ok rank whose served speedup is more than 20% off the median (as fleet_stats flags it)."""
     middle = row["served_speedup"]["median"]
-    return any((v := _served_speedup(r)) is not None and abs(v - middle) > 0.2 * middle for r in ok)
+    return any((v := served_speedup(r)) is not None and abs(v - middle) > 0.2 * middle for r in ok)
 
 
 def _speedup(point: Optional[float], interval: Optional[list[float]], noisy: bool) -> Text:
@@ -592,7 +593,7 @@ def _wide_table(title: Text, records: list[BucketResult], fleet: bool) -> Table:
             _num(r.compiled_ms, ".3f"),
             _speedup(r.speedup, r.speedup_interval, is_noisy(r.speedup, r.speedup_interval, samples=None)),
             Text(r.variant or "-"),
-            _speedup(_served_speedup(r), r.served_speedup_interval, bool(r.noisy)),
+            _speedup(served_speedup(r), r.served_speedup_interval, bool(r.noisy)),
             _num(r.throughput_speedup, ".2f", "x"),
             _num(r.graph_breaks, "d"),
             _num(r.recompiles, "d"),
@@ -623,7 +624,7 @@ def _failure(r: BucketResult) -> str:
     return f"failed at {error}" if error.startswith(f"{r.stage}: ") else f"failed at {r.stage}: {error}"
 
 
-def _record(data: dict[str, Any]) -> BucketResult:
+def as_record(data: dict[str, Any]) -> BucketResult:
     """A report's record as the typed record; keys it does not know (a newer report's) are left out."""
     known = {f.name for f in fields(BucketResult)} - {"variants"}
     measure = {f.name for f in fields(VariantMeasure)}
