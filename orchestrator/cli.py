@@ -560,7 +560,7 @@ def serve(
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
     from orchestrator.ray_driver import preflight
-    from orchestrator.serve import ServeFailed, block_until_signalled, check_port, run_server
+    from orchestrator.serving.server import ServeFailed, block_until_signalled, check_port, run_server
 
     try:
         preflight(spec)

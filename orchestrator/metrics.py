@@ -15,7 +15,7 @@ Labels are bounded: model, bucket, mode, cache state, GPU class. Across ranks of
 median is exported; per-rank detail stays in the JSON report.
 
 The Grafana dashboard (k8s/monitoring/dashboard.py) queries these names; a test checks that
-every metric it queries is one this module or orchestrator.replica_metrics exports, and that each
+every metric it queries is one this module or orchestrator.serving.metrics exports, and that each
 panel returns data.
 """
 

@@ -6,7 +6,7 @@ variant warmup chose for it.
     model = runtime.load("model.yaml", remote="s3://bucket/compile-cache")   # ready when it returns
     out = model(x)            # any size along the bucket dimension: padded to its bucket, sliced back
     model.info()              # per bucket: variant, cache hits and misses, load and capture seconds
-    runtime.metrics_registry(model)   # Prometheus metrics of the replica (orchestrator.replica_metrics)
+    runtime.metrics_registry(model)   # Prometheus metrics of the replica (orchestrator.serving.metrics)
 
 Requests larger than the largest bucket run in chunks of it (`serve.oversize: split`) or are
 refused (`error`). A bad request raises `BadRequest` naming the input; the model stays usable.
@@ -31,7 +31,7 @@ __all__ = ["BadRequest", "BucketInfo", "BucketedModel", "NotWarm", "ReplicaInfo"
 def metrics_registry(model: BucketedModel, name: Optional[str] = None) -> Any:
     """A prometheus_client CollectorRegistry with the replica's metrics, read at every scrape:
     serve it with prometheus_client.start_http_server (needs the `metrics` extra)."""
-    from orchestrator.replica_metrics import metrics_registry as registry
+    from orchestrator.serving.metrics import metrics_registry as registry
 
     return registry(model, name)
 

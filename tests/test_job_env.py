@@ -241,7 +241,7 @@ def test_serves_replica_options_carry_no_secret(monkeypatch):
     its controller's records and shows them through its API."""
     import ray
 
-    from orchestrator import serve
+    from orchestrator.serving import server as serve
 
     set_environment(monkeypatch, {**SECRETS, **PATHS, **SETTINGS})
     options: list[dict] = []

@@ -1,6 +1,6 @@
 """orchestrate serve's request handling without Ray: JSON to checked tensors, requests joined into
-one call and the call's outputs cut back per request (orchestrator.serve_codec), and the replica
-answering a batch whose joined call fails (orchestrator.serve.ModelServer, its class run directly)."""
+one call and the call's outputs cut back per request (orchestrator.serving.codec), and the replica
+answering a batch whose joined call fails (orchestrator.serving.server.ModelServer, its class run directly)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.serve_codec import JSON, NPZ, OutputError, RequestCodec, RequestError, to_json
+from orchestrator.serving.codec import JSON, NPZ, OutputError, RequestCodec, RequestError, to_json
 
 Pair = namedtuple("Pair", "left right")
 
@@ -199,7 +199,7 @@ def test_a_request_that_fails_the_joined_call_fails_alone(tmp_path: Path, monkey
     others: the call joining four requests fails, each is then run alone, and only the ones at
     fault get an error."""
     from orchestrator.config import load_spec
-    from orchestrator.serve import ModelServer
+    from orchestrator.serving.server import ModelServer
 
     (tmp_path / "picky.py").write_text(PICKY)
     (tmp_path / "picky.yaml").write_text(
@@ -249,7 +249,7 @@ after 3 attempts: retries exhausted
     ],
 )
 def test_a_replica_that_fails_to_load_is_one_line_naming_its_exception(message, line, kind):
-    from orchestrator.serve import _failure
+    from orchestrator.serving.server import _failure
 
     failure = _failure(message)
     assert str(failure) == f"the model server did not start: {line}" and failure.kind == kind
@@ -293,7 +293,7 @@ def test_a_bad_npz_is_one_line_naming_what_to_fix(codec, make, message):
 
 
 def test_an_npz_that_would_unpack_past_the_limit_is_refused_before_reading(codec, monkeypatch):
-    import orchestrator.serve_codec as serve_codec
+    import orchestrator.serving.codec as serve_codec
 
     monkeypatch.setattr(serve_codec, "MAX_NPZ_BYTES", 100)
     with pytest.raises(RequestError, match="unpacks to .* bytes, more than 100"):

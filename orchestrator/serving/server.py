@@ -4,13 +4,13 @@
                     (Content-Type application/x-npz: numpy.savez arrays in, an .npz out)
                                                     400 {"error": "<one line>"}  (the request's fault)
     GET  /info      the replica's load report (orchestrator.runtime.ReplicaInfo)
-    GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.replica_metrics
+    GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.serving.metrics
 
 One replica (`ModelServer`) loads the model with `runtime.load` in its constructor, so Serve sends
 it nothing before every bucket is loaded. Requests arriving together are batched (`serve.batch`,
 up to the largest bucket's count of requests): their inputs are joined along the bucket
 dimension, the model runs once (padded to a bucket, or in chunks of the largest), and the outputs
-are cut back per request (orchestrator.serve_codec). Joining assumes what `serve.oversize:
+are cut back per request (orchestrator.serving.codec). Joining assumes what `serve.oversize:
 split` assumes: rows along the bucket dimension do not interact; `max_batch_size=1` runs every
 request alone for a model where they do.
 """
@@ -38,8 +38,8 @@ from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.jobs.workers import threads_as_a_plain_process
 
 if TYPE_CHECKING:  # torch is imported in the replica, after its thread count is set
-    from orchestrator.serve_codec import Answer
-    from orchestrator.serve_codec import Request as Decoded
+    from orchestrator.serving.codec import Answer
+    from orchestrator.serving.codec import Request as Decoded
 
 BATCH_WAIT_SECONDS = 0.005  # how long the first request of a batch waits for others to join it
 ROUTES = "POST /predict, GET /info"
@@ -64,7 +64,7 @@ class ModelServer:
         threads_as_a_plain_process()
         from orchestrator import runtime
         from orchestrator.cache.manifest import TrustedKeys
-        from orchestrator.serve_codec import Answer, OutputError, RequestCodec, RequestError
+        from orchestrator.serving.codec import Answer, OutputError, RequestCodec, RequestError
 
         self.model = runtime.load(
             spec,
