@@ -53,10 +53,11 @@ def file_name(bucket: int, path: Path) -> str:
 
 def compile_kwargs(mode: Optional[str], options: Mapping[str, Any], backend: str, device_type: str) -> dict[str, Any]:
     """The config's compile, whole-graph, for a function that a replica runs inside the tool's own
-    CUDA graph: on CUDA without Inductor's CUDA graphs (as `graphed`)."""
+    CUDA graph: on CUDA without Inductor's CUDA graphs (as `graphed`); saved with the guards that
+    can hold in another process (torch_internals.portable_guards)."""
     if device_type == "cuda":
         mode, options = graphed_compile(mode, options)
-    return ti.compile_kwargs(mode, False, True, backend, dict(options))
+    return ti.compile_kwargs(mode, False, True, backend, {**options, "guard_filter_fn": ti.portable_guards})
 
 
 def build(
@@ -76,7 +77,12 @@ def build(
             with torch.no_grad(), ti.aot_compile_enabled():
                 compiled: Any = torch.compile(model, **compile_options)  # an OptimizedModule
                 function = compiled.forward.aot_compile((tuple(args), dict(kwargs)))
+                unresolved = ti.import_module_globals(function)
+                if unresolved:
+                    raise Unexportable(f"the compiled code names globals no other process can find: {unresolved}")
                 function.save_compiled_function(str(target), external_data={MODEL_KEY: model})
+        except Unexportable:
+            raise
         except Exception as exc:
             raise Unexportable(f"Dynamo ahead-of-time compile: {brief(exc)}") from exc
         rel = file_name(bucket, target)

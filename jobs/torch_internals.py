@@ -12,6 +12,7 @@ import os
 import platform as host_platform
 import sys
 import tempfile
+import types
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -64,6 +65,14 @@ def prime_compiler(device: torch.device) -> None:
 
 def _primer(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x * 2.0 + 1.0)
+
+
+def import_compiler() -> None:
+    """Import Dynamo, Inductor and Dynamo's ahead-of-time loader now: seconds of Python that a
+    replica pays on a thread of its own while its model builds, instead of inside its first load."""
+    import torch._dynamo
+    import torch._dynamo.aot_compile
+    import torch._inductor.compile_fx  # noqa: F401
 
 
 def allow_recompiles(n_graphs: int) -> None:
@@ -218,6 +227,70 @@ class TraceAhead:
 
     def reset(self) -> None:  # torch._dynamo.reset(): drop the CUDA-graph trees as Inductor's would
         self.inductor.reset()
+
+
+def portable_guards(entries: Any) -> list[bool]:
+    """A guard filter for a function saved to run in other processes: keep the guards that can
+    hold there (tensors' dtype, shape and device, grad mode and other global state) and drop those
+    that name an object by its identity (ID_MATCH and the like), a global or a module's state. Dynamo refuses to save
+    the latter ("ID_MATCH guard cannot be serialized": every Hugging Face model has one), and no
+    other process could satisfy them; torch 2.13's own default drops them too but misses a guard
+    whose derived types include one. What they guarded is the model's code and config, which the
+    namespace hash pins, and a replica checks every loaded function against eager before serving."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unportable = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ()))
+    return [
+        not (
+            entry.is_global
+            or entry.guard_type in unportable
+            or unportable.intersection(entry.derived_guard_types)
+            or _reached_through_an_import(entry.orig_guard.originating_source)
+        )
+        for entry in entries
+    ]
+
+
+def _reached_through_an_import(source: Any) -> bool:
+    """A guard on a module's state (`__import__('torch').utils._pytree.SUPPORTED_NODES`): global in
+    effect though not a global name, and its saved source cannot even be unpickled outside a trace."""
+    from torch._dynamo.source import ImportSource
+
+    while source is not None:
+        if isinstance(source, ImportSource):
+            return True
+        source = getattr(source, "base", None)
+    return False
+
+
+def import_module_globals(function: Any) -> list[str]:
+    """Make a function compiled ahead of time find, in another process, the modules its code names.
+
+    Dynamo's generated code loads some modules (`collections` where a Hugging Face model builds
+    its output) through globals it installed in the tracing process under made-up names
+    (`___module_collections_<id>_c0`); the saved function records neither them nor what they
+    were, so a fresh process cannot even load it ("Missing required external references"). Each
+    such name that held a module here is added to the function's import sources, which the loader
+    imports by name. Returns the names it could not resolve to a module (the function then cannot
+    run elsewhere); [] where this torch keeps no runtime environment to fix."""
+    import builtins
+    import dis
+
+    env = getattr(getattr(function, "_artifacts", None), "runtime_env", None)
+    sources = getattr(env, "import_sources", None)
+    bytecode = getattr(env, "bytecode", None)
+    if env is None or not isinstance(sources, dict) or not isinstance(bytecode, types.CodeType):
+        return []
+    known = {*sources, *getattr(env, "used_globals", {}), *vars(builtins)}
+    names = {i.argval for i in dis.get_instructions(bytecode) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    unresolved = []
+    for name in sorted(n for n in names if isinstance(n, str) and n not in known and n.startswith("___")):
+        value = next((vars(m)[name] for m in list(sys.modules.values()) if m and name in vars(m)), None)
+        if isinstance(value, types.ModuleType):
+            sources[name] = value.__name__
+        else:
+            unresolved.append(name)
+    return unresolved
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from orchestrator.cache.manifest import SigningKey
 from orchestrator.cache.namespace import Platform
 from orchestrator.config import load_spec
 from orchestrator.jobs import aot
+from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.variants import read_plans, write_plan
 
@@ -69,7 +70,7 @@ from orchestrator.jobs.model import build_model, make_inputs
 config, cache_dir = sys.argv[1], sys.argv[2]
 remote = sys.argv[3] if len(sys.argv) > 3 else None
 trust = sys.argv[4:5]
-served = runtime.load(config, cache_dir=cache_dir, remote=remote, trust=trust, require_warm=True)
+served = runtime.load(config, cache_dir=cache_dir, remote=remote, trust=trust, require_warm=True, ready="planned")
 spec = load_spec(config)
 model = build_model(spec, torch.device("cpu"))
 errors = {}
@@ -198,14 +199,19 @@ def test_a_package_is_refused_on_any_other_platform():
 
 def test_the_function_compiles_whole_and_without_inductors_cuda_graphs_on_cuda():
     plain = aot.compile_kwargs("reduce-overhead", {}, "inductor", "cuda")
-    assert plain == {"mode": "default", "dynamic": False, "fullgraph": True, "backend": "inductor"}
+    assert plain == {
+        "dynamic": False,
+        "fullgraph": True,
+        "backend": "inductor",
+        "options": {"guard_filter_fn": ti.portable_guards},  # reduce-overhead's own options are CUDA graphs
+    }
     tuned = aot.compile_kwargs(
         "max-autotune", {"triton.cudagraphs": True, "epilogue_fusion": False}, "inductor", "cuda"
     )
     assert tuned["fullgraph"] is True and tuned["options"]["max_autotune"] is True
     assert not tuned["options"].get("triton.cudagraphs") and tuned["options"]["epilogue_fusion"] is False
     on_cpu = aot.compile_kwargs("default", {}, "inductor", "cpu")
-    assert on_cpu["fullgraph"] is True and on_cpu["mode"] == "default"
+    assert on_cpu["fullgraph"] is True and on_cpu["options"] == {"guard_filter_fn": ti.portable_guards}
 
 
 def test_a_saved_function_lives_under_its_bucket_and_content(tmp_path):
