@@ -44,7 +44,7 @@ from orchestrator.jobs.variants import PLAN_DIR, choose, read_plans  # noqa: E40
 READY = r"""
 import json, sys
 from orchestrator import runtime
-served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device=sys.argv[3])
+served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device=sys.argv[3], ready="planned")
 info = served.info()
 print(json.dumps({"ready_from_spawn": info.ready_seconds_from_spawn, "ready": info.ready_seconds,
                   "frames": info.dynamo_frames_compiled,

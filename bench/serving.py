@@ -39,7 +39,7 @@ from orchestrator.jobs.padding import copy_out
 from orchestrator.jobs.variants import replays_into_buffers, spread
 
 config, cache = sys.argv[1], sys.argv[2]
-served = runtime.load(config, cache_dir=cache, device="cuda")
+served = runtime.load(config, cache_dir=cache, device="cuda", ready="planned")
 spec = served.spec
 device = torch.device("cuda")
 eager = build_model(spec, device)
@@ -74,7 +74,7 @@ print(json.dumps(out))
 READY = r"""
 import json, sys, time
 from orchestrator import runtime
-served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device="cuda")
+served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device="cuda", ready="planned")
 info = served.info()
 print(json.dumps({"ready_from_spawn": info.ready_seconds_from_spawn, "ready": info.ready_seconds,
                   "variants": {b: i.variant for b, i in info.buckets.items()},

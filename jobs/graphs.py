@@ -48,7 +48,9 @@ class GraphedCall:
                     fn(*self.args, **self.kwargs)
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(self.graph, pool=pool):
+            # thread-local: a replica captures on its loader thread while other threads serve eager
+            # calls, whose allocations and copies a process-wide capture mode would refuse
+            with torch.no_grad(), torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.outputs = fn(*self.args, **self.kwargs)
         except Exception as exc:
             torch.cuda.synchronize()

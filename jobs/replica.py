@@ -1,18 +1,31 @@
-"""A serving replica's model: every bucket loaded on the variant warmup chose for it, ready when
-`load_replica` returns; each call padded up to its bucket and sliced back.
+"""A serving replica's model: it answers as soon as the model is built, every bucket on eager,
+and switches each bucket to the variant warmup chose for it as soon as that is loaded, in the
+background; each call padded up to its bucket and sliced back.
 
-Per bucket, largest first (so that its graphs set the size of the memory pool all share):
-  1. eager reference call at the bucket's deterministic inputs (also what the outputs' bucket
-     dimensions are found from),
-  2. the chosen variant built from the cache: `compiled` and `graphed` must find their artifacts
-     there (a miss is counted, and refused with require_warm), `aot` loads its saved function (no
-     tracing, no Inductor cache; refused when built for another platform), the graphed ones captured,
-  3. its output checked against eager with the warmup's correctness gate; a bucket whose variant
-     fails the check, or cannot be built, serves eager instead, and says why in `info()`.
+`load_replica` runs two threads from its start:
+  - the caller's: build the model, then one eager call per bucket at the bucket's deterministic
+    inputs (the outputs' bucket dimensions are found from them, and they are the reference every
+    variant is checked against). The replica answers from here on: what an eager process pays
+    to serve, and nothing more.
+  - the loader's: pull the namespace from the store, read the serving plans, import the compiler
+    where a plan needs it (while the model builds), then per bucket, largest first (its graphs
+    set the size of the memory pool all share): build the planned variant from the cache (`aot`
+    loads its saved function, no tracing; `compiled` and `graphed` must find their artifacts
+    there: a miss is counted, and refused with require_warm; graphed ones are captured), check
+    its output against the eager reference with warmup's correctness gate, and switch the bucket
+    to it between two calls. A variant that fails its check, or cannot be built, leaves the bucket
+    on eager and says why in `info()`.
+`ready="answering"` returns once the replica answers; `"planned"` once every bucket is settled on
+its plan (or refused with a reason). A failed pull fails the load either way.
 """
 
 from __future__ import annotations
 
+import atexit
+import copy
+import gc
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,9 +49,11 @@ from orchestrator.jobs.graphs import GraphedCall
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
 from orchestrator.jobs.padding import RequestShaper, copy_out, output_bucket_dims
 from orchestrator.jobs.records import Remote
-from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.spec import READY_WHEN, ReadyWhen, WarmupSpec
 from orchestrator.jobs.timing import process_age_seconds
 from orchestrator.jobs.variants import graphed_compile, read_plans, replays_into_buffers
+
+COMPILED_VARIANTS = ("compiled", "graphed", "aot")  # what needs Dynamo and Inductor in the replica
 
 
 class NotWarm(SetupError):
@@ -48,14 +63,17 @@ class NotWarm(SetupError):
 @dataclass
 class BucketInfo:
     bucket: int
-    variant: str  # what serves it
+    variant: str  # what serves it now
     planned: Optional[str]  # what warmup chose (None: no serving plan for the bucket)
-    reason: Optional[str]  # why it serves something else than planned
+    reason: Optional[str]  # why it serves something else than planned, once it is settled
     cache_hits: int = 0
     cache_misses: int = 0
     load_seconds: float = 0.0  # building the variant: compile or cache load, CUDA-graph warm-up
     capture_seconds: float = 0.0  # the CUDA-graph capture alone (graphed variants)
     memory_bytes: Optional[int] = None  # CUDA memory held after loading it (allocator, this bucket's part)
+    loading: bool = False  # its planned variant is being loaded in the background: eager serves meanwhile
+    on_plan: bool = False  # serving what warmup chose (eager where it chose eager or nothing)
+    on_plan_seconds: Optional[float] = None  # load start to on plan
 
 
 @dataclass
@@ -78,10 +96,18 @@ class ReplicaInfo:
     namespace: str
     device: str
     buckets: dict[int, BucketInfo]
+    ready: ReadyWhen  # what `ready_seconds` waited for
     ready_seconds: float  # load_replica's start to its return
     ready_seconds_from_spawn: Optional[float]  # the process's spawn to ready: what a new replica waits
+    load_started_from_spawn: Optional[float] = None  # the process's spawn to load start: imports, interpreter
+    answering_seconds: float = 0.0  # load start to every bucket answering (eager where not yet on plan)
+    answering_seconds_from_spawn: Optional[float] = None
+    # load start to every bucket settled: on its plan, or refused with a reason (None while loading)
+    on_plan_seconds: Optional[float] = None
+    on_plan_seconds_from_spawn: Optional[float] = None
     pull: Optional[sync.Transfer] = None
     dynamo_frames_compiled: int = 0
+    # (milestone, seconds from load start): where the replica's start went
     events: list[tuple[str, float]] = field(default_factory=list)
     store: Optional[str] = None  # the store pulled from first (None: none was asked; `pull` None: a miss)
     platform: Optional[Platform] = None  # what the replica runs on: GPU class and versions, for metrics
@@ -91,8 +117,17 @@ class ReplicaInfo:
         """The GPU class, as warmup's metrics name it: the device's name, or `cpu`."""
         return self.platform.gpu_name if self.platform and self.device.startswith("cuda") else "cpu"
 
+    @property
+    def loading(self) -> bool:
+        return self.on_plan_seconds is None
+
+    @property
+    def on_plan(self) -> bool:
+        """Every bucket serves what warmup chose."""
+        return all(bucket.on_plan for bucket in self.buckets.values())
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "loading": self.loading, "on_plan": self.on_plan}
 
 
 def load_replica(
@@ -101,80 +136,123 @@ def load_replica(
     *,
     remote: Optional[Remote] = None,
     require_warm: bool = False,
+    ready: ReadyWhen = "answering",
 ) -> BucketedModel:
+    if ready not in READY_WHEN:
+        raise ValueError(f"ready={ready!r}: use one of {', '.join(READY_WHEN)}")
     started, age = time.perf_counter(), process_age_seconds()
     device = resolve_device(spec.device)
     platform = ti.current_platform(device)
     local = LocalCache(cache_root, namespace(spec.label, platform, spec.identity_hash())).prepare()
     point_caches_at(local)
-    pulled = None
-    if remote is not None:
-        pulled = sync.pull(
-            open_store(remote.url),
-            local.namespace,
-            local.path,
-            TrustedKeys.from_pems(remote.trusted),  # a replica verifies; it holds no private key
-            allow_unsigned=remote.allow_unsigned,
-        )
-    plans = read_plans(local.path)
-    model = build_model(spec, device)
-    frames = ti.CounterWindow()
-    loader = _Loader(spec, model, device, require_warm, local.path, platform)
-    if any(plan["variant"] in ("compiled", "graphed") for plan in plans.values()):  # else no Dynamo import
-        ti.allow_recompiles(2 * len(spec.buckets))
-    runners: dict[int, Callable[..., Any]] = {}
-    infos: dict[int, BucketInfo] = {}
-    references: dict[int, Any] = {}
-    for bucket in sorted(spec.buckets, reverse=True):  # the largest first: it sizes the shared pool
-        plan = plans.get(bucket)
-        runners[bucket], infos[bucket], references[bucket] = loader.load(bucket, plan)
-    shaper = RequestShaper(spec, list(spec.buckets), device, spec.serve.oversize)
+    compile_in_this_process()
+    exit_without_collecting()
+    loader = _Loader(spec, device, require_warm, local, platform, remote, started)
+    loader.start()
     try:
-        dims = output_bucket_dims(references, shaper.input_dim)
-    except ValueError as exc:  # an output that does not follow the bucket cannot be cut back
-        raise SetupError(f"the model's outputs: {exc}") from None
-    ready = time.perf_counter() - started
+        model = build_model(spec, device)
+        loader.events.add("model built")
+        loader.model_built(model)
+        references: dict[int, Any] = {}
+        with torch.no_grad():
+            for bucket in sorted(spec.buckets, reverse=True):
+                args, kwargs = make_inputs(spec, bucket, device)
+                references[bucket] = model(*args, **kwargs)
+        shaper = RequestShaper(spec, list(spec.buckets), device, spec.serve.oversize)
+        try:
+            dims = output_bucket_dims(references, shaper.input_dim)
+        except ValueError as exc:  # an output that does not follow the bucket cannot be cut back
+            raise SetupError(f"the model's outputs: {exc}") from None
+        plans = loader.plans()  # the pull's outcome: a store that failed fails the load here
+    except BaseException:
+        loader.abandon()  # after its pull: a failed load leaves no pull half done
+        raise
+    answering = time.perf_counter() - started
     info = ReplicaInfo(
         namespace=local.namespace,
         device=str(device),
-        buckets=dict(sorted(infos.items())),
-        ready_seconds=ready,
-        ready_seconds_from_spawn=None if age is None else age + ready,
-        pull=pulled,
-        dynamo_frames_compiled=frames.stats().frames_compiled,
+        buckets={bucket: initial_row(bucket, plans) for bucket in sorted(spec.buckets)},
+        ready=ready,
+        load_started_from_spawn=age,
+        ready_seconds=answering,
+        ready_seconds_from_spawn=None if age is None else age + answering,
+        answering_seconds=answering,
+        answering_seconds_from_spawn=None if age is None else age + answering,
+        pull=loader.pulled,
         store=remote.url if remote else None,
         platform=platform,
     )
-    return BucketedModel(spec, device, model, runners, {b: i.variant for b, i in infos.items()}, shaper, dims, info)
+    served = BucketedModel(spec, device, model, shaper, dims, info, age)
+    loader.serve(served, references)
+    if ready == "planned":
+        served.wait_loaded()
+        served._ready_at(time.perf_counter() - started)
+    return served
+
+
+def initial_row(bucket: int, plans: dict[int, dict[str, Any]]) -> BucketInfo:
+    """A bucket as it starts: answering on eager, its planned variant still to load."""
+    planned = (plans.get(bucket) or {}).get("variant")
+    reason = None if planned else "no serving plan for this bucket: eager"
+    return BucketInfo(bucket, "eager", planned, reason, loading=planned not in (None, "eager"))
+
+
+def compile_in_this_process() -> None:
+    """Inductor's compile-worker pool (one subprocess per core) costs a replica seconds to start and
+    seconds more at exit, where Python waits for it, while a replica only loads compiled code: any
+    compile it must do runs in this process instead. A setting of the user's own is kept."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
+        return
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # read when Inductor's config is first imported
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:  # imported already (by the model's own code): set it there too
+        config.compile_threads = 1  # type: ignore[attr-defined]
+
+
+def exit_without_collecting() -> None:
+    """At exit, Python's last garbage collections walk every object torch, Dynamo and Inductor
+    made (a second and more in a replica); the process is ending and its memory goes back to the
+    system whole, so they are skipped: the objects alive at exit are frozen out of the collector."""
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(gc.freeze)
+        _exit_registered = True
+
+
+_exit_registered = False
 
 
 class BucketedModel:
     """The served model: call it like the original one with any request size along the bucket
     dimension. Calls are serialized (static buffers and graphs are not reentrant) and may come
-    from any thread. Outputs are the caller's own: nothing a later call writes reaches them."""
+    from any thread. Outputs are the caller's own: nothing a later call writes reaches them. A
+    bucket switches from eager to its planned variant between two calls, never during one."""
 
     def __init__(
         self,
         spec: WarmupSpec,
         device: torch.device,
         model: torch.nn.Module,
-        runners: dict[int, Callable[..., Any]],
-        variants: dict[int, str],
         shaper: RequestShaper,
         dims: Any,
         info: ReplicaInfo,
+        process_age: Optional[float] = None,
     ) -> None:
         # the eager module: what `eager` buckets run, and what every variant was built from
         self.model = model
-        self.spec, self.device, self._runners, self._variants = spec, device, runners, variants
+        self.spec, self.device = spec, device
         self._shaper, self._dims, self._info = shaper, dims, info
+        self.buckets = sorted(info.buckets)
+        self._runners: dict[int, Callable[..., Any]] = {bucket: model for bucket in self.buckets}
+        self._variants = {bucket: "eager" for bucket in self.buckets}
         # replays write their outputs into the same buffers: the caller gets copies
-        self._copies = {
-            bucket: replays_into_buffers(variant, spec, device.type) for bucket, variant in variants.items()
-        }
-        self._lock = threading.Lock()
+        self._copies = {bucket: False for bucket in self.buckets}
+        self._lock = threading.Lock()  # one call at a time; a switch waits for the call under way
+        self._info_lock = threading.Lock()  # info and usage snapshots never wait for a model call
+        self._loaded = threading.Event()
+        self._failure: Optional[BaseException] = None  # what wait_loaded raises: NotWarm
+        self._age = process_age
         self._no_grad = torch.no_grad()  # one for every call: calls are serialized by the lock
-        self.buckets = sorted(runners)
         # counted under the call lock; read without it (a scrape must not wait for a model call)
         self._usage = {bucket: BucketUsage() for bucket in self.buckets}
 
@@ -203,77 +281,247 @@ class BucketedModel:
         return copy_out(outputs) if self._copies[bucket] else outputs
 
     def variant(self, bucket: int) -> str:
+        """What serves the bucket now."""
         return self._variants[bucket]
 
     def info(self) -> ReplicaInfo:
-        return self._info
+        """A snapshot: what each bucket serves now, and how the replica got there."""
+        with self._info_lock:
+            return copy.deepcopy(self._info)
 
     def usage(self) -> dict[int, BucketUsage]:
         """Per bucket, what it has served since load (a snapshot)."""
         return {bucket: BucketUsage(u.calls, u.rows, u.padded_rows) for bucket, u in self._usage.items()}
 
+    @property
+    def loading(self) -> bool:
+        """Whether buckets are still being switched to their planned variants."""
+        return not self._loaded.is_set()
+
+    def wait_loaded(self, timeout: Optional[float] = None) -> bool:
+        """Block until every bucket is settled on its plan, or refused with a reason (`info()`);
+        False if `timeout` seconds passed first. Raises NotWarm where a compiled variant missed
+        the cache under require_warm (the bucket itself keeps serving eager)."""
+        if not self._loaded.wait(timeout):
+            return False
+        if self._failure is not None:
+            raise self._failure
+        return True
+
+    def _switch(self, row: BucketInfo, runner: Callable[..., Any], seconds: float) -> None:
+        """Serve the bucket on its planned variant from the next call on."""
+        copies = replays_into_buffers(row.variant, self.spec, self.device.type)
+        with self._lock:  # after the call under way, before the next
+            self._runners[row.bucket], self._variants[row.bucket] = runner, row.variant
+            self._copies[row.bucket] = copies
+        self._settle(row, seconds)
+
+    def _settle(self, row: BucketInfo, seconds: Optional[float]) -> None:
+        row.loading = False
+        row.on_plan = row.variant == (row.planned or "eager")
+        row.on_plan_seconds = seconds if row.on_plan else None
+        with self._info_lock:
+            self._info.buckets[row.bucket] = row
+
+    def _ready_at(self, seconds: float) -> None:
+        with self._info_lock:
+            self._info.ready_seconds = seconds
+            self._info.ready_seconds_from_spawn = None if self._age is None else self._age + seconds
+
+    def _loaded_all(self, seconds: float, frames: int, failure: Optional[BaseException]) -> None:
+        with self._info_lock:
+            self._info.on_plan_seconds = seconds
+            self._info.on_plan_seconds_from_spawn = None if self._age is None else self._age + seconds
+            self._info.dynamo_frames_compiled = frames
+        self._failure = failure
+        self._loaded.set()
+
+
+class _Events:
+    """The milestones of a replica's start, in seconds from its load's start; shared by both threads."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.rows: list[tuple[str, float]] = []
+        self.sink: Optional[BucketedModel] = None  # once answering, milestones land in its info too
+        self._lock = threading.Lock()
+
+    def add(self, what: str) -> float:
+        seconds = time.perf_counter() - self.started
+        with self._lock:
+            self.rows.append((what, round(seconds, 4)))
+            rows = list(self.rows)
+        if self.sink is not None:
+            with self.sink._info_lock:
+                self.sink._info.events = rows
+        return seconds
+
 
 class _Loader:
+    """The loader's thread (see the module doc)."""
+
     def __init__(
         self,
         spec: WarmupSpec,
-        model: torch.nn.Module,
         device: torch.device,
         require_warm: bool,
-        directory: Path,
+        local: LocalCache,
         platform: Platform,
+        remote: Optional[Remote],
+        started: float,
     ) -> None:
-        self.spec, self.model, self.device, self.require_warm = spec, model, device, require_warm
-        self.directory, self.platform = directory, platform
+        self.spec, self.device, self.require_warm = spec, device, require_warm
+        self.local, self.directory, self.platform, self.remote = local, local.path, platform, remote
+        self.events = _Events(started)
         self.gate = Gate.from_options(spec.check)
         self.pool: Any = None  # the memory pool every bucket's CUDA graph shares
+        self.pulled: Optional[sync.Transfer] = None
+        self.model: Optional[torch.nn.Module] = None
         self._compiled: dict[str, Any] = {}
+        self._plans: dict[int, dict[str, Any]] = {}
+        self._pull_error: Optional[BaseException] = None
+        self._pull_done = threading.Event()
+        self._model_ready = threading.Event()
+        self._serving = threading.Event()
+        self._abandoned = False
+        self._served: Optional[BucketedModel] = None
+        self._references: dict[int, Any] = {}
+        # a daemon: a process told to exit while buckets load exits at once
+        self._thread = threading.Thread(target=self._run, name="orchestrate-replica-loader", daemon=True)
 
-    def load(self, bucket: int, plan: Optional[dict[str, Any]]) -> tuple[Callable[..., Any], BucketInfo, Any]:
-        planned = plan["variant"] if plan else None
-        args, kwargs = make_inputs(self.spec, bucket, self.device)
-        with torch.no_grad():
-            reference = self.model(*args, **kwargs)
-        expected = snapshot(reference)
-        info = BucketInfo(bucket, "eager", planned, None if planned else "no serving plan for this bucket: eager")
-        if planned in (None, "eager"):
-            return self.model, info, reference
+    def start(self) -> None:
+        self._thread.start()
+
+    def model_built(self, model: torch.nn.Module) -> None:
+        """Variants build from here on, while the caller runs the eager references."""
+        self.model = model
+        self._model_ready.set()
+
+    def plans(self) -> dict[int, dict[str, Any]]:
+        """The serving plans, once the pull is done; the pull's own error where it failed."""
+        self._pull_done.wait()
+        if self._pull_error is not None:
+            raise self._pull_error
+        return self._plans
+
+    def serve(self, served: BucketedModel, references: dict[int, Any]) -> None:
+        self._served, self._references = served, references
+        self.events.sink = served
+        self.events.add("answering")  # from here every milestone lands in the served model's info too
+        self._serving.set()
+
+    def abandon(self) -> None:
+        """The load failed in the caller's thread: load nothing more, once the pull is over."""
+        self._abandoned = True
+        self._model_ready.set()
+        self._serving.set()
+        self._pull_done.wait()
+
+    def _run(self) -> None:
+        try:
+            self._pull()
+        except BaseException as exc:  # the caller raises it (plans())
+            self._pull_error = exc
+            self._pull_done.set()
+            return
+        self._pull_done.set()
+        needs_compiler = any(plan["variant"] in COMPILED_VARIANTS for plan in self._plans.values())
+        if needs_compiler:  # seconds of imports, while the model builds; else never imported at all
+            ti.import_compiler()
+            ti.allow_recompiles(2 * len(self.spec.buckets))
+            self.events.add("compiler imported")
+        frames = ti.CounterWindow()
+        self._model_ready.wait()
+        failure: Optional[BaseException] = None
+        for bucket in sorted(self.spec.buckets, reverse=True):  # the largest first: it sizes the shared pool
+            if self._abandoned:
+                return
+            row = initial_row(bucket, self._plans)
+            runner = None
+            if row.planned in (None, "eager"):
+                pass
+            elif failure is not None:
+                row.reason = f"{row.planned} not loaded, serving eager: {failure}"
+            else:
+                try:
+                    runner = self._load(row, self._plans[bucket])
+                except NotWarm as exc:
+                    failure = exc
+                    row.reason = f"{row.planned} refused, serving eager: {exc}"
+            self._serving.wait()
+            served = self._served
+            if self._abandoned or served is None:
+                return
+            if runner is not None:
+                served._switch(row, runner, self.events.add(f"bucket {bucket} on {row.variant}"))
+            elif row.planned in (None, "eager"):
+                served._settle(row, served._info.answering_seconds)
+            else:
+                self.events.add(f"bucket {bucket} stays eager")
+                served._settle(row, None)
+        self._references.clear()  # the eager outputs: held only to check against
+        if self._served is not None:
+            self._served._loaded_all(self.events.add("settled"), frames.stats().frames_compiled, failure)
+
+    def _pull(self) -> None:
+        if self.remote is not None:
+            self.pulled = sync.pull(
+                open_store(self.remote.url),
+                self.local.namespace,
+                self.local.path,
+                TrustedKeys.from_pems(self.remote.trusted),  # a replica verifies; it holds no private key
+                allow_unsigned=self.remote.allow_unsigned,
+            )
+            self.events.add("pulled")
+        self._plans = read_plans(self.directory)
+
+    def _load(self, row: BucketInfo, plan: dict[str, Any]) -> Optional[Callable[..., Any]]:
+        """The bucket's planned variant, built and checked against its eager reference; None with
+        `row.reason` where it cannot serve. Raises NotWarm."""
+        planned = str(row.planned)
+        args, kwargs = make_inputs(self.spec, row.bucket, self.device)
         memory_before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else None
         window = ti.CounterWindow()
         started = time.perf_counter()
         try:
-            runner, capture_seconds = self._build(planned, args, kwargs, (plan or {}).get("artifacts", {}))
+            runner, capture_seconds = self._build(planned, args, kwargs, plan.get("artifacts", {}))
             stats = window.stats()
-            info.cache_hits, info.cache_misses = stats.cache_hits, stats.cache_misses
+            row.cache_hits, row.cache_misses = stats.cache_hits, stats.cache_misses
             if self.require_warm and stats.cache_misses:
                 raise NotWarm(
-                    f"bucket {bucket}: variant {planned} missed the cache {stats.cache_misses} times; "
+                    f"bucket {row.bucket}: variant {planned} missed the cache {stats.cache_misses} times; "
                     "warm this platform first (orchestrate warmup), or load without require_warm"
                 )
+            self._serving.wait()  # the caller's eager reference at these inputs
+            if self._abandoned:
+                return None
+            expected = snapshot(self._references[row.bucket])
             with torch.no_grad():
                 if planned == "compiled":
                     ti.mark_step()
                 self.gate.compare(expected, snapshot(runner(*args, **kwargs)), call=f"{planned} at load")
         except NotWarm:
             raise
-        except Exception as exc:  # this bucket serves eager; the replica still starts
-            info.reason = f"{planned} unavailable here, serving eager: {brief(exc)}"
-            return self.model, info, reference
-        info.variant, info.capture_seconds = planned, capture_seconds
-        info.load_seconds = time.perf_counter() - started
+        except Exception as exc:  # this bucket serves eager; the replica still serves
+            row.reason = f"{planned} unavailable here, serving eager: {brief(exc)}"
+            return None
+        row.variant, row.capture_seconds = planned, capture_seconds
+        row.load_seconds = time.perf_counter() - started
         if memory_before is not None:
-            info.memory_bytes = torch.cuda.memory_allocated(self.device) - memory_before
-        return runner, info, reference
+            row.memory_bytes = torch.cuda.memory_allocated(self.device) - memory_before
+        return runner
 
     def _build(
         self, variant: str, args: Any, kwargs: dict[str, Any], artifacts: dict[str, Any]
     ) -> tuple[Callable[..., Any], float]:
+        model = self.model
+        assert model is not None  # set before serving began
         if variant == "aot":
             saved = artifacts.get("aot")
             if not saved:
                 raise aot.Unexportable("the serving plan names no aot function")
             aot.check_platform(saved["platform"], self.platform)
-            loaded = aot.load(self.directory / saved["path"], self.model)
+            loaded = aot.load(self.directory / saved["path"], model)
             if self.device.type != "cuda":
                 return loaded, 0.0
             started = time.perf_counter()
@@ -287,11 +535,13 @@ class _Loader:
                 ti.mark_step()
                 return compiled(*a, **k)
 
+            # load, then CUDA-graph trees' warm-up and recording (trees are per thread: a serving
+            # thread records its own on its first calls)
             with torch.no_grad():
-                for _ in range(1 + GRAPH_RECORD_CALLS):  # load, then CUDA-graph trees' warm-up and recording
+                for _ in range(1 + GRAPH_RECORD_CALLS):
                     run(*args, **kwargs)
             return run, 0.0
-        fn = self.model if variant == "eager-graphed" else self._compile("graphed")
+        fn = model if variant == "eager-graphed" else self._compile("graphed")
         started = time.perf_counter()
         call = GraphedCall(fn, args, kwargs, pool=self.pool)
         self.pool = self.pool or call.pool

@@ -140,6 +140,10 @@ class CheckOptions(_Strict):
 VariantName = Literal["eager", "compiled", "graphed", "eager-graphed", "aot"]
 VARIANTS: tuple[VariantName, ...] = ("eager", "compiled", "graphed", "eager-graphed", "aot")
 GRAPHED_VARIANTS: tuple[VariantName, ...] = ("graphed", "eager-graphed")
+# What a serving replica's "ready" waits for: every bucket answering (eager until its planned
+# variant is loaded), or every bucket on its plan (orchestrator.jobs.replica)
+ReadyWhen = Literal["answering", "planned"]
+READY_WHEN: tuple[ReadyWhen, ...] = ("answering", "planned")
 
 
 class ServeOptions(_Strict):

@@ -3,9 +3,10 @@ variant warmup chose for it.
 
     from orchestrator import runtime
 
-    model = runtime.load("model.yaml", remote="s3://bucket/compile-cache")   # ready when it returns
+    model = runtime.load("model.yaml", remote="s3://bucket/compile-cache")   # answers when it returns
     out = model(x)            # any size along the bucket dimension: padded to its bucket, sliced back
-    model.info()              # per bucket: variant, cache hits and misses, load and capture seconds
+    model.info()              # per bucket: variant serving now, on plan since when, load and capture seconds
+    model.wait_loaded()       # every bucket switched from eager to its planned variant (or refused, with why)
     runtime.metrics_registry(model)   # Prometheus metrics of the replica (orchestrator.serving.metrics)
 
 Requests larger than the largest bucket run in chunks of it (`serve.oversize: split`) or are
@@ -23,9 +24,18 @@ from orchestrator.config import cache_root, embedded_store, load_spec_with_overr
 from orchestrator.jobs.padding import BadRequest
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.replica import BucketedModel, BucketInfo, NotWarm, ReplicaInfo, load_replica
-from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
 
-__all__ = ["BadRequest", "BucketInfo", "BucketedModel", "NotWarm", "ReplicaInfo", "load", "metrics_registry"]
+__all__ = [
+    "BadRequest",
+    "BucketInfo",
+    "BucketedModel",
+    "NotWarm",
+    "ReadyWhen",
+    "ReplicaInfo",
+    "load",
+    "metrics_registry",
+]
 
 
 def metrics_registry(model: BucketedModel, name: Optional[str] = None) -> Any:
@@ -46,15 +56,21 @@ def load(
     require_warm: bool = False,
     allow_unsigned: bool = False,
     trust: Iterable[str | Path | PublicKey] = (),
+    ready: ReadyWhen = "answering",
 ) -> BucketedModel:
-    """Build the config's model and load every bucket (`buckets`: a subset) on its chosen variant.
+    """Build the config's model and serve every bucket (`buckets`: a subset) on its chosen variant.
+
+    `ready="answering"` (default) returns as soon as the model is built and every bucket answers:
+    eager at first, each bucket switched to its chosen variant in the background as soon as that
+    is loaded and checked (`wait_loaded()` blocks until all are; `info()` says which are on plan).
+    `ready="planned"` returns only once every bucket is on its plan, or refused with a reason.
 
     `remote`: the store to pull the namespace from first, accepting manifests signed by a key in
     `trust` (public keys, or files holding them) or in $ORCHESTRATE_CACHE_TRUSTED_KEYS. Without
     one, the local store that `orchestrate warmup` keeps beside the cache is pulled from when it
     exists (its own public key trusted), so a replica on the warmup's machine starts from what it
-    published. `require_warm`: a compiled variant that misses the
-    cache raises NotWarm instead of compiling."""
+    published. `require_warm`: a compiled variant that misses the cache is refused (NotWarm,
+    raised by `wait_loaded()` and by a `ready="planned"` load), and its bucket stays on eager."""
     if isinstance(config, WarmupSpec):
         spec = config
         if device or cache_dir:
@@ -74,4 +90,4 @@ def load(
     elif (root / "store").is_dir():
         store = embedded_store(root, allow_unsigned, files)
         store = Remote(store.url, allow_unsigned, trusted=TrustedKeys.from_pems(store.trusted).plus(*keys).pems())
-    return load_replica(spec, root, remote=store, require_warm=require_warm)
+    return load_replica(spec, root, remote=store, require_warm=require_warm, ready=ready)

@@ -54,7 +54,7 @@ def test_graphed_variants_match_eager_and_the_runtime_replays_the_chosen_one(tmp
         assert result["variant"] in variants
         chosen[result["bucket"]] = result["variant"]
 
-    served = runtime.load("examples/mlp.yaml", cache_dir=tmp_path, buckets=[1, 8], device="cuda")
+    served = runtime.load("examples/mlp.yaml", cache_dir=tmp_path, buckets=[1, 8], device="cuda", ready="planned")
     gc.collect()  # the graphs must keep what they read alive: nothing the loader dropped may be reused
     noise = [torch.randn(1 << 20, device="cuda") for _ in range(64)]  # fresh allocations over freed memory
     info = served.info()

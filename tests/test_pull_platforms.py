@@ -245,7 +245,7 @@ def test_a_pull_without_to_is_what_the_replica_loads_with_no_second_pull(tmp_pat
     summary = json.loads(pulled.stdout)
     assert summary["hit"] is True and summary["files"] > 0
 
-    model = runtime.load(cfg, cache_dir=root, require_warm=True)
+    model = runtime.load(cfg, cache_dir=root, require_warm=True, ready="planned")
     info = model.info()
     assert info.pull is None  # nothing to pull from: what it serves is what the init container put there
     assert str(root.resolve() / info.namespace) == summary["to"]

@@ -116,6 +116,7 @@ def test_a_runtime_replica_serves_the_plan_the_fleet_published(fleet, tmp_path, 
         buckets=[1, 2],
         device="cpu",
         require_warm=True,
+        ready="planned",
     )
     info = served.info()
     assert {b: i.planned for b, i in info.buckets.items()} == chosen

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,17 @@ class Tokens(torch.nn.Module):
         hidden = self.embed(ids) * mask.unsqueeze(-1)
         return {"hidden": hidden, "count": mask.sum(), "first": hidden[:, :1]}
 
+class Lies(Rows):
+    # compiled, it answers twice what eager answers: the check at load must catch it
+    def forward(self, x):
+        out = super().forward(x)
+        return out * 2 if torch.compiler.is_compiling() else out
+
 def rows():
     return Rows()
+
+def lies():
+    return Lies()
 
 def tokens():
     return Tokens()
@@ -188,12 +198,111 @@ def test_calls_from_other_threads_than_the_loaders_are_served(rows_config, tmp_p
 
 def test_a_planned_compiled_bucket_that_misses_the_cache_is_refused_with_require_warm(rows_config, tmp_path):
     spec = load_spec(rows_config)
-    served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
-    namespace = tmp_path / "cache" / served.info().namespace
     planned = {"eager": VariantMeasure(ok=True, ms=1.0), "compiled": VariantMeasure(ok=True, ms=0.5)}
-    write_plan(namespace, spec, BucketResult(bucket=4, variant="compiled", variants=planned))
+
+    def cold_cache(name: str) -> Path:  # a plan that says compiled, and nothing compiled
+        served = runtime.load(rows_config, cache_dir=tmp_path / name)
+        write_plan(
+            tmp_path / name / served.info().namespace,
+            spec,
+            BucketResult(bucket=4, variant="compiled", variants=planned),
+        )
+        return tmp_path / name
+
     with pytest.raises(runtime.NotWarm, match="bucket 4: variant compiled missed the cache"):
-        runtime.load(rows_config, cache_dir=tmp_path / "cache", require_warm=True)
+        runtime.load(rows_config, cache_dir=cold_cache("planned"), require_warm=True, ready="planned")
+    # answering first: the bucket keeps serving eager with the refusal, and waiting for the plan raises it
+    answering = runtime.load(rows_config, cache_dir=cold_cache("answering"), require_warm=True)
+    with pytest.raises(runtime.NotWarm, match="bucket 4: variant compiled missed the cache"):
+        answering.wait_loaded()
+    row = answering.info().buckets[4]
+    assert (row.variant, row.on_plan, row.loading) == ("eager", False, False)
+    assert row.reason is not None and "missed the cache" in row.reason
+    args, _, want = eager_of(rows_config, 4)
+    torch.testing.assert_close(answering(*args), want)
+
+
+def planned_cache(config: Path, root: Path, variant: str, buckets: tuple[int, ...]) -> Path:
+    """A cache root whose namespace holds a serving plan naming `variant` for `buckets`, and nothing
+    compiled: a replica compiles them (in the background) when it loads."""
+    spec = load_spec(config)
+    measured = {"eager": VariantMeasure(ok=True, ms=1.0), variant: VariantMeasure(ok=True, ms=0.5)}
+    namespace = root / runtime.load(config, cache_dir=root).info().namespace
+    for bucket in buckets:
+        write_plan(namespace, spec, BucketResult(bucket=bucket, variant=variant, variants=measured))
+    return root
+
+
+@pytest.mark.slow
+def test_requests_sent_while_buckets_switch_get_the_models_answer_at_every_moment(rows_config, tmp_path):
+    """A replica answers on eager while its planned variants compile in the background, switches
+    each bucket between two calls, and no answer, before, during or after, differs from eager's."""
+    cache = planned_cache(rows_config, tmp_path / "cache", "compiled", (1, 4))
+    expected = {n: eager_of(rows_config, n) for n in range(1, 9)}  # before the load: a build seeds torch
+    served = runtime.load(rows_config, cache_dir=cache)  # answering: the compiles run behind it
+    assert served.info().ready == "answering"
+    seen: list[tuple[bool, str]] = []  # per answer: still loading?, the variant serving its bucket
+    failures: list[BaseException] = []
+
+    def client(offset: int) -> None:
+        deadline, after = time.monotonic() + 300, 0
+        n = offset
+        try:
+            while after < 20 and time.monotonic() < deadline:
+                loading = served.loading
+                args, _, want = expected[n % 8 + 1]
+                torch.testing.assert_close(served(*args), want)
+                seen.append((loading, served.variant(1 if n % 8 + 1 == 1 else 4)))
+                after += 0 if loading else 1
+                n += 1
+        except BaseException as exc:  # reported below, in the test's thread
+            failures.append(exc)
+
+    clients = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    assert failures == []
+    assert served.wait_loaded(timeout=0)
+    assert any(loading for loading, _ in seen) and any(variant == "compiled" for _, variant in seen)
+    info = served.info()
+    for row in info.buckets.values():
+        assert (row.variant, row.on_plan, row.loading, row.reason) == ("compiled", True, False, None)
+        assert row.on_plan_seconds is not None and row.on_plan_seconds >= info.answering_seconds
+    assert info.on_plan and info.on_plan_seconds is not None and info.on_plan_seconds >= info.answering_seconds
+    assert [what for what, _ in info.events][:2] == ["model built", "answering"]
+    assert {"bucket 4 on compiled", "bucket 1 on compiled", "settled"} <= {what for what, _ in info.events}
+
+    # ready="planned" returns only with every bucket on its plan: here from the cache just filled
+    planned = runtime.load(rows_config, cache_dir=cache, ready="planned", require_warm=True)
+    info = planned.info()
+    assert info.ready == "planned" and not planned.loading and info.on_plan
+    assert {b: (r.variant, r.on_plan) for b, r in info.buckets.items()} == {
+        1: ("compiled", True),
+        4: ("compiled", True),
+    }
+    assert info.on_plan_seconds is not None and info.ready_seconds >= info.on_plan_seconds >= info.answering_seconds
+    args, _, want = expected[3]
+    torch.testing.assert_close(planned(*args), want)
+
+
+@pytest.mark.slow
+def test_a_variant_that_fails_its_check_at_load_keeps_serving_eager_with_the_reason(tmp_path):
+    lies = config(
+        tmp_path,
+        "model: {factory: models.py:lies}\ninputs: [{shape: [batch, 6]}]\nbuckets: [1, 4]\ndevice: cpu\n"
+        "compile: {mode: default}\n",
+    )
+    cache = planned_cache(lies, tmp_path / "cache", "compiled", (4,))
+    served = runtime.load(lies, cache_dir=cache, ready="planned")
+    row = served.info().buckets[4]
+    assert (row.variant, row.planned, row.on_plan, row.loading) == ("eager", "compiled", False, False)
+    assert row.reason is not None and row.reason.startswith("compiled unavailable here, serving eager: ")
+    assert "compiled at load" in row.reason  # the gate's own line: which call, which output, how far off
+    assert not served.info().on_plan and not served.loading
+    args, _, want = eager_of(lies, 4)
+    torch.testing.assert_close(served(*args), want)
 
 
 @pytest.mark.slow
@@ -223,7 +332,7 @@ def test_a_replica_serves_what_warmup_chose_from_the_published_store(rows_config
         assert all(v["ok"] and v["ms"] > 0 for v in result["variants"].values())
         assert result["variant"] in ("eager", "compiled")
     monkeypatch.setenv("ORCHESTRATE_CACHE_SIGNING_KEY", key["ORCHESTRATE_CACHE_SIGNING_KEY"])
-    served = runtime.load(rows_config, cache_dir=tmp_path / "replica", remote=store, require_warm=True)
+    served = runtime.load(rows_config, cache_dir=tmp_path / "replica", remote=store, require_warm=True, ready="planned")
     info = served.info()
     assert info.pull is not None and info.pull.files > 0
     assert {b: i.planned for b, i in info.buckets.items()} == chosen
@@ -240,7 +349,7 @@ def test_a_replica_serves_what_warmup_chose_from_the_published_store(rows_config
         write_plan(
             tmp_path / "replica" / info.namespace, spec, BucketResult(bucket, variant="compiled", variants=measured)
         )
-    compiled = runtime.load(rows_config, cache_dir=tmp_path / "replica", require_warm=True)
+    compiled = runtime.load(rows_config, cache_dir=tmp_path / "replica", require_warm=True, ready="planned")
     assert {b: i.variant for b, i in compiled.info().buckets.items()} == {1: "compiled", 4: "compiled"}
     assert all(i.cache_misses == 0 and i.cache_hits > 0 for i in compiled.info().buckets.values())
     for n in (1, 3, 4, 6):
