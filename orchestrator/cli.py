@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import click
 from rich.console import Console
@@ -41,6 +41,7 @@ from orchestrator.errors import (
     EXIT_USAGE,
     UserError,
 )
+from orchestrator.jobs.spec import READY_WHEN, ReadyWhen
 
 
 def _publish_options(command):
@@ -512,6 +513,14 @@ def _miss_reason(namespace: str, store_url: str, model: str, here: Any, elsewher
 @click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
 @click.option("--require-warm", is_flag=True, help="Fail instead of compiling a bucket that misses the cache.")
 @click.option(
+    "--ready",
+    type=click.Choice(READY_WHEN),
+    default="answering",
+    show_default=True,
+    help="Take requests once every bucket answers (eager until its planned variant is loaded, in the "
+    "background), or only once every bucket is on its plan.",
+)
+@click.option(
     "--max-batch-size",
     type=click.IntRange(min=1),
     help="Requests joined into one call (default: the largest bucket); 1 runs each alone.",
@@ -531,6 +540,7 @@ def serve(
     cache_dir: Optional[str],
     ray_address: Optional[str],
     require_warm: bool,
+    ready: str,
     max_batch_size: Optional[int],
     metrics_port: Optional[int],
     remote: Optional[str],
@@ -539,8 +549,10 @@ def serve(
 ) -> None:
     """Serve the warmed model over HTTP on Ray Serve until Ctrl-C: POST /predict {"inputs": [...]}.
 
-    One replica loads every bucket from the cache (pulled from --remote, or the store beside the
-    cache, first) before it takes requests; requests that arrive together run as one call.
+    One replica builds the model and takes requests as soon as every bucket answers, eager at first;
+    each bucket switches to its planned variant from the cache (pulled from --remote, or the store
+    beside the cache, first) as soon as that is loaded (`--ready planned`: take requests only then).
+    Requests that arrive together run as one call.
 
     \b
     Example:
@@ -579,12 +591,17 @@ def serve(
     def say(line: str) -> None:
         print(line, file=log.screen, flush=True)
 
-    def ready(url: str, info: dict[str, Any]) -> None:
+    def on_ready(url: str, info: dict[str, Any]) -> None:
         variants = ", ".join(f"{bucket}: {row['variant']}" for bucket, row in info["buckets"].items())
-        say(
-            f"orchestrate: serving {spec.label} at {url} ({info['device']}; {variants}; "
-            f"ready in {info['ready_seconds']:.1f} s); Ctrl-C stops"
+        loading = [str(bucket) for bucket, row in info["buckets"].items() if row["loading"]]
+        state = (
+            f"answering in {info['ready_seconds']:.1f} s"
+            if ready == "answering"
+            else (f"on plan in {info['ready_seconds']:.1f} s")
         )
+        if loading:
+            state += f"; buckets {', '.join(loading)} switch to their plans as they load (GET /info)"
+        say(f"orchestrate: serving {spec.label} at {url} ({info['device']}; {variants}; {state}); Ctrl-C stops")
 
     try:
         # Ray's and Serve's own lines (a task retried while Serve shuts down, a replica's start)
@@ -600,9 +617,10 @@ def serve(
                 ray_address=ray_address,
                 remote=Remote(store_url, allow_unsigned, trusted=trusted) if store_url else None,
                 require_warm=require_warm,
+                ready_when=cast(ReadyWhen, ready),
                 max_batch_size=max_batch_size,
                 metrics_port=metrics_port,
-                on_ready=ready,
+                on_ready=on_ready,
                 until=block_until_signalled,
             )
     except SetupError as exc:
@@ -643,6 +661,14 @@ def _cluster_shape_options(image_required: bool):
                 default=2,
                 show_default=True,
                 help="Serving pods (0: the warmup alone).",
+            ),
+            click.option(
+                "--ready",
+                type=click.Choice(READY_WHEN),
+                default="answering",
+                show_default=True,
+                help="Serving pods turn ready (take traffic) once every bucket answers, eager until its planned "
+                "variant is loaded, or once every bucket is on its plan (docs/serving.md).",
             ),
             click.option("--service-account", metavar="NAME", help="The pods' service account."),
             click.option(

@@ -122,6 +122,9 @@ class ClusterShape:
     signing_secret: str = "orchestrate-signing-key"  # key: signing-key
     trusted_keys_config_map: str = "orchestrate-trusted-keys"  # key: cache-signing.key.pub
     serving_replicas: int = 2  # 0: render the warmup alone
+    # what a serving pod's readiness waits for: every bucket answering (eager until its planned variant
+    # is swapped in) or every bucket on its plan (orchestrator.jobs.replica.READY_WHEN)
+    ready: str = "answering"
     serve_cpu: str = "4"
     serve_memory: str = "16Gi"
     ttl_seconds: int = 3600
@@ -418,13 +421,16 @@ def _serving(
             str(SERVE_PORT),
             "--metrics-port",
             str(METRICS_PORT),
+            "--ready",
+            shape.ready,
         ],
         env=env,
         ports=[
             {"name": "http", "containerPort": SERVE_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
-        # /info answers once the replica has loaded every bucket; until then Serve has no route
+        # /info answers once the replica's constructor has returned, which `--ready` decides: every
+        # bucket answering, or every bucket on its plan; until then Serve has no route to it
         startupProbe={**probe, "failureThreshold": math.ceil(start_budget_seconds(spec) / PROBE_PERIOD_SECONDS)},
         readinessProbe={**probe, "failureThreshold": 3},
         livenessProbe={

@@ -244,7 +244,9 @@ def test_serving_is_ready_when_the_runtime_is_and_has_time_to_load_every_bucket(
     ports = {p["name"]: p["containerPort"] for p in server["ports"]}
     assert ports["http"] == int(_argument(server["command"], "--port"))
     assert ports["metrics"] == int(_argument(server["command"], "--metrics-port"))
-    # /info answers only once the replica has loaded every bucket; the proxy's health is liveness
+    # /info answers only once the replica's constructor returned (every bucket answering, as --ready
+    # answering asks by default); the proxy's health is liveness
+    assert _argument(server["command"], "--ready") == "answering"
     for probe in ("startupProbe", "readinessProbe"):
         assert server[probe]["httpGet"] == {"path": "/info", "port": "http"}
     assert server["livenessProbe"]["httpGet"] == {"path": "/-/healthz", "port": "http"}
@@ -260,6 +262,18 @@ def test_serving_is_ready_when_the_runtime_is_and_has_time_to_load_every_bucket(
     recommended = ("name", "instance", "version", "component", "part-of", "managed-by")
     for document in shipped("warmup/warmup-mlp.yaml", "serving/serving-mlp.yaml"):
         assert all(f"app.kubernetes.io/{key}" in document["metadata"]["labels"] for key in recommended)
+
+
+def test_the_readiness_probe_follows_ready():
+    """`--ready planned` makes the server's load, and so the route its probes ask, wait for every
+    bucket on its plan; the probes themselves are the same route."""
+    proc = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", *SHIPPED_RENDER, "--ready", "planned")
+    assert proc.returncode == 0, proc.stderr
+    [server] = _serving_pod(list(yaml.safe_load_all(proc.stdout)))["spec"]["containers"]
+    assert _argument(server["command"], "--ready") == "planned"
+    assert server["readinessProbe"]["httpGet"] == {"path": "/info", "port": "http"}
+    refused = orchestrate("render", "k8s", "--model", "examples/mlp.yaml", *SHIPPED_RENDER, "--ready", "soon")
+    assert refused.returncode == 2 and "'soon' is not one of 'answering', 'planned'" in refused.stderr
 
 
 def test_warmup_workers_and_serving_pods_are_pinned_to_the_warmed_gpu_class():

@@ -195,7 +195,7 @@ from prometheus_client import start_http_server
 from orchestrator import runtime
 
 config, cache, store, port = sys.argv[1:]
-model = runtime.load(config, cache_dir=cache, remote=store)
+model = runtime.load(config, cache_dir=cache, remote=store, ready="planned")
 for rows in (1, 3, 3):  # bucket 1 exactly, then bucket 4 twice with one row of padding each
     model(torch.randn(rows, 16))
 start_http_server(int(port), addr="127.0.0.1", registry=runtime.metrics_registry(model))
@@ -471,6 +471,17 @@ def test_the_replica_reports_how_it_started_and_what_it_served(monitoring, repli
     }
     ready = query(prometheus, f'orchestrate_replica_ready_seconds{{model="{MODEL}"}}')
     assert float(ready[0]["value"][1]) == pytest.approx(info["ready_seconds"])
+    answering = query(prometheus, f'orchestrate_replica_answering_seconds{{model="{MODEL}"}}')
+    assert float(answering[0]["value"][1]) == pytest.approx(info["answering_seconds"])
+    settled = query(prometheus, f'orchestrate_replica_on_plan_seconds{{model="{MODEL}"}}')
+    assert float(settled[0]["value"][1]) == pytest.approx(info["on_plan_seconds"])
+    assert info["on_plan_seconds"] >= info["answering_seconds"]
+    assert values_by(prometheus, f'orchestrate_replica_bucket_on_plan{{model="{MODEL}"}}', "bucket") == {
+        bucket: 1 if row["on_plan"] else 0 for bucket, row in info["buckets"].items()
+    }
+    assert values_by(prometheus, f'orchestrate_replica_bucket_on_plan_seconds{{model="{MODEL}"}}', "bucket") == {
+        bucket: pytest.approx(row["on_plan_seconds"]) for bucket, row in info["buckets"].items()
+    }
     assert values_by(prometheus, f'orchestrate_replica_cache_misses{{model="{MODEL}"}}', "bucket") == {
         bucket: row["cache_misses"] for bucket, row in info["buckets"].items()
     }

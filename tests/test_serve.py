@@ -53,7 +53,8 @@ class Server:
         self._stderr, self._stdout = log.open("w"), self.stdout.open("w")
         command = [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8"]
         command += ["--device", "cpu", "--cache-dir", str(cache), "--port", str(self.port)]
-        command += ["--metrics-port", str(self.metrics_port)]
+        # planned: Serve routes nothing to the replica before every bucket is on warmup's choice
+        command += ["--metrics-port", str(self.metrics_port), "--ready", "planned"]
         if as_a_restricted_pod:  # as the rendered serving container runs it
             command = [str(RESTRICTED_POD), *command, "--require-warm"]
         self.as_a_restricted_pod = as_a_restricted_pod
@@ -160,6 +161,10 @@ def test_the_server_reports_what_it_loaded(server):
     for row in info["buckets"].values():
         assert row["variant"] in ("eager", "compiled"), row
         assert row["cache_misses"] == 0, row  # loaded what warmup compiled, compiled nothing
+        assert row["on_plan"] and not row["loading"] and row["on_plan_seconds"] <= info["ready_seconds"], row
+    # --ready planned: the first answer came with every bucket on its plan already
+    assert info["ready"] == "planned" and info["on_plan"] and not info["loading"]
+    assert info["answering_seconds"] <= info["on_plan_seconds"] <= info["ready_seconds"]
 
 
 def test_the_server_runs_as_a_restricted_pod_and_starts_warm(server):

@@ -1,9 +1,10 @@
 """Prometheus metrics of a serving replica, read from its BucketedModel at every scrape.
 
-How the replica started (fixed once it is ready, so gauges): seconds until ready, the variant
-serving each bucket, cache hits and misses at load, the buckets that started cold (compiled at
-load: a cache miss) or serve another variant than warmup chose, and what its own pull from the
-store did. What it has served since (a long-running process, so counters): model calls per
+How the replica started (gauges): seconds until it answered, and until every bucket was on its
+plan; per bucket, whether it is on plan and since when, and the variant serving it now (eager
+until its planned variant is swapped in); cache hits and misses at load, the buckets that started
+cold (compiled at load: a cache miss) or serve another variant than warmup chose, and what its own
+pull from the store did. What it has served since (a long-running process, so counters): model calls per
 bucket, the request rows in them and the rows of padding added to reach the bucket.
 
     registry = runtime.metrics_registry(model)                # model = runtime.load(...)
@@ -40,9 +41,23 @@ class ReplicaCollector(Collector):
         def gauge(metric: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
             return GaugeMetricFamily(metric, doc, labels=["model", "gpu", *labels])
 
-        ready = gauge("orchestrate_replica_ready_seconds", "Load start to ready: pull, every bucket loaded and checked")
+        ready = gauge(
+            "orchestrate_replica_ready_seconds",
+            "Load start to ready, as --ready chose: every bucket answering, or every bucket on its plan",
+        )
         ready.add_metric(run, info.ready_seconds)
-        yield ready
+        answering = gauge(
+            "orchestrate_replica_answering_seconds", "Load start to every bucket answering (eager until on plan)"
+        )
+        answering.add_metric(run, info.answering_seconds)
+        yield from (ready, answering)
+        if info.on_plan_seconds is not None:
+            planned = gauge(
+                "orchestrate_replica_on_plan_seconds",
+                "Load start to every bucket settled: on its plan, or refused with a reason (absent while loading)",
+            )
+            planned.add_metric(run, info.on_plan_seconds)
+            yield planned
         if info.ready_seconds_from_spawn is not None:
             spawn = gauge("orchestrate_replica_ready_from_spawn_seconds", "Process spawn to ready")
             spawn.add_metric(run, info.ready_seconds_from_spawn)
@@ -53,19 +68,28 @@ class ReplicaCollector(Collector):
             "orchestrate_replica_cache_misses", "Cache misses (compiles) while loading a bucket", ("bucket",)
         )
         load = gauge("orchestrate_replica_bucket_load_seconds", "Building a bucket's variant at load", ("bucket",))
+        on_plan = gauge(
+            "orchestrate_replica_bucket_on_plan", "1 while a bucket serves the variant warmup chose", ("bucket",)
+        )
+        since = gauge("orchestrate_replica_bucket_on_plan_seconds", "Load start to the bucket on its plan", ("bucket",))
         for bucket, row in info.buckets.items():
             variant.add_metric([*run, str(bucket), row.variant], 1)
             hits.add_metric([*run, str(bucket)], row.cache_hits)
             misses.add_metric([*run, str(bucket)], row.cache_misses)
             load.add_metric([*run, str(bucket)], row.load_seconds)
-        yield from (variant, hits, misses, load)
+            on_plan.add_metric([*run, str(bucket)], 1 if row.on_plan else 0)
+            if row.on_plan_seconds is not None:
+                since.add_metric([*run, str(bucket)], row.on_plan_seconds)
+        yield from (variant, hits, misses, load, on_plan, since)
         cold = gauge("orchestrate_replica_cold_buckets", "Buckets that missed the cache at load and compiled")
         cold.add_metric(run, sum(1 for row in info.buckets.values() if row.cache_misses))
         fallback = gauge(
             "orchestrate_replica_fallback_buckets",
-            "Buckets serving another variant than warmup chose (no serving plan, or the plan's unavailable here)",
+            "Buckets settled on another variant than warmup chose (no serving plan, or the plan's unavailable here)",
         )
-        fallback.add_metric(run, sum(1 for row in info.buckets.values() if row.variant != row.planned))
+        fallback.add_metric(
+            run, sum(1 for row in info.buckets.values() if not row.loading and (row.planned is None or not row.on_plan))
+        )
         yield from (cold, fallback)
         if info.store is not None:
             hit = gauge("orchestrate_replica_pull_hit", "1 if the replica's pull found its namespace in the store")

@@ -7,7 +7,9 @@
     GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.serving.metrics
 
 One replica (`ModelServer`) loads the model with `runtime.load` in its constructor, so Serve sends
-it nothing before every bucket is loaded. Requests arriving together are batched (`serve.batch`,
+it nothing before the load returns: with `--ready answering` once every bucket answers (eager
+until its planned variant is swapped in, in the background), with `planned` once every bucket is
+on its plan. Requests arriving together are batched (`serve.batch`,
 up to the largest bucket's count of requests): their inputs are joined along the bucket
 dimension, the model runs once (padded to a bucket, or in chunks of the largest), and the outputs
 are cut back per request (orchestrator.serving.codec). Joining assumes what `serve.oversize:
@@ -34,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 
 from orchestrator.jobs.errors import brief
 from orchestrator.jobs.records import Remote
-from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
 from orchestrator.jobs.workers import threads_as_a_plain_process
 
 if TYPE_CHECKING:  # torch is imported in the replica, after its thread count is set
@@ -58,6 +60,7 @@ class ModelServer:
         max_batch_size: int,
         batch_wait_seconds: float,
         metrics: Optional[tuple[str, int]] = None,
+        ready: ReadyWhen = "answering",
     ) -> None:
         # Ray starts a replica with OMP_NUM_THREADS set to its CPU share; the warm cache holds CPU
         # kernels built for the node's default thread count, as a plain process runs them
@@ -72,6 +75,7 @@ class ModelServer:
             require_warm=require_warm,
             allow_unsigned=bool(remote and remote.allow_unsigned),
             trust=list(TrustedKeys.from_pems(remote.trusted)) if remote else (),
+            ready=ready,
         )
         self.codec = RequestCodec(self.model.spec, self.model.device)
         self._answer_type = Answer
@@ -90,7 +94,8 @@ class ModelServer:
             start_http_server(port, addr=host, registry=runtime.metrics_registry(self.model, spec.name))
 
     def info(self) -> dict[str, Any]:
-        """What the replica loaded: per bucket the variant serving it, cache hits, load seconds."""
+        """What the replica serves: per bucket the variant serving it now, whether it is on plan and
+        since when, cache hits, load seconds; and where its start went."""
         return json.loads(json.dumps(self.model.info().to_dict(), default=str))
 
     async def __call__(self, request: Request) -> Response:
@@ -185,6 +190,7 @@ def run_server(
     ray_address: Optional[str] = None,
     remote: Optional[Remote] = None,
     require_warm: bool = False,
+    ready_when: ReadyWhen = "answering",
     max_batch_size: Optional[int] = None,
     batch_wait_seconds: float = BATCH_WAIT_SECONDS,
     metrics_port: Optional[int] = None,
@@ -219,7 +225,13 @@ def run_server(
                 # room for a batch being run, the next one filling, and requests being decoded
                 max_ongoing_requests=max(4 * batch, 16),
             ).bind(
-                spec, remote, require_warm, batch, batch_wait_seconds, (host, metrics_port) if metrics_port else None
+                spec,
+                remote,
+                require_warm,
+                batch,
+                batch_wait_seconds,
+                (host, metrics_port) if metrics_port else None,
+                ready_when,
             )
             deployed = True
             try:
