@@ -425,13 +425,14 @@ class _Loader:
             self._pull_done.set()
             return
         self._pull_done.set()
-        needs_compiler = any(plan["variant"] in COMPILED_VARIANTS for plan in self._plans.values())
-        if needs_compiler:  # seconds of imports, while the model builds; else never imported at all
-            ti.import_compiler()
+        planned = {plan["variant"] for plan in self._plans.values()}
+        # the imports wait for the model: beside its build (Python too) they would slow the answering
+        self._model_ready.wait()
+        if planned & set(COMPILED_VARIANTS):  # else Dynamo is never imported at all
+            ti.import_compiler(to_compile=bool(planned & {"compiled", "graphed"}))
             ti.allow_recompiles(2 * len(self.spec.buckets))
             self.events.add("compiler imported")
         frames = ti.CounterWindow()
-        self._model_ready.wait()
         failure: Optional[BaseException] = None
         for bucket in sorted(self.spec.buckets, reverse=True):  # the largest first: it sizes the shared pool
             if self._abandoned:

@@ -67,12 +67,15 @@ def _primer(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x * 2.0 + 1.0)
 
 
-def import_compiler() -> None:
-    """Import Dynamo, Inductor and Dynamo's ahead-of-time loader now: seconds of Python that a
-    replica pays on a thread of its own while its model builds, instead of inside its first load."""
+def import_compiler(*, to_compile: bool) -> None:
+    """Import Dynamo and its ahead-of-time loader now, and Inductor's compiler where something will
+    be traced and compiled (`to_compile`; a saved function loads without it): seconds of Python
+    that a replica pays on its loader thread."""
     import torch._dynamo
-    import torch._dynamo.aot_compile
-    import torch._inductor.compile_fx  # noqa: F401
+    import torch._dynamo.aot_compile  # noqa: F401
+
+    if to_compile:
+        import torch._inductor.compile_fx  # noqa: F401
 
 
 def allow_recompiles(n_graphs: int) -> None:
@@ -264,29 +267,34 @@ def _reached_through_an_import(source: Any) -> bool:
 
 
 def import_module_globals(function: Any) -> list[str]:
-    """Make a function compiled ahead of time find, in another process, the modules its code names.
+    """Make a function compiled ahead of time find, in another process, the globals its code names.
 
     Dynamo's generated code loads some modules (`collections` where a Hugging Face model builds
     its output) through globals it installed in the tracing process under made-up names
-    (`___module_collections_<id>_c0`); the saved function records neither them nor what they
-    were, so a fresh process cannot even load it ("Missing required external references"). Each
-    such name that held a module here is added to the function's import sources, which the loader
-    imports by name. Returns the names it could not resolve to a module (the function then cannot
-    run elsewhere); [] where this torch keeps no runtime environment to fix."""
+    (`___module_collections_<id>_c0`), and builtins (`type`) that torch 2.11 does not record; the
+    saved function carries neither, so a fresh process cannot even load it ("Missing required
+    external references"). Each made-up name that held a module here is added to the function's
+    import sources, which the loader imports by name, and each builtin to the globals it saves.
+    Returns the names it could not resolve (the function then cannot run elsewhere); [] where
+    this torch keeps no runtime environment to fix."""
     import builtins
     import dis
 
     env = getattr(getattr(function, "_artifacts", None), "runtime_env", None)
     sources = getattr(env, "import_sources", None)
+    saved = getattr(env, "used_globals", None)
     bytecode = getattr(env, "bytecode", None)
-    if env is None or not isinstance(sources, dict) or not isinstance(bytecode, types.CodeType):
+    if not isinstance(sources, dict) or not isinstance(saved, dict) or not isinstance(bytecode, types.CodeType):
         return []
-    known = {*sources, *getattr(env, "used_globals", {}), *vars(builtins)}
     names = {i.argval for i in dis.get_instructions(bytecode) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    names.discard(getattr(function._artifacts, "backend_id", None))  # the compiled graph: the loader binds it
     unresolved = []
-    for name in sorted(n for n in names if isinstance(n, str) and n not in known and n.startswith("___")):
+    for name in sorted(n for n in names if isinstance(n, str) and n not in sources and n not in saved):
+        if hasattr(builtins, name):
+            saved[name] = getattr(builtins, name)
+            continue
         value = next((vars(m)[name] for m in list(sys.modules.values()) if m and name in vars(m)), None)
-        if isinstance(value, types.ModuleType):
+        if name.startswith("___") and isinstance(value, types.ModuleType):
             sources[name] = value.__name__
         else:
             unresolved.append(name)
