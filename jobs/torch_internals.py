@@ -283,10 +283,12 @@ def import_module_globals(function: Any) -> list[str]:
     env = getattr(getattr(function, "_artifacts", None), "runtime_env", None)
     sources = getattr(env, "import_sources", None)
     saved = getattr(env, "used_globals", None)
-    bytecode = getattr(env, "bytecode", None)
-    if not isinstance(sources, dict) or not isinstance(saved, dict) or not isinstance(bytecode, types.CodeType):
+    if not isinstance(sources, dict) or not isinstance(saved, dict):
         return []
-    names = {i.argval for i in dis.get_instructions(bytecode) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    names = set(getattr(env, "external_refs", None) or ())  # what the loader checks, where torch records it
+    bytecode = getattr(env, "bytecode", None)
+    if isinstance(bytecode, types.CodeType):
+        names |= {i.argval for i in dis.get_instructions(bytecode) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     names.discard(getattr(function._artifacts, "backend_id", None))  # the compiled graph: the loader binds it
     unresolved = []
     for name in sorted(n for n in names if isinstance(n, str) and n not in sources and n not in saved):
