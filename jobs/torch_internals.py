@@ -306,12 +306,43 @@ def import_module_globals(function: Any) -> list[str]:
 @contextlib.contextmanager
 def aot_compile_enabled() -> Iterator[None]:
     """torch 2.11 keeps Dynamo's ahead-of-time compile behind a config flag; later versions have it on."""
+    save_builtins_with_compiled_code()
     config = torch._dynamo.config
     if not hasattr(config, "enable_aot_compile"):
         yield
         return
     with config.patch(enable_aot_compile=True):
         yield
+
+
+def save_builtins_with_compiled_code() -> None:
+    """Make the runtime environment Dynamo records for a function compiled ahead of time hold the
+    builtins its code names, as torch 2.12 and later do. torch 2.11 leaves them out, and the
+    function it builds then refuses to exist, in the compiling process already ("Missing required
+    external references: ['type']": every Hugging Face model that builds its output names
+    `type`). Idempotent; a torch whose capture output keeps no runtime environment is left alone."""
+    import builtins
+
+    try:
+        from torch._dynamo.convert_frame import GraphCaptureOutput
+    except ImportError:
+        return
+    recorded = getattr(GraphCaptureOutput, "get_runtime_env", None)
+    if recorded is None or getattr(recorded, "_saves_builtins", False):
+        return
+
+    @functools.wraps(recorded)
+    def with_builtins(self: Any) -> Any:
+        env = recorded(self)
+        saved, sources = getattr(env, "used_globals", None), getattr(env, "import_sources", {})
+        if isinstance(saved, dict):
+            for name in getattr(env, "external_refs", None) or ():
+                if name not in saved and name not in sources and hasattr(builtins, name):
+                    saved[name] = getattr(builtins, name)
+        return env
+
+    with_builtins._saves_builtins = True  # type: ignore[attr-defined]
+    GraphCaptureOutput.get_runtime_env = with_builtins  # type: ignore[method-assign]  # the patch is the point
 
 
 def saved_function_takes_self(function: Any) -> bool:
