@@ -151,7 +151,6 @@ def load_replica(
     loader.start()
     try:
         model = build_model(spec, device)
-        loader.events.add("model built")
         loader.model_built(model)
         references: dict[int, Any] = {}
         with torch.no_grad():
@@ -182,7 +181,7 @@ def load_replica(
         store=remote.url if remote else None,
         platform=platform,
     )
-    served = BucketedModel(spec, device, model, shaper, dims, info, age)
+    served = BucketedModel(spec, device, model, shaper, dims, info, age, loader.call_lock)
     loader.serve(served, references)
     if ready == "planned":
         served.wait_loaded()
@@ -237,6 +236,7 @@ class BucketedModel:
         dims: Any,
         info: ReplicaInfo,
         process_age: Optional[float] = None,
+        call_lock: Optional[threading.Lock] = None,
     ) -> None:
         # the eager module: what `eager` buckets run, and what every variant was built from
         self.model = model
@@ -247,7 +247,8 @@ class BucketedModel:
         self._variants = {bucket: "eager" for bucket in self.buckets}
         # replays write their outputs into the same buffers: the caller gets copies
         self._copies = {bucket: False for bucket in self.buckets}
-        self._lock = threading.Lock()  # one call at a time; a switch waits for the call under way
+        # one call at a time; a switch waits for the call under way, and so does a Dynamo trace (_Loader)
+        self._lock = call_lock or threading.Lock()
         self._info_lock = threading.Lock()  # info and usage snapshots never wait for a model call
         self._loaded = threading.Event()
         self._failure: Optional[BaseException] = None  # what wait_loaded raises: NotWarm
@@ -373,6 +374,10 @@ class _Loader:
         self.spec, self.device, self.require_warm = spec, device, require_warm
         self.local, self.directory, self.platform, self.remote = local, local.path, platform, remote
         self.events = _Events(started)
+        # the served model's call lock: while Dynamo traces (and AOTAutograd, on a cache miss,
+        # traces again with torch.fx, which patches torch.nn.Module's __call__ for every thread),
+        # an eager call on another thread would be caught in that trace, so none runs meanwhile
+        self.call_lock = threading.Lock()
         self.gate = Gate.from_options(spec.check)
         self.pool: Any = None  # the memory pool every bucket's CUDA graph shares
         self.pulled: Optional[sync.Transfer] = None
@@ -394,6 +399,7 @@ class _Loader:
 
     def model_built(self, model: torch.nn.Module) -> None:
         """Variants build from here on, while the caller runs the eager references."""
+        self.events.add("model built")
         self.model = model
         self._model_ready.set()
 
@@ -536,13 +542,18 @@ class _Loader:
                 ti.mark_step()
                 return compiled(*a, **k)
 
-            # load, then CUDA-graph trees' warm-up and recording (trees are per thread: a serving
-            # thread records its own on its first calls)
+            with self.call_lock, torch.no_grad():
+                run(*args, **kwargs)  # the trace and the cache load (or the compile)
+            # CUDA-graph trees' warm-up and recording (trees are per thread: a serving thread records
+            # its own on its first calls)
             with torch.no_grad():
-                for _ in range(1 + GRAPH_RECORD_CALLS):
+                for _ in range(GRAPH_RECORD_CALLS):
                     run(*args, **kwargs)
             return run, 0.0
         fn = model if variant == "eager-graphed" else self._compile("graphed")
+        if variant == "graphed":
+            with self.call_lock, torch.no_grad():
+                fn(*args, **kwargs)  # the trace and the cache load (or the compile)
         started = time.perf_counter()
         call = GraphedCall(fn, args, kwargs, pool=self.pool)
         self.pool = self.pool or call.pool
