@@ -1,5 +1,5 @@
 """How fast a fresh serving process starts, against the eager floor, on a GPU (numbers go to
-docs/performance.md). Run by hand; bench/replica_start.sh runs it on the lent GPU.
+docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machine without network access.
 
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
                                   [--budget SECONDS] [CFG.yaml or name ...]

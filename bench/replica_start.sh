@@ -36,7 +36,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 # Bytecode cached as in an image whose packages were compiled at install (pip's default): the
-# lent machine's torch has no __pycache__, and compiling torch's and Dynamo's sources in every
+# GPU machine's torch has no __pycache__, and compiling torch's and Dynamo's sources in every
 # process would add seconds to the floor and more to a replica. Floor and replica alike.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=$PWD/.devscratch/pycache
