@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, orchestrate
 
 from orchestrator.cache.manifest import SigningKey
@@ -260,3 +261,75 @@ def test_on_ray_the_compile_wave_builds_each_function_once_and_the_ranks_serve_f
     assert [name.split("-")[0] for name in saved] == ["aot/b1", "aot/b4"]
     plans = read_plans(replica_dir)
     assert sorted(plans[b]["artifacts"]["aot"]["path"] for b in (1, 4)) == saved
+
+
+OUTPUT_MODELS = """
+import collections
+import torch
+
+class Out(collections.OrderedDict):  # as a Hugging Face ModelOutput is
+    pass
+
+class Named(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return Out(hidden=self.linear(x))
+"""
+
+FRESH_LOAD = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import named_output
+from orchestrator.jobs import aot
+torch.manual_seed(0)
+model = named_output.Named().eval()
+x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    got, want = aot.load(__import__("pathlib").Path(sys.argv[2]), model)(x), model(x)
+print(type(got).__name__, (got["hidden"] - want["hidden"]).abs().max().item())
+"""
+
+
+@pytest.mark.slow
+def test_a_function_whose_code_names_modules_and_builtins_loads_in_a_fresh_process(tmp_path, monkeypatch):
+    """Dynamo's code for a model returning an OrderedDict subclass (as Hugging Face models do) names
+    `collections` under a made-up global and the builtin `type`: both are saved with the function,
+    also on a torch that leaves builtins out of what it saves (torch 2.11's behaviour, put back here)."""
+    import builtins
+
+    from torch._dynamo.convert_frame import GraphCaptureOutput
+
+    recorded = GraphCaptureOutput.get_runtime_env
+    recorded = getattr(recorded, "__wrapped__", recorded)  # torch's own, under any wrapper of ours
+
+    def without_builtins(self):
+        env = recorded(self)
+        for name in [n for n, value in env.used_globals.items() if getattr(builtins, n, None) is value]:
+            del env.used_globals[name]
+        return env
+
+    monkeypatch.setattr(GraphCaptureOutput, "get_runtime_env", without_builtins)
+    (tmp_path / "named_output.py").write_text(OUTPUT_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import named_output
+
+    torch.manual_seed(0)
+    model = named_output.Named().eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    (tmp_path / "ns").mkdir()
+    options = aot.compile_kwargs("default", {}, "inductor", "cpu")
+    rel = aot.build(model, [x], {}, tmp_path / "ns", 4, options)
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_LOAD, str(tmp_path), str(tmp_path / "ns" / rel)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kind, error = proc.stdout.split()
+    assert kind == "Out" and float(error) < 1e-5
