@@ -431,18 +431,41 @@ class _Loader:
             self._pull_done.set()
             return
         self._pull_done.set()
-        planned = {plan["variant"] for plan in self._plans.values()}
         # the imports wait for the model: beside its build (Python too) they would slow the answering
         self._model_ready.wait()
+        settled: set[int] = set()
+        frames: Optional[ti.CounterWindow] = None
+        try:
+            frames = self._import_what_plans_need()
+            failure = self._load_buckets(settled)
+        except Exception as exc:  # the loader's own fault: every bucket not yet settled stays on eager
+            failure = exc
+            self._serving.wait()
+            if self._served is not None and not self._abandoned:
+                for bucket in sorted(set(self.spec.buckets) - settled):
+                    row = initial_row(bucket, self._plans)
+                    row.reason = f"{row.planned or 'eager'} not loaded, serving eager: {brief(exc)}"
+                    self._served._settle(row, None)
+        self._references.clear()  # the eager outputs: held only to check against
+        if self._served is not None and not self._abandoned:
+            compiled = frames.stats().frames_compiled if frames else 0
+            self._served._loaded_all(self.events.add("settled"), compiled, failure)
+
+    def _import_what_plans_need(self) -> ti.CounterWindow:
+        planned = {plan["variant"] for plan in self._plans.values()}
         if planned & set(COMPILED_VARIANTS):  # else Dynamo is never imported at all
             ti.import_compiler(to_compile=bool(planned & {"compiled", "graphed"}))
             ti.allow_recompiles(2 * len(self.spec.buckets))
             self.events.add("compiler imported")
-        frames = ti.CounterWindow()
+        return ti.CounterWindow()
+
+    def _load_buckets(self, settled: set[int]) -> Optional[BaseException]:
+        """Each bucket on its plan, largest first (it sizes the shared pool); NotWarm, where one
+        missed the cache under require_warm (nothing loads after it)."""
         failure: Optional[BaseException] = None
-        for bucket in sorted(self.spec.buckets, reverse=True):  # the largest first: it sizes the shared pool
+        for bucket in sorted(self.spec.buckets, reverse=True):
             if self._abandoned:
-                return
+                return failure
             row = initial_row(bucket, self._plans)
             runner = None
             if row.planned in (None, "eager"):
@@ -458,7 +481,7 @@ class _Loader:
             self._serving.wait()
             served = self._served
             if self._abandoned or served is None:
-                return
+                return failure
             if runner is not None:
                 served._switch(row, runner, self.events.add(f"bucket {bucket} on {row.variant}"))
             elif row.planned in (None, "eager"):
@@ -466,9 +489,8 @@ class _Loader:
             else:
                 self.events.add(f"bucket {bucket} stays eager")
                 served._settle(row, None)
-        self._references.clear()  # the eager outputs: held only to check against
-        if self._served is not None:
-            self._served._loaded_all(self.events.add("settled"), frames.stats().frames_compiled, failure)
+            settled.add(bucket)
+        return failure
 
     def _pull(self) -> None:
         if self.remote is not None:

@@ -233,6 +233,29 @@ def planned_cache(config: Path, root: Path, variant: str, buckets: tuple[int, ..
     return root
 
 
+def test_a_fault_of_the_loader_itself_leaves_every_bucket_on_eager_and_never_hangs(rows_config, tmp_path, monkeypatch):
+    """Whatever breaks on the loader's thread, the replica keeps answering on eager, says why, and
+    whoever waits for the plan gets the error instead of waiting for ever."""
+    from orchestrator.jobs import torch_internals
+
+    cache = planned_cache(rows_config, tmp_path / "cache", "compiled", (1, 4))
+
+    def broken(**kwargs):
+        raise RuntimeError("the compiler would not import")
+
+    monkeypatch.setattr(torch_internals, "import_compiler", broken)
+    with pytest.raises(RuntimeError, match="the compiler would not import"):
+        runtime.load(rows_config, cache_dir=cache, ready="planned")
+    served = runtime.load(rows_config, cache_dir=cache)
+    with pytest.raises(RuntimeError, match="the compiler would not import"):
+        served.wait_loaded(timeout=60)
+    for row in served.info().buckets.values():
+        assert (row.variant, row.on_plan, row.loading) == ("eager", False, False)
+        assert row.reason == "compiled not loaded, serving eager: RuntimeError: the compiler would not import"
+    args, _, want = eager_of(rows_config, 3)
+    torch.testing.assert_close(served(*args), want)
+
+
 @pytest.mark.slow
 def test_requests_sent_while_buckets_switch_get_the_models_answer_at_every_moment(rows_config, tmp_path):
     """A replica answers on eager while its planned variants compile in the background, switches
