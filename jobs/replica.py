@@ -153,7 +153,8 @@ def load_replica(
         model = build_model(spec, device)
         loader.model_built(model)
         references: dict[int, Any] = {}
-        with torch.no_grad():
+        # under the call lock, as every call of the served model: the loader may be tracing already
+        with loader.call_lock, torch.no_grad():
             for bucket in sorted(spec.buckets, reverse=True):
                 args, kwargs = make_inputs(spec, bucket, device)
                 references[bucket] = model(*args, **kwargs)
@@ -181,7 +182,7 @@ def load_replica(
         store=remote.url if remote else None,
         platform=platform,
     )
-    served = BucketedModel(spec, device, model, shaper, dims, info, age, loader.call_lock)
+    served = BucketedModel(spec, device, model, shaper, dims, info, age, loader.call_lock, loader.events)
     loader.serve(served, references)
     if ready == "planned":
         served.wait_loaded()
@@ -237,6 +238,7 @@ class BucketedModel:
         info: ReplicaInfo,
         process_age: Optional[float] = None,
         call_lock: Optional[threading.Lock] = None,
+        events: Optional[_Events] = None,
     ) -> None:
         # the eager module: what `eager` buckets run, and what every variant was built from
         self.model = model
@@ -253,6 +255,7 @@ class BucketedModel:
         self._loaded = threading.Event()
         self._failure: Optional[BaseException] = None  # what wait_loaded raises: NotWarm
         self._age = process_age
+        self._events = events  # the start's milestones, which the loader goes on adding to
         self._no_grad = torch.no_grad()  # one for every call: calls are serialized by the lock
         # counted under the call lock; read without it (a scrape must not wait for a model call)
         self._usage = {bucket: BucketUsage() for bucket in self.buckets}
@@ -288,7 +291,10 @@ class BucketedModel:
     def info(self) -> ReplicaInfo:
         """A snapshot: what each bucket serves now, and how the replica got there."""
         with self._info_lock:
-            return copy.deepcopy(self._info)
+            snapshot = copy.deepcopy(self._info)
+        if self._events is not None:
+            snapshot.events = self._events.snapshot()
+        return snapshot
 
     def usage(self) -> dict[int, BucketUsage]:
         """Per bucket, what it has served since load (a snapshot)."""
@@ -343,19 +349,18 @@ class _Events:
 
     def __init__(self, started: float) -> None:
         self.started = started
-        self.rows: list[tuple[str, float]] = []
-        self.sink: Optional[BucketedModel] = None  # once answering, milestones land in its info too
+        self._rows: list[tuple[str, float]] = []
         self._lock = threading.Lock()
 
     def add(self, what: str) -> float:
         seconds = time.perf_counter() - self.started
         with self._lock:
-            self.rows.append((what, round(seconds, 4)))
-            rows = list(self.rows)
-        if self.sink is not None:
-            with self.sink._info_lock:
-                self.sink._info.events = rows
+            self._rows.append((what, round(seconds, 4)))
         return seconds
+
+    def snapshot(self) -> list[tuple[str, float]]:
+        with self._lock:
+            return list(self._rows)
 
 
 class _Loader:
@@ -412,8 +417,7 @@ class _Loader:
 
     def serve(self, served: BucketedModel, references: dict[int, Any]) -> None:
         self._served, self._references = served, references
-        self.events.sink = served
-        self.events.add("answering")  # from here every milestone lands in the served model's info too
+        self.events.add("answering")
         self._serving.set()
 
     def abandon(self) -> None:

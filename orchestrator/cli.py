@@ -511,7 +511,12 @@ def _miss_reason(namespace: str, store_url: str, model: str, here: Any, elsewher
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), help="Overrides the config's `device`.")
 @click.option("--cache-dir", metavar="DIR", help="Local cache root the replica loads from (as warmup's).")
 @click.option("--ray-address", metavar="ADDR", help="Join this Ray cluster (default: start a local one).")
-@click.option("--require-warm", is_flag=True, help="Fail instead of compiling a bucket that misses the cache.")
+@click.option(
+    "--require-warm",
+    is_flag=True,
+    help="Refuse a compiled bucket that misses the cache: it stays on eager (with --ready planned the server "
+    "does not start).",
+)
 @click.option(
     "--ready",
     type=click.Choice(READY_WHEN),
