@@ -3,28 +3,29 @@
 A bucket is published only if every output of every checked call passes. The gate knows nothing
 of how the candidate was produced, so every serving variant is held to the same rules:
 
-- Outputs are walked as trees: tensors anywhere in tuples, lists, named tuples, dicts (HF
-  `ModelOutput` included), dataclasses and torch pytree nodes. Every container's type and size,
-  and every leaf's path, must match eager's.
+- Outputs are walked as trees (orchestrator.jobs.trees): tensors anywhere in tuples, lists,
+  named tuples, dicts (HF `ModelOutput` included), dataclasses, torch pytree nodes and Hugging
+  Face caches. Every container's type and size, and every leaf's path, must match eager's.
 - Tensors: shape, dtype and device must match. Integer and bool tensors must be equal.
   Floating (and complex) tensors must satisfy |compiled - eager| <= atol + rtol * |eager|
   wherever eager is finite; a NaN or Inf in the compiled output where eager is finite fails.
 - Eager's own NaN or Inf fails the bucket before anything compiles, unless the config allows
   non-finite outputs; then the compiled output must hold the same NaN and Inf at the same places.
 - Python floats are compared like float64 scalars; any other leaf (int, str, None, ...) by `==`.
+  A leaf of a type the walk does not know, whose `==` does not say equal (most objects compare
+  by identity), cannot be compared: its message names the path and the config that leaves it out.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Any, Optional
 
 import torch
-import torch.utils._pytree as pytree
 
+from orchestrator.jobs import trees
 from orchestrator.jobs.errors import NonFiniteOutput, OutputMismatch
 
 # Default (atol, rtol) by dtype: Inductor fuses and reorders reductions.
@@ -143,6 +144,8 @@ class Gate:
         expected, actual = _numeric(want.value), _numeric(got.value)
         if expected is None:  # a container (equal, above) or a value that is neither tensor nor float
             if not _equal(want.value, got.value):
+                if not isinstance(want.value, (Container, *_PLAIN)):
+                    raise OutputMismatch(_incomparable(where, want.value))
                 raise OutputMismatch(f"{where} is {_show(got.value)}, eager's is {_show(want.value)}")
             return None
         assert actual is not None  # of expected's type
@@ -193,34 +196,30 @@ class Gate:
 
 
 def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """(path, leaf) pairs in a stable order, each container announced by a Container leaf."""
-    if isinstance(node, Mapping):  # dicts, OrderedDicts and HF ModelOutput (a dataclass too)
-        keys = sorted(node, key=repr)
-        yield path, Container(_type_name(node), len(keys))
-        for key in keys:
-            yield from _walk(
-                node[key], f"{path}.{key}" if isinstance(key, str) and key.isidentifier() else f"{path}[{key!r}]"
-            )
-    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
-        names = [f.name for f in dataclasses.fields(node)]
-        yield path, Container(_type_name(node), len(names))
-        for name in names:
-            yield from _walk(getattr(node, name), f"{path}.{name}")
-    elif isinstance(node, tuple) and hasattr(node, "_fields"):  # named tuples
-        yield path, Container(_type_name(node), len(node))
-        for name in node._fields:
-            yield from _walk(getattr(node, name), f"{path}.{name}")
-    elif isinstance(node, (list, tuple)):
-        yield path, Container(_type_name(node), len(node))
-        for i, child in enumerate(node):
-            yield from _walk(child, f"{path}[{i}]")
-    elif type(node) in pytree.SUPPORTED_NODES:  # a user's own registered pytree node
-        children, _ = pytree.SUPPORTED_NODES[type(node)].flatten_fn(node)
-        yield path, Container(_type_name(node), len(children))
-        for i, child in enumerate(children):
-            yield from _walk(child, f"{path}[{i}]")
-    else:  # a tensor, or any other value
+    """(path, leaf) pairs in a stable order, each container announced by a Container leaf.
+    Mapping keys are taken in sorted order: a dict's order is not part of what it says."""
+    split = trees.children(node)
+    if split is None:  # a tensor, or any other value
         yield path, node
+        return
+    items = sorted(split.items, key=lambda item: repr(item[0])) if isinstance(node, Mapping) else split.items
+    yield path, Container(trees.type_name(node), len(items))
+    for key, child in items:
+        yield from _walk(child, trees.path_of(path, key))
+
+
+# leaves whose `==` compares values: any other type's may compare identities
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+
+
+def _incomparable(where: str, value: Any) -> str:
+    kind = type(value)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    return (
+        f"{where} is a {name}, which the gate cannot compare (not a tensor, a container or a "
+        "registered pytree node); set serve.outputs to the outputs to serve (e.g. [logits]), or "
+        f"register {kind.__qualname__} with torch.utils._pytree"
+    )
 
 
 def _numeric(value: Any) -> Optional[torch.Tensor]:
@@ -248,10 +247,6 @@ def _equal(want: Any, got: Any) -> bool:
         return bool(want == got)
     except Exception:  # an == that is not a yes or no (an array's): not shown to be equal
         return False
-
-
-def _type_name(node: Any) -> str:
-    return type(node).__qualname__
 
 
 def _signature(tensor: torch.Tensor) -> str:

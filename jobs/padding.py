@@ -22,25 +22,23 @@ joined again (`serve.oversize`). This module only shapes tensors; it never runs 
             parts.append(copy_out(outputs))   # out of CUDA-graph buffers the next chunk reuses
         result = shaper.concat(parts, dims)
 
-Output trees are walked as the correctness gate walks them (orchestrator.jobs.gate): tuples,
-lists, named tuples, mappings (HF `ModelOutput` included), dataclasses and torch pytree nodes,
-and each container is rebuilt with its own type. Only tensors are cut or joined; any other leaf
-passes through unchanged.
+Output trees are walked as the correctness gate walks them (orchestrator.jobs.trees): tuples,
+lists, named tuples, mappings (HF `ModelOutput` included), dataclasses, torch pytree nodes and
+Hugging Face caches, and each container is rebuilt with its own type. Only tensors are cut or
+joined; any other leaf passes through unchanged.
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
-import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 
+from orchestrator.jobs import trees
 from orchestrator.jobs.spec import FLOAT_DTYPES, WarmupSpec
 
 Args = tuple[Any, ...]
@@ -259,7 +257,7 @@ class RequestShaper:
                 leaf = leaf.narrow(dim, 0, n)
             return leaf
 
-        return _map(outputs, "output", cut)
+        return trees.map_leaves(outputs, cut)
 
     @staticmethod
     def concat(parts: Sequence[Any], dims: OutputDims) -> Any:
@@ -270,7 +268,7 @@ class RequestShaper:
             raise ValueError("concat needs the outputs of at least one chunk")
         if len(parts) == 1:
             return parts[0]
-        rest = [dict(_leaves(part, "output")) for part in parts[1:]]
+        rest = [dict(trees.leaves(part)) for part in parts[1:]]
 
         def join(path: str, leaf: Any) -> Any:
             if not isinstance(leaf, torch.Tensor):
@@ -290,7 +288,7 @@ class RequestShaper:
                 pieces.append(leaves[path])
             return torch.cat(pieces, dim=bucket_dims[0])
 
-        return _map(parts[0], "output", join)
+        return trees.map_leaves(parts[0], join)
 
 
 def output_bucket_dims(outputs_by_bucket: Mapping[int, Any], input_dim: int) -> OutputDims:
@@ -305,7 +303,7 @@ def output_bucket_dims(outputs_by_bucket: Mapping[int, Any], input_dim: int) -> 
     if not outputs_by_bucket:
         raise ValueError("output_bucket_dims needs the model's outputs at one bucket at least")
     shapes: dict[int, dict[str, tuple[int, ...]]] = {
-        bucket: {path: tuple(leaf.shape) for path, leaf in _leaves(outputs, "output") if isinstance(leaf, torch.Tensor)}
+        bucket: {path: tuple(leaf.shape) for path, leaf in trees.leaves(outputs) if isinstance(leaf, torch.Tensor)}
         for bucket, outputs in sorted(outputs_by_bucket.items())
     }
     (first, paths), *others = shapes.items()
@@ -345,7 +343,7 @@ def copy_out(outputs: Any) -> Any:
     overwrites the buffers (CUDA graphs) the outputs were read from."""
     if type(outputs) is torch.Tensor:  # the usual single output, without walking a tree
         return outputs.clone()
-    return _map(outputs, "output", lambda _, leaf: leaf.clone() if isinstance(leaf, torch.Tensor) else leaf)
+    return trees.map_leaves(outputs, lambda _, leaf: leaf.clone() if isinstance(leaf, torch.Tensor) else leaf)
 
 
 def same_device(actual: torch.device, expected: torch.device) -> bool:
@@ -407,70 +405,6 @@ def _dims_at(dims: OutputDims, path: str) -> tuple[int, ...]:
             f"{path} is not among the output tensors output_bucket_dims was given; "
             "the model's outputs must keep one structure at every size"
         ) from None
-
-
-# -- output trees -------------------------------------------------------------------------------
-# The cases and their order are the correctness gate's (orchestrator.jobs.gate._walk), and so are
-# the paths, so that messages name a leaf the same way.
-
-
-def _children(node: Any) -> tuple[list[tuple[str, Any]], Callable[[list[Any]], Any]] | None:
-    """A container's children with their path suffixes, and how to rebuild it of the same type
-    from new children in that order; None for a leaf."""
-    if isinstance(node, Mapping):  # dicts, OrderedDicts and HF ModelOutput (a dataclass too)
-        keys = list(node)
-        named = [(_key_suffix(key), node[key]) for key in keys]
-        kind: Any = type(node)  # a Mapping's constructor is its own: dict's, OrderedDict's, a dataclass's
-        if dataclasses.is_dataclass(node):  # HF ModelOutput: its keys are its fields that are not None
-            return named, lambda new: kind(**dict(zip(keys, new, strict=True)))
-        if isinstance(node, collections.defaultdict):
-            return named, lambda new: kind(node.default_factory, zip(keys, new, strict=True))
-        return named, lambda new: kind(zip(keys, new, strict=True))
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        fields = dataclasses.fields(node)
-        return [(f".{f.name}", getattr(node, f.name)) for f in fields], lambda new: _replace(node, fields, new)
-    if isinstance(node, tuple) and hasattr(node, "_fields"):  # named tuples
-        return [(f".{name}", getattr(node, name)) for name in node._fields], lambda new: type(node)(*new)
-    if isinstance(node, (list, tuple)):
-        return [(f"[{i}]", child) for i, child in enumerate(node)], lambda new: type(node)(new)
-    if type(node) in pytree.SUPPORTED_NODES:  # a user's own registered pytree node
-        node_def = pytree.SUPPORTED_NODES[type(node)]
-        children, context = node_def.flatten_fn(node)
-        return [(f"[{i}]", child) for i, child in enumerate(children)], lambda new: node_def.unflatten_fn(new, context)
-    return None
-
-
-def _key_suffix(key: Any) -> str:
-    return f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!r}]"
-
-
-def _replace(node: Any, fields: tuple[dataclasses.Field[Any], ...], new: list[Any]) -> Any:
-    """A dataclass like `node` with new field values: built through its constructor (so its
-    __post_init__ runs), then its init=False fields set, as a frozen dataclass's own code would."""
-    values = dict(zip((f.name for f in fields), new, strict=True))
-    rebuilt = dataclasses.replace(node, **{f.name: values[f.name] for f in fields if f.init})
-    for f in fields:
-        if not f.init:
-            object.__setattr__(rebuilt, f.name, values[f.name])
-    return rebuilt
-
-
-def _map(node: Any, path: str, leaf_fn: Callable[[str, Any], Any]) -> Any:
-    """`node` rebuilt with every leaf replaced by leaf_fn(path, leaf)."""
-    split = _children(node)
-    if split is None:
-        return leaf_fn(path, node)
-    children, rebuild = split
-    return rebuild([_map(child, path + suffix, leaf_fn) for suffix, child in children])
-
-
-def _leaves(node: Any, path: str) -> Iterator[tuple[str, Any]]:
-    split = _children(node)
-    if split is None:
-        yield path, node
-        return
-    for suffix, child in split[0]:
-        yield from _leaves(child, path + suffix)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
+from orchestrator.jobs import trees
 from orchestrator.jobs.errors import first_line
 from orchestrator.jobs.spec import FLOAT_DTYPES, InputSpec, WarmupSpec
 
@@ -363,7 +364,7 @@ def to_npz(outputs: Any, cut: Any = None) -> bytes:
 
     arrays: dict[str, Any] = {}
 
-    def collect(node: Any, path: str) -> None:
+    for path, node in trees.leaves(outputs):
         if isinstance(node, torch.Tensor):
             tensor = (cut(node) if cut else node).detach().cpu()
             if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16; float32 holds it exactly
@@ -371,22 +372,8 @@ def to_npz(outputs: Any, cut: Any = None) -> bytes:
             arrays[path] = tensor.numpy()
         elif isinstance(node, (bool, int, float)):
             arrays[path] = np.asarray(node)
-        elif isinstance(node, Mapping):
-            for key, value in node.items():
-                collect(value, f"{path}.{key}")
-        elif isinstance(node, tuple) and hasattr(node, "_fields"):
-            for name in node._fields:
-                collect(getattr(node, name), f"{path}.{name}")
-        elif is_dataclass(node) and not isinstance(node, type):
-            for f in fields(node):
-                collect(getattr(node, f.name), f"{path}.{f.name}")
-        elif isinstance(node, (list, tuple)):
-            for i, value in enumerate(node):
-                collect(value, f"{path}[{i}]")
         else:
             raise OutputError(f"{path} is a {type(node).__name__}, which an .npz cannot carry; ask for JSON")
-
-    collect(outputs, "output")
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
@@ -399,8 +386,9 @@ def _json_bytes(value: Any) -> bytes:
 
 def to_json(node: Any, cut: Any = None, path: str = "output") -> Any:
     """Model outputs as JSON values: tensors as nested lists (`cut` applied to each first),
-    tuples and lists as lists, mappings (HF ModelOutput too), named tuples and dataclasses as
-    objects, None/bool/int/float/str as they are."""
+    tuples, lists and pytree nodes as lists, mappings (HF ModelOutput too), named tuples,
+    dataclasses and Hugging Face caches as objects (orchestrator.jobs.trees),
+    None/bool/int/float/str as they are."""
     if isinstance(node, torch.Tensor):
         tensor = (cut(node) if cut else node).detach()
         if tensor.is_complex():
@@ -408,14 +396,11 @@ def to_json(node: Any, cut: Any = None, path: str = "output") -> Any:
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise OutputError(f"{path} holds NaN or Inf, which JSON cannot carry")
         return tensor.cpu().tolist()
-    if isinstance(node, Mapping):
-        return {str(key): to_json(value, cut, f"{path}.{key}") for key, value in node.items()}
-    if isinstance(node, tuple) and hasattr(node, "_fields"):
-        return {name: to_json(getattr(node, name), cut, f"{path}.{name}") for name in node._fields}
-    if is_dataclass(node) and not isinstance(node, type):
-        return {f.name: to_json(getattr(node, f.name), cut, f"{path}.{f.name}") for f in fields(node)}
-    if isinstance(node, (list, tuple)):
-        return [to_json(value, cut, f"{path}[{i}]") for i, value in enumerate(node)]
+    split = trees.children(node)
+    if split is not None:
+        if split.keyed:
+            return {str(key): to_json(value, cut, trees.path_of(path, key)) for key, value in split.items}
+        return [to_json(value, cut, trees.path_of(path, key)) for key, value in split.items]
     if isinstance(node, float) and not math.isfinite(node):
         raise OutputError(f"{path} is {node}, which JSON cannot carry")
     if node is None or isinstance(node, (bool, int, float, str)):

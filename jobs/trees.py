@@ -1,0 +1,148 @@
+"""Model outputs as trees: the one walk that the correctness gate, the request shaper and the wire
+codec share, so that they agree on what a leaf is and name it by the same path.
+
+A node is a container when it is one of:
+- a mapping: dicts, OrderedDicts and Hugging Face `ModelOutput` (its keys are the fields that
+  are not None);
+- a dataclass, a named tuple, a list or a tuple;
+- a type registered with `torch.utils._pytree` (a user's own output class);
+- a Hugging Face cache (`DynamicCache`, `StaticCache`, `EncoderDecoderCache`, ...), which the
+  library does not register: its layers' key and value tensors, in layer order.
+
+Anything else is a leaf: a tensor, a number, None, a string. Paths read as Python does:
+`output.logits`, `output[0]`, `output.past_key_values.layers[3].keys`.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch.utils._pytree as pytree
+
+Key = Any  # a field or mapping key (str, or any hashable a dict may use), or a position (int)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A container's children in order, and how to rebuild one of its own type from new ones."""
+
+    items: list[tuple[Key, Any]]
+    rebuild: Callable[[list[Any]], Any]
+    keyed: bool  # children named by keys (a JSON object), not by position (a JSON array)
+
+
+def children(node: Any) -> Optional[Node]:
+    """`node` as a container, or None for a leaf."""
+    if isinstance(node, Mapping):
+        return Node([(key, node[key]) for key in node], functools.partial(_rebuild_mapping, node), keyed=True)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        fields = dataclasses.fields(node)
+        return Node([(f.name, getattr(node, f.name)) for f in fields], lambda new: _replace(node, fields, new), True)
+    if isinstance(node, tuple) and hasattr(node, "_fields"):  # named tuples
+        return Node([(name, getattr(node, name)) for name in node._fields], lambda new: type(node)(*new), True)
+    if isinstance(node, (list, tuple)):
+        return Node(list(enumerate(node)), lambda new: type(node)(new), keyed=False)
+    if type(node) in pytree.SUPPORTED_NODES:
+        node_def = pytree.SUPPORTED_NODES[type(node)]
+        values, context = node_def.flatten_fn(node)
+        return Node(list(enumerate(values)), lambda new: node_def.unflatten_fn(new, context), keyed=False)
+    attributes = _cache_attributes(node)
+    if attributes is not None:
+        return Node(
+            [(name, _as_list(getattr(node, name))) for name in attributes],
+            lambda new: _with_attributes(node, attributes, new),
+            keyed=True,
+        )
+    return None
+
+
+def path_of(parent: str, key: Key) -> str:
+    return f"{parent}.{key}" if isinstance(key, str) and key.isidentifier() else f"{parent}[{key!r}]"
+
+
+def leaves(node: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
+    """(path, leaf) of every leaf, in the containers' own order."""
+    split = children(node)
+    if split is None:
+        yield path, node
+        return
+    for key, child in split.items:
+        yield from leaves(child, path_of(path, key))
+
+
+def map_leaves(node: Any, leaf_fn: Callable[[str, Any], Any], path: str = "output") -> Any:
+    """`node` rebuilt with every leaf replaced by leaf_fn(path, leaf), each container of its own type."""
+    split = children(node)
+    if split is None:
+        return leaf_fn(path, node)
+    return split.rebuild([map_leaves(child, leaf_fn, path_of(path, key)) for key, child in split.items])
+
+
+def type_name(node: Any) -> str:
+    return type(node).__qualname__
+
+
+# -- Hugging Face caches ------------------------------------------------------------------------
+# transformers is never imported here: a cache is recognised by its base classes' names and
+# module, so a process without transformers pays nothing and any version is read as it is laid out.
+
+_CACHE_LAYOUTS: tuple[tuple[str, ...], ...] = (
+    ("self_attention_cache", "cross_attention_cache"),  # EncoderDecoderCache: two caches
+    ("layers",),  # transformers >= 4.56: one layer object per decoder layer
+    ("key_cache", "value_cache"),  # earlier releases: a list of tensors each
+)
+_LAYER_TENSORS = ("keys", "values")
+
+
+def _cache_attributes(node: Any) -> Optional[tuple[str, ...]]:
+    bases = {(base.__module__.split(".")[0], base.__name__) for base in type(node).__mro__}
+    if ("transformers", "Cache") in bases:
+        for layout in _CACHE_LAYOUTS:
+            if all(hasattr(node, name) for name in layout):
+                return layout
+    if ("transformers", "CacheLayerMixin") in bases and all(hasattr(node, name) for name in _LAYER_TENSORS):
+        return _LAYER_TENSORS
+    return None
+
+
+def _as_list(value: Any) -> Any:
+    """A cache's list of layers as a list the walk rebuilds (some releases keep a tuple)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _with_attributes(node: Any, names: tuple[str, ...], values: list[Any]) -> Any:
+    """A shallow copy of `node` with new values of these attributes: the copy answers the
+    library's own methods (`get_seq_length`, `to_legacy_cache`) as the original does."""
+    rebuilt = copy.copy(node)
+    for name, value in zip(names, values, strict=True):
+        setattr(rebuilt, name, value)
+    return rebuilt
+
+
+def _rebuild_mapping(node: Mapping[Any, Any], values: list[Any]) -> Any:
+    """A mapping of `node`'s type and keys with new values: through its own constructor, a
+    dataclass's (HF ModelOutput: its keys are its fields that are not None) by keyword."""
+    kind: Any = type(node)
+    pairs = zip(list(node), values, strict=True)
+    if dataclasses.is_dataclass(node):
+        return kind(**dict(pairs))
+    if isinstance(node, collections.defaultdict):
+        return kind(node.default_factory, pairs)
+    return kind(pairs)
+
+
+def _replace(node: Any, fields: tuple[dataclasses.Field[Any], ...], new: list[Any]) -> Any:
+    """A dataclass like `node` with new field values: built through its constructor (so its
+    __post_init__ runs), then its init=False fields set, as a frozen dataclass's own code would."""
+    values = dict(zip((f.name for f in fields), new, strict=True))
+    rebuilt = dataclasses.replace(node, **{f.name: values[f.name] for f in fields if f.init})
+    for f in fields:
+        if not f.init:
+            object.__setattr__(rebuilt, f.name, values[f.name])
+    return rebuilt
