@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +75,53 @@ def build_model(spec: WarmupSpec, device: torch.device) -> torch.nn.Module:
         raise SetupError(f"model.factory: {spec.model.factory} returned {type(model).__name__}, not a torch.nn.Module")
     if spec.model.dtype:
         model = model.to(getattr(torch, spec.model.dtype))
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if spec.call.kwargs or spec.serve.outputs is not None:
+        return ConfiguredCall(model, spec.call.kwargs, spec.serve.outputs)
+    return model
+
+
+class ConfiguredCall(torch.nn.Module):
+    """The user's model called as the config says: its constant keyword arguments (`call.kwargs`)
+    added to every call, and only the outputs served (`serve.outputs`) returned, as a dict keyed
+    by their paths. Everything that runs the model (warmup, the gate, the variants, a replica)
+    builds it through `build_model`, so all of them compile and check this same function, and
+    an output left out is never part of a compiled graph's outputs."""
+
+    def __init__(self, model: torch.nn.Module, call_kwargs: dict[str, Any], outputs: list[str] | None) -> None:
+        super().__init__()
+        self.model = model
+        self.call_kwargs = dict(call_kwargs)
+        self.outputs = None if outputs is None else [(path, _steps(path)) for path in outputs]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        output = self.model(*args, **kwargs, **self.call_kwargs)
+        if self.outputs is None:
+            return output
+        return {path: _select(output, path, steps) for path, steps in self.outputs}
+
+
+def _steps(path: str) -> list[str | int]:
+    """`hidden_states[2].x` as ["hidden_states", 2, "x"] (the spec has checked its form)."""
+    return [int(index) if index else name for name, index in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]", path)]
+
+
+def _select(output: Any, path: str, steps: list[str | int]) -> Any:
+    node, where = output, "output"
+    for step in steps:
+        try:
+            if isinstance(step, int) or isinstance(node, dict):  # HF ModelOutput is a dict too
+                node = node[step]
+            else:
+                node = getattr(node, step)
+        except (KeyError, IndexError, AttributeError, TypeError):
+            has = f"keys {', '.join(map(str, node))}" if isinstance(node, dict) else f"type {type(node).__name__}"
+            raise SetupError(
+                f"serve.outputs: {path!r} is not in the model's output ({where} has {has}); "
+                "name an output the model returns"
+            ) from None
+        where += f"[{step}]" if isinstance(step, int) else f".{step}"
+    return node
 
 
 def make_inputs(

@@ -146,7 +146,26 @@ ReadyWhen = Literal["answering", "planned"]
 READY_WHEN: tuple[ReadyWhen, ...] = ("answering", "planned")
 
 
+# An output path as the gate names it, without the leading `output`: `logits`, `[0]`,
+# `encoder_last_hidden_state`, `hidden_states[2]`
+_OUTPUT_PATH = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*|\[\d+\])(?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*$")
+
+
+class CallOptions(_Strict):
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="constant keyword arguments of every forward call (e.g. `use_cache: false`); they change "
+        "what is compiled, so they are part of the namespace",
+    )
+
+
 class ServeOptions(_Strict):
+    outputs: Optional[list[str]] = Field(
+        default=None,
+        description="the output paths a replica returns and the gate checks (e.g. `[logits]`), returned as a "
+        "dict keyed by path; default: the whole output. They change what is compiled (what is left out is "
+        "never computed for the answer), so they are part of the namespace",
+    )
     variants: Optional[list[VariantName]] = Field(
         default=None,
         description="variants measured at warmup, the fastest correct one serves each bucket; "
@@ -157,6 +176,20 @@ class ServeOptions(_Strict):
         default="split",
         description="a request larger than the largest bucket: run it in chunks of that bucket, or refuse it",
     )
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, outputs: Optional[list[str]]) -> Optional[list[str]]:
+        if outputs is None:
+            return None
+        if not outputs:
+            raise ValueError("list at least one output path, or leave `outputs` out for the whole output")
+        for path in outputs:
+            if not _OUTPUT_PATH.match(path):
+                raise ValueError(f"output path {path!r} is not names and indices as in `logits` or `hidden_states[2]`")
+        if len(set(outputs)) != len(outputs):
+            raise ValueError("an output path is listed twice")
+        return outputs
 
     @field_validator("variants")
     @classmethod
@@ -176,6 +209,7 @@ class WarmupSpec(_Strict):
     inputs: list[InputSpec] = Field(min_length=1)
     bucket_symbol: str = "batch"
     device: Literal["auto", "cuda", "cpu"] = "auto"
+    call: CallOptions = Field(default_factory=CallOptions)
     compile: CompileOptions = Field(default_factory=CompileOptions)
     buckets: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     bench: BenchOptions = Field(default_factory=BenchOptions)
@@ -218,6 +252,10 @@ class WarmupSpec(_Strict):
             raise ValueError(
                 f"no input shape contains the bucket symbol {self.bucket_symbol!r}, so buckets would change nothing"
             )
+        named = {spec.name for spec in self.inputs if spec.name}
+        for name in self.call.kwargs:
+            if name in named:
+                raise ValueError(f"call.kwargs.{name} is also an input's name; keep it in one of the two")
         return self
 
     @property
@@ -241,12 +279,18 @@ class WarmupSpec(_Strict):
 
     def identity(self) -> dict[str, Any]:
         """What makes compiled artifacts differ between configs (buckets, bench, serving choices,
-        pad values and paths do not)."""
-        return self.model_dump(
+        pad values and paths do not). The call's keyword arguments and the served outputs count
+        only where set, so configs without them keep the namespaces they had."""
+        identity = self.model_dump(
             include={"model", "inputs", "bucket_symbol", "compile"},
             exclude={"inputs": {"__all__": {"pad"}}},
             mode="json",
         )
+        if self.call.kwargs:
+            identity["call"] = self.model_dump(include={"call"}, mode="json")["call"]
+        if self.serve.outputs is not None:
+            identity["outputs"] = list(self.serve.outputs)
+        return identity
 
     def identity_hash(self) -> str:
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
