@@ -131,7 +131,7 @@ def without_aot(cache: Path) -> Path:
             }
             plan = {
                 **plan,
-                "variant": choose(measured),
+                "variant": choose(measured).variant,
                 "artifacts": {},
                 "measured_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
             }

@@ -53,14 +53,15 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
     VariantMeasure,
 )
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
-from orchestrator.jobs.stats import is_noisy, ratio_interval
+from orchestrator.jobs.stats import PairedBootstrap, is_noisy
 from orchestrator.jobs.timing import Clock, median, p90, process_age_seconds
 from orchestrator.jobs.variants import (
-    choose,
+    MAX_SAMPLES,
     graphed_compile,
     read_plans,
     replays_into_buffers,
     serving_candidates,
+    settle,
     spread,
     write_plan,
 )
@@ -647,20 +648,42 @@ class _BucketWork:
         timed = self.served_calls()
         rounds = max(3, spec.bench.iterations // BACK_TO_BACK_CALLS)
         bucket = result.bucket
+        planned = read_plans(self.session.local.path).get(bucket)  # pulled from the store, or this node's
+
+        def time_more(names: list[str], iterations: int) -> dict[str, list[float]]:
+            """More interleaved rounds of the variants the choice cannot tell apart yet, after one
+            untimed call each: they sat idle through the throughput run."""
+            self.progress.phase(bucket, f"benchmark: {iterations} more rounds of {', '.join(names)}", iterations + 1)
+            more = self.clock.interleaved(
+                {name: timed[name] for name in names}, iterations, 1, on_step=lambda: self.progress.advance(bucket)
+            )
+            return _kept(more)
+
         self.enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
         with torch.no_grad():
             window = ti.CounterWindow()
-            latency = self.clock.interleaved(
-                timed, spec.bench.iterations, spec.bench.warmup, on_step=lambda: self.progress.advance(bucket)
+            latency = _kept(
+                self.clock.interleaved(
+                    timed, spec.bench.iterations, spec.bench.warmup, on_step=lambda: self.progress.advance(bucket)
+                )
             )
             throughput = self.clock.back_to_back(
                 pair, rounds, BACK_TO_BACK_CALLS, on_step=lambda: self.progress.advance(bucket)
             )
+            settled, choice = settle(
+                {name: samples for name, samples in latency.items() if name in self.session.candidates},
+                time_more,
+                incumbent=planned["variant"] if planned else None,
+                # a config that asks for few samples asks for a quick measurement
+                max_samples=min(MAX_SAMPLES, 4 * spec.bench.iterations),
+            )
+            latency.update(settled)
             result.recompiles = (result.recompiles or 0) + window.stats().frames_compiled
         result.eager_ms, result.eager_p90_ms = median(latency["eager"]), p90(latency["eager"])
         result.compiled_ms, result.compiled_p90_ms = median(latency["compiled"]), p90(latency["compiled"])
         result.speedup = _ratio(result.eager_ms, result.compiled_ms)
-        intervals = {name: ratio_interval(latency["eager"], samples) for name, samples in latency.items()}
+        paired = PairedBootstrap(latency)
+        intervals = {name: paired.interval("eager", name) for name in latency}
         result.speedup_interval = intervals["compiled"]
         result.eager_throughput_ms = median(throughput["eager"])
         result.compiled_throughput_ms = median(throughput["compiled"])
@@ -674,13 +697,10 @@ class _BucketWork:
                 spread_ms=spread(samples),
                 build_seconds=built.build_seconds if built else None,
                 speedup_interval=intervals[name],
+                samples_ms=samples,
             )
         result.variants = {name: result.variants[name] for name in self.session.measured if name in result.variants}
-        planned = read_plans(self.session.local.path).get(bucket)  # pulled from the store, or this node's
-        result.variant = choose(
-            {name: m for name, m in result.variants.items() if name in self.session.candidates},
-            incumbent=planned["variant"] if planned else None,
-        )
+        result.variant, result.choice_reason = choice.variant, choice.reason
         served = result.variants[result.variant]
         result.served_ms = served.ms
         result.served_speedup = _ratio(result.eager_ms, served.ms) if served.ms is not None else None
@@ -773,6 +793,12 @@ def _check(result: BucketResult, gate: Gate, reference: Outputs, calls: dict[str
     result.max_abs_error = worst.max_abs_error if worst else None
     result.atol, result.rtol = (worst.atol, worst.rtol) if worst else (None, None)
     result.tolerance_used = max(v.tolerance_used or 0.0 for v in measured) if measured else None
+
+
+def _kept(latency: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Samples as records keep them, to 4 significant digits: far finer than the choice's margin
+    or a CUDA event's resolution, and a third of the JSON of whole floats."""
+    return {name: [float(f"{ms:.4g}") for ms in samples] for name, samples in latency.items()}
 
 
 def _ratio(eager_ms: float, compiled_ms: float) -> Optional[float]:

@@ -22,6 +22,10 @@ class VariantMeasure:
     build_seconds: Optional[float] = None  # a graphed variant: its compile (or cache load) and capture
     reason: Optional[str] = None  # why it is not ok: unavailable here, not capturable, wrong output
     speedup_interval: Optional[list[float]] = None  # [low, high] 95% of eager ms / this variant's ms
+    # every per-call latency in timing order: sample i of each variant is from the same iteration
+    # of the interleaved run (a variant timed in fewer rounds has the first ones), which is what
+    # the choice's paired intervals rest on (orchestrator.jobs.variants.choose)
+    samples_ms: Optional[list[float]] = None
 
 
 @dataclass
@@ -111,6 +115,7 @@ class BucketResult:
     served_speedup: Optional[float] = None  # median eager / median served: what serving gains
     served_speedup_interval: Optional[list[float]] = None
     noisy: Optional[bool] = None  # the served speedup is too uncertain to quote as a clean figure
+    choice_reason: Optional[str] = None  # why the fastest variant by median does not serve; None where it does
     profile: Optional[BucketProfile] = None  # with `warmup --profile DIR`; a failure there never fails the bucket
 
     def to_dict(self) -> dict[str, Any]:

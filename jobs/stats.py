@@ -1,6 +1,6 @@
 """How far to trust a speedup: a bootstrap interval for a ratio of medians, and the rule that
 calls a figure too noisy to print as if it were clean. Stdlib only and torch-free, so the driver,
-the report and the tests use the same arithmetic.
+the report, the serving choice (orchestrator.jobs.variants) and the tests use the same arithmetic.
 
 The samples are paired: Clock.interleaved times every variant once per iteration, so sample i of
 eager and sample i of a variant saw the same moment of the machine (clocks, other tenants). The
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
 RESAMPLES = 1000  # enough for stable 2.5/97.5 percentiles; ~50 ms for 100 paired samples
@@ -39,20 +39,66 @@ def ratio_interval(
 ) -> Optional[list[float]]:
     """[low, high] of median(numerator) / median(denominator) by a paired bootstrap; None when
     there is nothing to pair or a median is not positive (no ratio to speak of)."""
-    n = min(len(numerator), len(denominator))
-    if n == 0:
-        return None
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(resamples):
-        picks = rng.choices(range(n), k=n)
-        below = statistics.median([denominator[i] for i in picks])
-        if below <= 0:
+    paired = PairedBootstrap(
+        {"numerator": numerator, "denominator": denominator}, resamples=resamples, seed=seed, confidence=confidence
+    )
+    return paired.interval("numerator", "denominator")
+
+
+class PairedBootstrap:
+    """Ratio intervals between any two of several sample lists timed in one interleaved run.
+
+    A pair is the first n samples of both lists, n the shorter length: a variant timed in fewer
+    rounds than another shares its iterations with the first ones of the other. The indices
+    resampled for a length n are drawn once and each list's medians over them computed once, so
+    every pair's interval is exactly ratio_interval's for that pair (the same seed, the same
+    picks) at a fraction of its cost: most of it is drawing the picks."""
+
+    def __init__(
+        self,
+        samples: Mapping[str, Sequence[float]],
+        *,
+        resamples: int = RESAMPLES,
+        seed: int = SEED,
+        confidence: float = CONFIDENCE,
+    ) -> None:
+        self.samples = samples
+        self.resamples, self.seed, self.confidence = resamples, seed, confidence
+        self._picks: dict[int, list[list[int]]] = {}
+        self._medians: dict[tuple[str, int], list[float]] = {}
+
+    def pairs(self, a: str, b: str) -> int:
+        return min(len(self.samples[a]), len(self.samples[b]))
+
+    def ratio(self, numerator: str, denominator: str) -> Optional[float]:
+        """median(numerator) / median(denominator) over their pairs; None as for the interval."""
+        n = self.pairs(numerator, denominator)
+        if n == 0:
             return None
-        ratios.append(statistics.median([numerator[i] for i in picks]) / below)
-    ratios.sort()
-    tail = (1 - confidence) / 2
-    return [_percentile(ratios, tail), _percentile(ratios, 1 - tail)]
+        below = statistics.median(self.samples[denominator][:n])
+        return statistics.median(self.samples[numerator][:n]) / below if below > 0 else None
+
+    def interval(self, numerator: str, denominator: str) -> Optional[list[float]]:
+        """[low, high] of the ratio by the paired bootstrap; None when there is nothing to pair
+        or a resampled median of the denominator is not positive."""
+        n = self.pairs(numerator, denominator)
+        if n == 0:
+            return None
+        below = self._resampled(denominator, n)
+        if min(below) <= 0:
+            return None
+        ratios = sorted(above / under for above, under in zip(self._resampled(numerator, n), below, strict=True))
+        tail = (1 - self.confidence) / 2
+        return [_percentile(ratios, tail), _percentile(ratios, 1 - tail)]
+
+    def _resampled(self, name: str, n: int) -> list[float]:
+        if (name, n) not in self._medians:
+            if n not in self._picks:
+                rng = random.Random(self.seed)
+                self._picks[n] = [rng.choices(range(n), k=n) for _ in range(self.resamples)]
+            values = self.samples[name]
+            self._medians[name, n] = [statistics.median([values[i] for i in picks]) for picks in self._picks[n]]
+        return self._medians[name, n]
 
 
 def is_noisy(point: Optional[float], interval: Optional[Sequence[float]], samples: Optional[int]) -> bool:

@@ -1,12 +1,18 @@
 """Which variant serves a bucket: the rule, on recorded timings. Torch-free, so that the driver,
 the runtime and the tests apply the same rule to the same numbers.
 
-A variant displaces the one in place only when it is faster by more than both measurements'
-own spread: a difference inside the noise is no reason to serve a more complex variant. Eager
-is in place first (it needs nothing); the config's compiled mode displaces it when clearly
-faster; then the fastest of the others displaces whichever is in place, when clearly faster.
-Last, among the variants tied with the winner (neither clearly faster), the one a replica starts
-fastest serves: equal latency, less start-up.
+A variant displaces another only when the 95% interval of their latency ratio lies wholly above
+1 + MARGIN. The samples are paired (Clock.interleaved times every variant once per iteration),
+and the paired bootstrap of the ratio of medians (orchestrator.jobs.stats) says how far the
+measured difference can be trusted; the spread of single calls does not, since a median of a
+hundred calls is far tighter than any one call. The base is in place first: the variant of the
+published plan where there is one (a rerun's noise must not flip plans back and forth), else
+eager (it needs nothing). Every variant that displaces the base contends; the fastest contender
+by median leads, and among the contenders it does not displace (tied with it), the one a replica
+starts fastest serves: equal latency, less start-up.
+
+A comparison whose point estimate clears the margin while its interval does not is undecided:
+`settle` times more interleaved rounds of its variants before the choice is final.
 """
 
 from __future__ import annotations
@@ -16,14 +22,16 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, VariantName, WarmupSpec
+from orchestrator.jobs.stats import MIN_SAMPLES, PairedBootstrap
 
 PLAN_DIR = "serving"  # in the namespace directory, published and pulled with the compiled files
 PLAN_FORMAT = 1
@@ -31,6 +39,64 @@ PLAN_FORMAT = 1
 # saved function (no tracing); then a Dynamo trace and cache load each, the config's own compile
 # before its uncaptured twin (the same cost: what the user configured wins the tie)
 START_COST: tuple[str, ...] = ("eager", "eager-graphed", "aot", "compiled", "graphed")
+# How much faster a variant must be, at 95%, to displace another. A gain under 2% is not worth a
+# more complex variant, and biases of about that size do not show in an interval: the copy out
+# of CUDA-graph buffers, the order of calls within an iteration, the timer's own overhead. On a
+# quiet machine intervals are a few percent wide, so gains of 5% and more decide in one run.
+MARGIN = 0.02
+# More rounds where a comparison is undecided, per bucket: a GPU's first run takes well under a
+# second, a choice serves for as long as its plan does, and a bucket that never settles (two
+# variants a few percent apart on a busy machine) costs no more than this.
+MORE_ROUNDS_SECONDS = 3.0
+# At most this many samples per variant: four times the default iterations halves an interval's
+# width (it narrows as 1/sqrt(n)), and keeps the bootstrap of a bucket's variants under a second
+# and its records small.
+MAX_SAMPLES = 400
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`candidate` against `other` on their paired samples: `ratio`, how many times faster the
+    candidate measured (median(other) / median(candidate)), and that ratio's 95% interval."""
+
+    candidate: str
+    other: str
+    ratio: Optional[float]  # None: no samples to pair, or a median that is not positive
+    interval: Optional[tuple[float, float]]  # None also below MIN_SAMPLES pairs: too few to tell
+    pairs: int
+
+    @property
+    def displaces(self) -> bool:
+        """The candidate is faster beyond the margin, at 95%."""
+        return self.interval is not None and self.interval[0] > 1 + MARGIN
+
+    @property
+    def undecided(self) -> bool:
+        """The point estimate says faster beyond the margin; the interval does not (yet)."""
+        return not self.displaces and self.ratio is not None and self.ratio > 1 + MARGIN
+
+    def __str__(self) -> str:
+        if self.ratio is None:
+            return f"{self.candidate} has no samples paired with {self.other}'s"
+        how = f"{self.ratio:.2f}x faster" if self.ratio >= 1 else f"{1 / self.ratio:.2f}x slower"
+        measured = f"{self.candidate} measured {how} than {self.other}"
+        if self.pairs < MIN_SAMPLES:
+            return f"{measured} on {self.pairs} paired samples, too few to tell (fewer than {MIN_SAMPLES})"
+        if self.interval is None:
+            return f"{measured}, with no interval to tell by"
+        low, high = self.interval
+        above = "wholly above" if self.displaces else "not wholly above"
+        return (
+            f"{measured} (95% interval {low:.2f}-{high:.2f} on {self.pairs} paired samples, {above} {1 + MARGIN:.2f})"
+        )
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: str  # the variant that serves the bucket
+    reason: Optional[str] = None  # why the fastest variant by median does not serve; None where it does
+    # comparisons that more rounds could decide in favour of a variant faster than `variant`
+    undecided: tuple[Comparison, ...] = ()
 
 
 def spread(samples: Sequence[float]) -> float:
@@ -41,41 +107,95 @@ def spread(samples: Sequence[float]) -> float:
     return (q3 - q1) / 2
 
 
-def clearly_faster(candidate: VariantMeasure, incumbent: VariantMeasure) -> bool:
-    if candidate.ms is None or incumbent.ms is None:
-        return False
-    return candidate.ms + (candidate.spread_ms or 0.0) < incumbent.ms - (incumbent.spread_ms or 0.0)
+def compare(paired: PairedBootstrap, candidate: str, other: str) -> Comparison:
+    """`candidate` against `other` on their paired samples."""
+    pairs = paired.pairs(candidate, other)
+    interval = paired.interval(other, candidate) if pairs >= MIN_SAMPLES else None
+    low_high = None if interval is None else (interval[0], interval[1])
+    return Comparison(candidate, other, paired.ratio(other, candidate), low_high, pairs)
 
 
-def choose(measured: Mapping[str, VariantMeasure], incumbent: Optional[str] = None) -> str:
-    """The variant that serves the bucket, among those measured and correct ("eager" must be).
-    `incumbent`, the variant the published plan already serves, stays unless another is clearly
-    faster in this measurement: a rerun's noise must not flip plans back and forth."""
-    if not _usable(measured.get("eager")):
+def choose(measured: Mapping[str, VariantMeasure], incumbent: Optional[str] = None) -> Choice:
+    """The variant that serves the bucket, among those measured and correct ("eager" must be),
+    from their paired samples (`samples_ms`; a variant without any never displaces another).
+    `incumbent`, the variant the published plan already serves, is the base in eager's place."""
+    usable = {name: m for name, m in measured.items() if _usable(m)}
+    if "eager" not in usable:
         raise ValueError("eager must be measured: it is the reference every variant is held to")
-    if incumbent is not None and _usable(measured.get(incumbent)):
-        held = incumbent
-        for name in sorted((n for n, m in measured.items() if _usable(m)), key=lambda n: measured[n].ms or math.inf):
-            if clearly_faster(measured[name], measured[held]):
-                held = name
-        return held
-    chosen = "eager"
-    compiled = measured.get("compiled")
-    if compiled is not None and _usable(compiled) and clearly_faster(compiled, measured["eager"]):
-        chosen = "compiled"
-    others = sorted(
-        (name for name, m in measured.items() if name not in ("eager", "compiled") and _usable(m)),
-        key=lambda name: measured[name].ms or math.inf,
-    )
-    for name in others:
-        if clearly_faster(measured[name], measured[chosen]):
-            chosen = name
-    tied = [
-        name
-        for name, m in measured.items()
-        if _usable(m) and not clearly_faster(measured[chosen], m) and not clearly_faster(m, measured[chosen])
-    ]
-    return min(tied, key=_start_cost)
+    paired = PairedBootstrap({name: m.samples_ms or [] for name, m in usable.items()})
+
+    def speed(name: str) -> tuple[float, int]:  # fastest first; equal medians: the one that starts fastest
+        return usable[name].ms or math.inf, _start_cost(name)
+
+    base = incumbent if incumbent in usable else "eager"
+    against_base = {name: compare(paired, name, base) for name in usable if name != base}
+    contenders = [name for name, comparison in against_base.items() if comparison.displaces]
+    served, leader = base, None
+    ties: dict[str, Comparison] = {}  # the leader against each other contender
+    if contenders:
+        leader = min(contenders, key=speed)
+        ties = {name: compare(paired, leader, name) for name in contenders if name != leader}
+        served = min([leader, *(name for name, c in ties.items() if not c.displaces)], key=_start_cost)
+
+    fastest, reason = min(usable, key=speed), None
+    if fastest == leader and served != leader:  # tied with the leader, and starts faster
+        reason = f"{ties[served]}: {served} serves, as a replica starts it faster"
+    elif fastest != served:  # the fastest does not displace the base (or is the base, displaced)
+        verdict = f"{base}, the published plan's variant, stays" if served == incumbent else f"{served} serves"
+        reason = f"{against_base[fastest if fastest != base else served]}: {verdict}"
+    beyond = (usable[served].ms or math.inf) / (1 + MARGIN)  # a median under it: faster than what serves
+    undecided = [c for c in against_base.values() if c.undecided and (usable[c.candidate].ms or math.inf) < beyond]
+    if served in ties and ties[served].undecided:
+        undecided.append(ties[served])
+    return Choice(served, reason, tuple(undecided))
+
+
+def settle(
+    samples: Mapping[str, Sequence[float]],
+    time_more: Callable[[list[str], int], Mapping[str, Sequence[float]]],
+    incumbent: Optional[str] = None,
+    *,
+    budget_s: float = MORE_ROUNDS_SECONDS,
+    max_samples: int = MAX_SAMPLES,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[dict[str, list[float]], Choice]:
+    """The choice among variants timed in one interleaved run (`samples`: ms per call, all
+    correct, eager among them), after more rounds where it is undecided; and every variant's
+    samples, more rounds included. `time_more(names, iterations)` times those variants
+    interleaved and returns their new samples.
+
+    A round times the variants of the undecided comparisons, among those timed in every round so
+    far (so that sample i of any two variants stays one iteration's pair), doubles their samples
+    (at least MIN_SAMPLES more), and fits in what is left of `budget_s` at their medians' pace,
+    the choice's own arithmetic counted; rounds stop at `max_samples`. Where they stop undecided,
+    the base (the published plan's variant, else eager) stays and the reason says so."""
+    deadline = clock() + budget_s
+    grown = {name: list(values) for name, values in samples.items()}
+    choice = _choose_on(grown, incumbent)
+    timing = list(grown)
+    while choice.undecided:
+        involved = {name for c in choice.undecided for name in (c.candidate, c.other)}
+        timing = [name for name in timing if name in involved]
+        if len(timing) < 2:
+            break
+        count = max(len(grown[name]) for name in timing)
+        pace_s = sum(statistics.median(grown[name]) for name in timing) / 1e3
+        fits = int((deadline - clock()) / pace_s) if pace_s > 0 else max_samples
+        iterations = min(max(count, MIN_SAMPLES), max_samples - count, fits)
+        if iterations < MIN_SAMPLES:
+            break
+        for name, more in time_more(timing, iterations).items():
+            grown[name].extend(more)
+        choice = _choose_on(grown, incumbent)
+    if choice.undecided:
+        stop = f"at most {max_samples} samples and {budget_s:g} s a bucket"
+        choice = replace(choice, reason=f"{choice.reason}; still undecided where more rounds stop ({stop})")
+    return grown, choice
+
+
+def _choose_on(samples: Mapping[str, list[float]], incumbent: Optional[str]) -> Choice:
+    measured = {name: VariantMeasure(ok=True, ms=statistics.median(s), samples_ms=s) for name, s in samples.items()}
+    return choose(measured, incumbent)
 
 
 def _start_cost(name: str) -> int:

@@ -244,7 +244,7 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
                     _n(m.get("spread_ms"), ".3f"),
                     _e(_interval(m.get("speedup_interval"))),
                     _n(m.get("build_seconds"), ".2f"),
-                    _e(m.get("reason") or ""),
+                    _e(m.get("reason") or (r.get("choice_reason") if is_served else None) or ""),
                 ]
             )
     out = "<h2>Buckets</h2>" + _table(header, rows, numeric={3, 7, 8, 10, 11, 12})

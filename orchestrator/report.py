@@ -399,6 +399,10 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
             "the variant chosen to serve may change when measured on a quiet machine",
             "yellow",
         )
+    for r in shown:  # why the fastest variant by median does not serve (orchestrator.jobs.variants)
+        if r.status == "ok" and r.choice_reason:
+            rank = f" rank {r.rank}" if fleet and r.rank is not None else ""
+            _line(console, f"bucket {r.bucket}{rank}: {r.choice_reason}")
     unavailable: dict[tuple[str, str], set[int]] = {}
     skipped: dict[str, set[int]] = {}
     for r in records:

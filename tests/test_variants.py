@@ -4,14 +4,19 @@ serving plans written into a namespace. Torch-free and fast."""
 from __future__ import annotations
 
 import json
+import random
+import statistics
 
 import pytest
 
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.stats import PairedBootstrap
 from orchestrator.jobs.variants import (
+    MARGIN,
+    Choice,
     choose,
-    clearly_faster,
+    compare,
     graphed_compile,
     read_plans,
     replays_into_buffers,
@@ -21,10 +26,16 @@ from orchestrator.jobs.variants import (
 )
 
 
-def m(ms, spread_ms=0.01, ok=True, reason=None):
-    return VariantMeasure(
-        ok=ok, ms=ms, p90_ms=None if ms is None else ms + 2 * spread_ms, spread_ms=spread_ms, reason=reason
-    )
+def m(ms, spread_ms=0.01, ok=True, reason=None, n=100):
+    """A measured variant: `n` samples whose median is `ms` and whose half-IQR is about
+    `spread_ms` (lognormal per-call noise, seeded by the figures: the same every run)."""
+    if ms is None:
+        return VariantMeasure(ok=ok, reason=reason)
+    rng = random.Random(f"{ms} {spread_ms}")
+    sigma = spread_ms / (0.674 * ms)  # a lognormal's half-IQR is about 0.674 sigma times its median
+    raw = [rng.lognormvariate(0, sigma) for _ in range(n)]
+    samples = [ms * x / statistics.median(raw) for x in raw]
+    return VariantMeasure(ok=ok, ms=ms, spread_ms=spread(samples), reason=reason, samples_ms=samples)
 
 
 def spec(**fields):
@@ -37,42 +48,76 @@ def test_spread_is_half_the_interquartile_range():
     assert spread([1.0, 9.0]) == 0.0  # too few samples to have quartiles
 
 
-def test_a_variant_displaces_another_only_beyond_both_spreads():
-    assert clearly_faster(m(1.0, 0.1), m(1.3, 0.1))  # 1.1 < 1.2
-    assert not clearly_faster(m(1.0, 0.1), m(1.15, 0.1))  # the intervals overlap
-    assert not clearly_faster(m(None), m(1.0))
+def test_a_variant_displaces_another_only_where_the_ratios_interval_clears_the_margin():
+    def against_eager(ms, spread_ms, n=100):
+        samples = {"eager": m(1.0, spread_ms, n=n).samples_ms, "variant": m(ms, spread_ms, n=n).samples_ms}
+        return compare(PairedBootstrap(samples), "variant", "eager")
+
+    # 10% faster: each median is known to a percent or two, where one call's spread is 10%
+    clear = against_eager(0.9, 0.1)
+    assert clear.ratio == pytest.approx(1 / 0.9) and clear.interval[0] > 1 + MARGIN and clear.displaces
+    assert "wholly above 1.02" in str(clear) and "not" not in str(clear)
+    # faster beyond the margin, but the interval also holds 1: undecided, more rounds may tell
+    wide = against_eager(0.9, 0.6)
+    assert wide.interval[0] < 1 < wide.ratio and not wide.displaces and wide.undecided
+    # faster by less than the margin: neither displaces nor is worth more rounds
+    close = against_eager(0.995, 0.01)
+    assert not close.displaces and not close.undecided
+    # too few pairs to tell: no interval, whatever the point estimate
+    few = against_eager(0.5, 0.01, n=5)
+    assert few.interval is None and not few.displaces and few.undecided
+    assert str(few) == "variant measured 2.00x faster than eager on 5 paired samples, too few to tell (fewer than 10)"
+    # slower: said so the other way round
+    assert str(against_eager(1.25, 0.0)).startswith("variant measured 1.25x slower than eager (95% interval 0.80-0.80")
+    # no samples at all (a plan from before samples were kept): no ratio, never displaces
+    none = compare(PairedBootstrap({"eager": m(1.0).samples_ms, "variant": []}), "variant", "eager")
+    assert none.ratio is None and not none.displaces and not none.undecided
 
 
 def test_the_fastest_correct_variant_wins():
     measured = {"eager": m(1.4), "compiled": m(1.2), "graphed": m(0.11), "eager-graphed": m(0.17)}
-    assert choose(measured) == "graphed"
+    assert choose(measured) == Choice("graphed")  # the fastest serves: nothing to explain
 
 
 def test_eager_stays_when_nothing_is_clearly_faster():
-    # compiled within eager's noise, graphed variants broken: eager serves
+    # compiled 4% faster inside a noise of 25% a call, graphed variants broken: eager serves, and says why
     measured = {
-        "eager": m(1.0, 0.05),
-        "compiled": m(0.95, 0.05),
+        "eager": m(1.0, 0.25),
+        "compiled": m(0.96, 0.25),
         "graphed": m(None, ok=False, reason="cannot capture"),
         "eager-graphed": m(0.5, ok=False, reason="wrong output"),
     }
-    assert choose(measured) == "eager"
+    choice = choose(measured)
+    assert choice.variant == "eager"
+    assert choice.reason == (
+        "compiled measured 1.04x faster than eager (95% interval 0.87-1.22 on 100 paired samples, "
+        "not wholly above 1.02): eager serves"
+    )
+    assert [(c.candidate, c.other) for c in choice.undecided] == [("compiled", "eager")]
+
+
+def test_a_few_percent_on_a_quiet_machine_is_enough():
+    # 5% faster with 5% of spread a call: a hundred paired calls tell, where one call's spread would not
+    assert choose({"eager": m(1.0, 0.05), "compiled": m(0.95, 0.05)}).variant == "compiled"
 
 
 def test_compiled_wins_over_eager_and_holds_against_a_graphed_variant_inside_its_noise():
-    measured = {"eager": m(2.0), "compiled": m(1.0, 0.05), "graphed": m(0.95, 0.05)}
-    assert choose(measured) == "compiled"
+    measured = {"eager": m(2.0), "compiled": m(1.0, 0.05), "graphed": m(0.99, 0.05)}
+    choice = choose(measured)
+    assert choice.variant == "compiled" and not choice.undecided
+    assert choice.reason.startswith("graphed measured 1.01x faster than compiled (95% interval 0.98-1.05")
+    assert choice.reason.endswith("compiled serves, as a replica starts it faster")
 
 
 def test_a_graphed_variant_may_beat_eager_where_compiled_does_not():
     # small models: every compiled mode slower than eager, the eager module graphed is fastest
     measured = {"eager": m(1.07), "compiled": m(1.64), "graphed": m(0.80), "eager-graphed": m(0.775)}
-    assert choose(measured) == "eager-graphed"
+    assert choose(measured).variant == "eager-graphed"
 
 
 def test_a_fast_but_wrong_variant_never_wins():
     measured = {"eager": m(1.0), "compiled": m(0.1, ok=False, reason="output mismatch")}
-    assert choose(measured) == "eager"
+    assert choose(measured) == Choice("eager")  # the fastest correct one serves
 
 
 def test_eager_must_be_measured():
@@ -177,8 +222,8 @@ def test_among_the_others_the_fastest_is_tried_first():
     # both graphed variants clearly beat eager, and graphed clearly beats eager-graphed: it serves,
     # whatever order they were measured in
     measured = {"eager": m(1.0), "graphed": m(0.40, 0.02), "eager-graphed": m(0.50, 0.02)}
-    assert choose(measured) == "graphed"
-    assert choose(dict(reversed(list(measured.items())))) == "graphed"
+    assert choose(measured).variant == "graphed"
+    assert choose(dict(reversed(list(measured.items())))).variant == "graphed"
 
 
 def test_among_variants_tied_within_the_noise_the_one_that_starts_fastest_serves():
@@ -191,19 +236,21 @@ def test_among_variants_tied_within_the_noise_the_one_that_starts_fastest_serves
         "eager-graphed": m(0.811, 0.015),
         "aot": m(0.809, 0.016),
     }
-    assert choose(measured) == "eager-graphed"
+    choice = choose(measured)
+    assert choice.variant == "eager-graphed"
+    assert choice.reason.startswith("aot measured 1.00x faster than eager-graphed (95% interval 0.99-1.01")
     # the MLP: aot and graphed tied, eager-graphed clearly slower: aot (no trace at load)
     measured = {"eager": m(1.858, 0.41), "graphed": m(0.123, 0.009), "eager-graphed": m(0.183, 0.006)}
-    assert choose({**measured, "aot": m(0.116, 0.007)}) == "aot"
+    assert choose({**measured, "aot": m(0.116, 0.007)}).variant == "aot"
     # a tie never brings back a variant the winner is clearly faster than
-    assert choose({"eager": m(1.0, 0.1), "compiled": m(0.5, 0.01), "graphed": m(0.2, 0.01)}) == "graphed"
+    assert choose({"eager": m(1.0, 0.1), "compiled": m(0.5, 0.01), "graphed": m(0.2, 0.01)}).variant == "graphed"
 
 
-def test_equal_latencies_are_not_clearly_faster_and_a_missing_spread_counts_as_none():
-    assert not clearly_faster(m(1.0, 0.0), m(1.0, 0.0))
-    assert clearly_faster(VariantMeasure(ok=True, ms=0.9), VariantMeasure(ok=True, ms=1.0))  # no spreads recorded
-    assert not clearly_faster(VariantMeasure(ok=True, ms=0.9), VariantMeasure(ok=True, ms=1.0, spread_ms=0.2))
-    assert not clearly_faster(VariantMeasure(ok=True, ms=0.9, spread_ms=0.2), VariantMeasure(ok=True, ms=1.0))
+def test_equal_latencies_tie_and_a_variant_without_samples_never_displaces():
+    assert choose({"eager": m(1.0, 0.0), "compiled": m(1.0, 0.0)}) == Choice("eager")
+    recorded = {"eager": VariantMeasure(ok=True, ms=1.0), "compiled": VariantMeasure(ok=True, ms=0.5)}
+    choice = choose(recorded)  # a plan from before samples were kept: medians alone decide nothing
+    assert choice.variant == "eager" and choice.reason == "compiled has no samples paired with eager's: eager serves"
 
 
 @pytest.mark.parametrize(
@@ -236,8 +283,14 @@ def test_the_published_choice_holds_unless_another_is_clearly_faster_now():
     """A rerun measures eager a little faster than compiled, inside the noise: the published plan
     (compiled) stays. Only a clear win displaces it, and an incumbent that fails now is no incumbent."""
     measured = {"eager": m(1.00, 0.05), "compiled": m(1.02, 0.05), "graphed": m(1.5, 0.05)}
-    assert choose(measured) == "eager"
-    assert choose(measured, incumbent="compiled") == "compiled"
-    assert choose({**measured, "graphed": m(0.5, 0.05)}, incumbent="compiled") == "graphed"
-    assert choose({**measured, "compiled": m(None, ok=False, reason="capture")}, incumbent="compiled") == "eager"
-    assert choose(measured, incumbent="eager-graphed") == "eager"  # not measured here: the rule decides
+    assert choose(measured) == Choice("eager")
+    kept = choose(measured, incumbent="compiled")
+    assert kept.variant == "compiled"
+    assert kept.reason == (
+        "eager measured 1.02x faster than compiled (95% interval 1.00-1.05 on 100 paired samples, "
+        "not wholly above 1.02): compiled, the published plan's variant, stays"
+    )
+    assert choose({**measured, "graphed": m(0.5, 0.05)}, incumbent="compiled") == Choice("graphed")
+    failed = {**measured, "compiled": m(None, ok=False, reason="capture")}
+    assert choose(failed, incumbent="compiled") == Choice("eager")
+    assert choose(measured, incumbent="eager-graphed") == Choice("eager")  # not measured here: the rule decides
