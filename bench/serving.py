@@ -1,16 +1,23 @@
 """The serving runtime against plain PyTorch, on a GPU (numbers go to docs/performance.md).
 
-    python bench/serving.py OUT_DIR [--starts N] [example ...]   # default: mlp resnet18 transformer
+    python bench/serving.py OUT_DIR [--device cuda|cpu] [--starts N] [--host-calls N] [example ...]
+                                    # default: cuda, mlp resnet18 transformer
 
 Per example (buckets from its config, 1,8,32 unless it says otherwise):
-  1. `orchestrate warmup --no-ray --device cuda` into a fresh cache: the report's chosen variant
+  1. `orchestrate warmup --no-ray --device DEVICE` into a fresh cache: the report's chosen variant
      and its latency per bucket.
   2. A fresh process loads the runtime from that cache and times, interleaved in one process with
-     CUDA events (each call on an idle device): the runtime's call at request size = bucket, the
-     bucket's chosen variant called alone as warmup timed it (what the report's figure is of),
-     eager, and plain `torch.compile(mode="reduce-overhead")` (same cache); then request sizes
-     between the buckets: the runtime's padded call against eager at that exact size.
-  3. Replica start, fresh processes alternating: spawn to `runtime.load()` returned, against the
+     CUDA events (each call on an idle device; perf_counter on the CPU): the runtime's call at
+     request size = bucket, the bucket's chosen variant called alone as warmup timed it (what the
+     report's figure is of), eager, and plain `torch.compile(mode="reduce-overhead")` (same cache);
+     then request sizes between the buckets: the runtime's padded call against eager at that
+     exact size.
+  3. The runtime's own cost per call, host side: the runtime's call at request size = bucket
+     against the chosen variant alone, in blocks of back-to-back calls timed with perf_counter_ns
+     until the last call returns (the device synchronized after each block, untimed), interleaved
+     (bench/runtime_overhead.py). An event-timed call on an idle device carries the launch
+     latency's noise, larger than this cost; what the host spends per call is the cost itself.
+  4. Replica start, fresh processes alternating: spawn to `runtime.load()` returned, against the
      eager floor (spawn, import, build, one eager call per bucket).
 Everything is written to OUT_DIR/serving-<example>.json; a summary table goes to stdout.
 """
@@ -27,21 +34,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 START_RUNS = 3  # fresh processes of each kind, alternating (--starts N to change, 0 to skip)
+HOST_CALLS = 5000  # back-to-back calls of each kind per bucket for the host-side overhead (--host-calls N)
+HOST_BLOCK = 50  # calls per timed block
 
+# argv: config cache device host_calls host_block; run with the repository as the working directory
 TIMING = r"""
 import json, statistics, sys, torch
+from bench.runtime_overhead import host_overhead
 from orchestrator import runtime
 from orchestrator.config import load_spec_with_overrides
 from orchestrator.jobs.model import build_model, make_inputs
 from orchestrator.jobs.timing import Clock, median, p90
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.padding import copy_out
-from orchestrator.jobs.variants import replays_into_buffers, spread
+from orchestrator.jobs.variants import spread
 
-config, cache = sys.argv[1], sys.argv[2]
-served = runtime.load(config, cache_dir=cache, device="cuda", ready="planned")
+config, cache, device_name = sys.argv[1:4]
+host_calls, host_block = int(sys.argv[4]), int(sys.argv[5])
+served = runtime.load(config, cache_dir=cache, device=device_name, ready="planned")
 spec = served.spec
-device = torch.device("cuda")
+device = torch.device(device_name)
+sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 eager = build_model(spec, device)
 ti.match_a_plain_process()
 plain = torch.compile(eager, mode="reduce-overhead", dynamic=False)
@@ -55,14 +68,17 @@ with torch.no_grad():
         def plain_call():
             ti.mark_step()
             return plain(*args, **kwargs)
-        runner = served._runners[bucket]
+        route = served._routes[bucket]
+        runner, copies = route.runner, route.copies  # as the runtime calls it
         def variant_call():  # the chosen variant alone, as warmup timed it: what the report's figure is of
             outputs = runner(*args, **kwargs)
-            return copy_out(outputs) if replays_into_buffers(served.variant(bucket), spec, device.type) else outputs
-        variants = {"runtime": lambda: served(*args, **kwargs), "alone": variant_call,
+            return copy_out(outputs) if copies else outputs
+        runtime_call = lambda: served(*args, **kwargs)
+        variants = {"runtime": runtime_call, "alone": variant_call,
                     "eager": lambda: eager(*args, **kwargs), "reduce-overhead": plain_call}
         samples = clock.interleaved(variants, 200, 20)
         out["buckets"][bucket] = {"variant": served.variant(bucket), **{k: row(v) for k, v in samples.items()}}
+        out["buckets"][bucket]["host"] = host_overhead(runtime_call, variant_call, host_calls, host_block, sync)
     sizes = sorted({(a + b) // 2 for a, b in zip([0, *spec.buckets], spec.buckets) if (a + b) // 2 not in spec.buckets and (a + b) // 2 > 0})
     for n in sizes:
         args, kwargs = make_inputs(spec, n, device)
@@ -71,10 +87,12 @@ with torch.no_grad():
 print(json.dumps(out))
 """
 
+# argv: config cache [device, default cuda]
 READY = r"""
 import json, sys, time
 from orchestrator import runtime
-served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device="cuda", ready="planned")
+device = sys.argv[3] if len(sys.argv) > 3 else "cuda"
+served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device=device, ready="planned")
 info = served.info()
 print(json.dumps({"ready_from_spawn": info.ready_seconds_from_spawn, "ready": info.ready_seconds,
                   "variants": {b: i.variant for b, i in info.buckets.items()},
@@ -113,11 +131,13 @@ def run_python(code: str, *args: str, timeout: int = 600, env: dict | None = Non
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench(example: str, out_dir: Path, start_runs: int = START_RUNS) -> dict:
+def bench(
+    example: str, out_dir: Path, start_runs: int = START_RUNS, device: str = "cuda", host_calls: int = HOST_CALLS
+) -> dict:
     config = ROOT / "examples" / f"{example}.yaml"
     cache = Path(tempfile.mkdtemp(prefix=f"serving-{example}-"))
     warmup = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(config), "--device", "cuda",
+        [sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(config), "--device", device,
          "--cache-dir", str(cache), "--json"],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
@@ -130,12 +150,12 @@ def bench(example: str, out_dir: Path, start_runs: int = START_RUNS) -> dict:
             r["bucket"]: {"status": r["status"], "variant": r["variant"], "variants": r["variants"]}
             for r in report["results"]
         },
-        "timing": run_python(TIMING, str(config), str(cache)),
+        "timing": run_python(TIMING, str(config), str(cache), device, str(host_calls), str(HOST_BLOCK)),
     }
     starts: dict[str, list[float]] = {"runtime": [], "floor": []}
     for _ in range(start_runs):
-        starts["runtime"].append(run_python(READY, str(config), str(cache))["ready_from_spawn"])
-        starts["floor"].append(run_python(FLOOR, str(config))["ready_from_spawn"])
+        starts["runtime"].append(run_python(READY, str(config), str(cache), device)["ready_from_spawn"])
+        starts["floor"].append(run_python(FLOOR, str(config), device)["ready_from_spawn"])
     result["start"] = starts
     (out_dir / f"serving-{example}.json").write_text(json.dumps(result, indent=2))
     return result
@@ -154,6 +174,14 @@ def summary(example: str, result: dict) -> list[str]:
             f"reduce-overhead {row['reduce-overhead']['ms']:.3f}±{row['reduce-overhead']['spread_ms']:.3f}; "
             f"report said {chosen} {report_ms if report_ms is None else round(report_ms, 3)} ms"
         )
+        host = row["host"]
+        single_us = (row["runtime"]["ms"] - row["alone"]["ms"]) * 1e3  # from the medians of step 2
+        lines.append(
+            f"  runtime overhead per call, host: {host['overhead_us']:+.2f}±{host['overhead_spread_us']:.2f} µs "
+            f"(runtime {host['runtime_us']:.2f}±{host['runtime_spread_us']:.2f}, {row['variant']} alone "
+            f"{host['direct_us']:.2f}±{host['direct_spread_us']:.2f} µs/call back to back, {host['calls']} calls each); "
+            f"one call at a time: {single_us:+.1f} µs"
+        )
     for n, row in result["timing"]["between"].items():
         lines.append(f"size {n}: runtime (padded) {row['runtime']['ms']:.3f} ms, eager {row['eager']['ms']:.3f} ms")
     runtime, floor = result["start"]["runtime"], result["start"]["floor"]
@@ -171,14 +199,17 @@ def main() -> int:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     args = sys.argv[2:]
-    starts = START_RUNS
-    if args[:1] == ["--starts"]:
-        starts, args = int(args[1]), args[2:]
+    options = {"--starts": str(START_RUNS), "--device": "cuda", "--host-calls": str(HOST_CALLS)}
+    while args[:1] and args[0] in options:
+        options[args[0]], args = args[1], args[2:]
     examples = args or ["mlp", "resnet18", "transformer"]
     lines = []
     for example in examples:
         try:
-            lines += summary(example, bench(example, out_dir, starts))
+            result = bench(
+                example, out_dir, int(options["--starts"]), options["--device"], int(options["--host-calls"])
+            )
+            lines += summary(example, result)
         except Exception as exc:  # one example's failure must not lose the others' numbers
             lines.append(f"## {example}: FAILED {exc}")
         print("\n".join(lines[-12:]), flush=True)

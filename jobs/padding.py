@@ -123,23 +123,31 @@ class RequestShaper:
         """The bucket whose shapes the request has exactly (every input of the right dtype, on
         the right device, its bucket dimensions of that bucket's size), else None: then `size`
         checks it. Keywords count in the config's order only; any other order takes `size`."""
+        # every call of the served model runs this: the usual request, one tensor, is keyed by its
+        # own (shape, dtype, device) without a tuple around it; list comprehensions build the
+        # others' keys (a generator's frame costs more than the key itself)
         try:
-            key = (
-                *((a.shape, a.dtype, a.device) for a in args),
-                *((k, v.shape, v.dtype, v.device) for k, v in kwargs.items()),
-            )
+            if len(args) == 1 and not kwargs:
+                a = args[0]
+                key: tuple[Any, ...] = (a.shape, a.dtype, a.device)
+            else:
+                key = (
+                    tuple([(a.shape, a.dtype, a.device) for a in args]),
+                    tuple([(k, v.shape, v.dtype, v.device) for k, v in kwargs.items()]),
+                )
         except AttributeError:  # not a tensor: `size` names it
             return None
         return self._exact.get(key)
 
     def _bucket_shapes(self, bucket: int) -> tuple[Any, ...]:
+        """The key `exact_bucket` makes of a request of the bucket's exact shapes."""
+
         def shape(entry: _Input) -> torch.Size:
             return torch.Size(bucket if dim == self.symbol else int(dim) for dim in entry.shape)
 
-        return (
-            *((shape(e), e.dtype, self.device) for e in self._positional),
-            *((name, shape(e), e.dtype, self.device) for name, e in self._named.items()),
-        )
+        positional = tuple((shape(e), e.dtype, self.device) for e in self._positional)
+        named = tuple((name, shape(e), e.dtype, self.device) for name, e in self._named.items())
+        return positional[0] if len(positional) == 1 and not named else (positional, named)
 
     # -- checking -------------------------------------------------------------------------------
 

@@ -55,6 +55,10 @@ from orchestrator.jobs.variants import graphed_compile, read_plans, replays_into
 
 COMPILED_VARIANTS = ("compiled", "graphed", "aot")  # what needs Dynamo and Inductor in the replica
 
+# what torch.no_grad() calls, without its context manager's cost (BucketedModel.__call__)
+_is_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+
 
 class NotWarm(SetupError):
     """A compiled variant missed the cache while the caller required a warm start."""
@@ -245,10 +249,7 @@ class BucketedModel:
         self.spec, self.device = spec, device
         self._shaper, self._dims, self._info = shaper, dims, info
         self.buckets = sorted(info.buckets)
-        self._runners: dict[int, Callable[..., Any]] = {bucket: model for bucket in self.buckets}
-        self._variants = {bucket: "eager" for bucket in self.buckets}
-        # replays write their outputs into the same buffers: the caller gets copies
-        self._copies = {bucket: False for bucket in self.buckets}
+        self._routes = {bucket: _Route(model) for bucket in self.buckets}
         # one call at a time; a switch waits for the call under way, and so does a Dynamo trace (_Loader)
         self._lock = call_lock or threading.Lock()
         self._info_lock = threading.Lock()  # info and usage snapshots never wait for a model call
@@ -256,37 +257,55 @@ class BucketedModel:
         self._failure: Optional[BaseException] = None  # what wait_loaded raises: NotWarm
         self._age = process_age
         self._events = events  # the start's milestones, which the loader goes on adding to
-        self._no_grad = torch.no_grad()  # one for every call: calls are serialized by the lock
-        # counted under the call lock; read without it (a scrape must not wait for a model call)
-        self._usage = {bucket: BucketUsage() for bucket in self.buckets}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self._lock, self._no_grad:
-            exact = self._shaper.exact_bucket(args, kwargs)
-            if exact is not None:  # a bucket's own shapes: nothing to check, pad or cut
-                outputs = self._runners[exact](*args, **kwargs)
-                self._usage[exact].count(exact, exact)
-                return copy_out(outputs) if self._copies[exact] else outputs
-            n = self._shaper.size(args, kwargs)  # BadRequest before anything runs
-            if n <= self.buckets[-1]:
-                return self._run(args, kwargs, n)
-            parts = []
-            for chunk_args, chunk_kwargs in self._shaper.chunks(args, kwargs):
-                parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs)))
-            return self._shaper.concat(parts, self._dims)
+        # A request of a bucket's own shapes (the usual one behind a batcher) costs one lookup,
+        # the lock and a count besides its runner: what the runtime adds to every call. The lookup
+        # depends on the request alone and runs before the lock; one try block restores both the
+        # lock and grad mode, which is set through torch's functions (no_grad's context manager
+        # costs more than all the rest).
+        bucket = self._shaper.exact_bucket(args, kwargs)
+        grad = _is_grad_enabled()
+        lock = self._lock
+        lock.acquire()
+        try:
+            if grad:
+                _set_grad_enabled(False)
+            if bucket is None:  # checked, then padded or split
+                return self._shaped(args, kwargs)
+            route = self._routes[bucket]
+            outputs = route.runner(*args, **kwargs)
+            route.exact_calls += 1
+            # copied before the lock is released: the next call's replay overwrites these buffers
+            return copy_out(outputs) if route.copies else outputs
+        finally:
+            lock.release()
+            if grad:
+                _set_grad_enabled(True)
+
+    def _shaped(self, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Any other request: checked, then padded to its bucket, or run in chunks of the largest."""
+        n = self._shaper.size(args, kwargs)  # BadRequest before anything runs
+        if n <= self.buckets[-1]:
+            return self._run(args, kwargs, n)
+        parts = []
+        for chunk_args, chunk_kwargs in self._shaper.chunks(args, kwargs):
+            parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs)))
+        return self._shaper.concat(parts, self._dims)
 
     def _run(self, args: Any, kwargs: dict[str, Any], n: int) -> Any:
         bucket = self._shaper.bucket_for(n)
+        route = self._routes[bucket]
         padded_args, padded_kwargs = self._shaper.pad(args, kwargs, bucket)
-        outputs = self._runners[bucket](*padded_args, **padded_kwargs)
-        self._usage[bucket].count(n, bucket)
+        outputs = route.runner(*padded_args, **padded_kwargs)
+        route.shaped.count(n, bucket)
         if n < bucket:
             outputs = self._shaper.unpad(outputs, n, self._dims)
-        return copy_out(outputs) if self._copies[bucket] else outputs
+        return copy_out(outputs) if route.copies else outputs
 
     def variant(self, bucket: int) -> str:
         """What serves the bucket now."""
-        return self._variants[bucket]
+        return self._routes[bucket].variant
 
     def info(self) -> ReplicaInfo:
         """A snapshot: what each bucket serves now, and how the replica got there."""
@@ -298,7 +317,11 @@ class BucketedModel:
 
     def usage(self) -> dict[int, BucketUsage]:
         """Per bucket, what it has served since load (a snapshot)."""
-        return {bucket: BucketUsage(u.calls, u.rows, u.padded_rows) for bucket, u in self._usage.items()}
+        usage = {}
+        for bucket, route in self._routes.items():
+            exact, shaped = route.exact_calls, route.shaped
+            usage[bucket] = BucketUsage(shaped.calls + exact, shaped.rows + exact * bucket, shaped.padded_rows)
+        return usage
 
     @property
     def loading(self) -> bool:
@@ -318,9 +341,9 @@ class BucketedModel:
     def _switch(self, row: BucketInfo, runner: Callable[..., Any], seconds: float) -> None:
         """Serve the bucket on its planned variant from the next call on."""
         copies = replays_into_buffers(row.variant, self.spec, self.device.type)
+        route = self._routes[row.bucket]
         with self._lock:  # after the call under way, before the next
-            self._runners[row.bucket], self._variants[row.bucket] = runner, row.variant
-            self._copies[row.bucket] = copies
+            route.runner, route.variant, route.copies = runner, row.variant, copies
         self._settle(row, seconds)
 
     def _settle(self, row: BucketInfo, seconds: Optional[float]) -> None:
@@ -342,6 +365,20 @@ class BucketedModel:
             self._info.dynamo_frames_compiled = frames
         self._failure = failure
         self._loaded.set()
+
+
+class _Route:
+    """How a call reaches a bucket's variant, and what the bucket has served; changed and counted
+    under the call lock, read without it by `usage()` (a scrape must not wait for a model call)."""
+
+    __slots__ = ("copies", "exact_calls", "runner", "shaped", "variant")
+
+    def __init__(self, model: Callable[..., Any]) -> None:
+        self.runner, self.variant = model, "eager"
+        # replays write their outputs into the same buffers: the caller gets copies
+        self.copies = False
+        self.exact_calls = 0  # calls at the bucket's own size: `bucket` rows each, no padding
+        self.shaped = BucketUsage()  # the calls that were checked and padded (chunks included)
 
 
 class _Events:
