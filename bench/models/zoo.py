@@ -21,3 +21,35 @@ def gpt2(**overrides: Any) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(GPT2Config(**{"use_cache": False, **overrides}))
+
+
+def distilbert(**overrides: Any) -> Any:
+    """DistilBERT (DistilBertConfig's defaults: 6 layers, hidden 768, 12 heads, vocabulary 30522),
+    the encoder without a task head; the library's default attention implementation."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    return DistilBertModel(DistilBertConfig(**overrides))
+
+
+def llama_small(**overrides: Any) -> Any:
+    """A small Llama-style decoder with its LM head (4 layers, hidden 512, MLP 1376, 8 heads and 8
+    key/value heads, vocabulary 32000) and LlamaConfig's other defaults, the key/value cache on."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sizes = {
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+    }
+    return LlamaForCausalLM(LlamaConfig(**{**sizes, **overrides}))
+
+
+def t5_encoder(**overrides: Any) -> Any:
+    """T5's encoder alone (T5Config's defaults are t5-small's: 6 layers, d_model 512, 8 heads,
+    vocabulary 32128): what an encoder-decoder runs once per request before decoding."""
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(**overrides))
