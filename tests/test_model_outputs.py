@@ -8,6 +8,7 @@ import json
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -37,17 +38,25 @@ def decoder_output(batch: int = 2) -> object:
         return tiny_gpt2()(torch.arange(batch * 6).reshape(batch, 6) % 101)
 
 
-def cache_keys(output: object) -> list[str]:
-    return [path for path, _ in trees.leaves(output) if "past_key_values" in path]
+def cache_name(output: Any) -> str:
+    """The output's key that holds the cache: `past_key_values`, or `cache` in newer releases."""
+    (name,) = [key for key, value in output.items() if isinstance(value, cache_utils.Cache)]
+    return name
+
+
+def cache_keys(output: Any) -> list[str]:
+    return [path for path, _ in trees.leaves(output) if path.startswith(f"output.{cache_name(output)}")]
 
 
 def test_a_decoders_cache_is_walked_layer_by_layer_in_order():
     output = decoder_output()
-    assert type(output.past_key_values).__name__ == "DynamicCache"  # the library's default for causal LMs
+    cache = output[cache_name(output)]
+    assert type(cache).__name__ == "DynamicCache"  # the library's default for causal LMs
     paths = cache_keys(output)
     assert len(paths) == 2 * TINY_GPT2["n_layer"]
-    if hasattr(output.past_key_values, "layers"):
-        assert paths[:2] == ["output.past_key_values.layers[0].keys", "output.past_key_values.layers[0].values"]
+    if hasattr(cache, "layers"):
+        prefix = f"output.{cache_name(output)}.layers[0]"
+        assert paths[:2] == [f"{prefix}.keys", f"{prefix}.values"]
     leaves = dict(trees.leaves(output))
     assert all(leaves[path].shape[:2] == (2, 2) for path in paths)  # [batch, heads, sequence, head dim]
 
@@ -88,17 +97,18 @@ def test_a_padded_decoder_output_is_cut_back_cache_included_and_stays_a_cache():
 
     dims = output_bucket_dims({2: decoder_output(2), 4: decoder_output(4)}, shaper.input_dim)
     cut = shaper.unpad(decoder_output(4), 3, dims)
-    cache = cut.past_key_values
-    assert type(cache) is type(decoder_output().past_key_values)
+    cache = cut[cache_name(cut)]
+    assert type(cache) is cache_utils.DynamicCache
     assert cut.logits.shape[0] == 3
     assert all(leaf.shape[0] == 3 for _, leaf in trees.leaves(cache) if isinstance(leaf, torch.Tensor))
     assert cache.get_seq_length() == 6  # the library's own methods read the rebuilt cache
 
 
 def test_the_codec_carries_a_cache_as_an_object():
-    answer = to_json(decoder_output(1))
-    assert set(answer) == {"logits", "past_key_values"}
-    layers = answer["past_key_values"].get("layers") or answer["past_key_values"]["key_cache"]
+    output = decoder_output(1)
+    answer = to_json(output)
+    assert set(answer) == {"logits", cache_name(output)}
+    layers = answer[cache_name(output)].get("layers") or answer[cache_name(output)]["key_cache"]
     assert len(layers) == TINY_GPT2["n_layer"]
 
 
@@ -124,7 +134,7 @@ def gpt2_spec(tmp_path: Path, extra: str = "", buckets: str = "[2]") -> WarmupSp
         textwrap.dedent(f"""\
         name: tiny-gpt2
         model:
-          factory: {ROOT / "examples" / "models.py"}:gpt2
+          factory: {ROOT / "examples" / "huggingface.py"}:gpt2
           kwargs: {json.dumps(TINY_GPT2)}
         inputs:
           - name: input_ids
@@ -160,7 +170,7 @@ def test_an_output_path_the_model_lacks_is_named_with_what_it_has(tmp_path):
     model = build_model(spec, torch.device("cpu"))
     with pytest.raises(
         SetupError,
-        match=r"'hidden_states\[0\]' is not in the model's output \(output has keys logits, past_key_values\)",
+        match=r"'hidden_states\[0\]' is not in the model's output \(output has keys logits, (past_key_values|cache)\)",
     ):
         model(input_ids=torch.zeros(1, 6, dtype=torch.long))
 
@@ -201,5 +211,5 @@ def test_a_decoder_with_its_cache_on_is_served_compiled(tmp_path):
     with torch.no_grad():
         answer = served(input_ids=request)
         expected = build_model(spec, torch.device("cpu"))(input_ids=request)
-    assert type(answer.past_key_values) is type(expected.past_key_values)
+    assert type(answer[cache_name(answer)]) is type(expected[cache_name(expected)])
     Gate().compare(snapshot(expected), snapshot(answer), call="replica")
