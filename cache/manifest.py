@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,18 @@ ALG = "ed25519"
 FORMAT = 1
 PRIVATE_NAME = "cache-signing.key"  # what `orchestrate keys new DIR` writes
 PUBLIC_SUFFIX = ".pub"
+APPLIED_MARKER = ".orchestrate-manifest.json"  # what a pulled directory records of its generation
+# Process-local state, never an artifact: a scan skips it and no manifest may name it
+LOCAL_STATE = re.compile(r"(^|/)(locks/|\.tmp|tmp[^/]*$|[^/]*\.lock$|" + re.escape(APPLIED_MARKER) + ")")
+# Bounds on what a manifest may be before anything else reads it: a manifest of 100,000 files takes
+# about 30 MB and nests 4 levels deep, so these refuse only what would exhaust memory or the stack.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_DEPTH = 32
+# Bounds on a path a manifest names, in bytes: the filesystem's limit on one name (NAME_MAX), and
+# half of PATH_MAX for the whole, the rest left to the directory it is pulled into.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 2048
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class IntegrityError(Exception):
@@ -79,6 +92,7 @@ class Manifest:
             previous=body.get("previous"),
         )
         _check_types(manifest)
+        _check_names(manifest)
         return manifest
 
     @property
@@ -104,6 +118,55 @@ def _check_types(manifest: Manifest) -> None:
     )
     if not ok:
         raise TypeError("a field has the wrong type")
+
+
+def _check_names(manifest: Manifest) -> None:
+    """Every name that becomes a local path or a store key is checked here, where the manifest is
+    parsed, so nothing downstream writes, reads or deletes by a name it has not vetted: a shard is
+    its sha256 (64 lowercase hex digits), and each file is a plain relative path inside its
+    directory, within the filesystem's limits, not process-local state, and not a directory of
+    another file."""
+    where = manifest.namespace[:100]
+    for shard in [*manifest.shards, *(entry.shard for entry in manifest.files.values())]:
+        if not _SHA256.fullmatch(shard):
+            raise IntegrityError(
+                f"manifest of {where} names shard {shard[:80]!r}, which is not a sha256 (64 lowercase hex "
+                "digits); refusing it"
+            )
+    for rel in manifest.files:
+        parts = rel.split("/")
+        try:
+            sizes = [len(part.encode()) for part in parts]
+        except UnicodeEncodeError:  # a lone surrogate: no file can be named so
+            sizes = []
+        if not sizes or any(part in ("", ".", "..") for part in parts) or "\0" in rel or LOCAL_STATE.search(rel):
+            raise IntegrityError(f"manifest of {where} names an unsafe path {rel[:200]!r}; refusing it")
+        if max(sizes) > MAX_NAME_BYTES or sum(sizes) + len(sizes) - 1 > MAX_PATH_BYTES:
+            raise IntegrityError(
+                f"manifest of {where} names a path longer than a filesystem allows ({MAX_NAME_BYTES} bytes a "
+                f"name, {MAX_PATH_BYTES} in all): {rel[:100]!r}...; refusing it"
+            )
+    names = set(manifest.files)
+    for rel in manifest.files:
+        parts = rel.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent in names:
+                raise IntegrityError(
+                    f"manifest of {where} names {parent!r} as a file and as the directory of {rel[:200]!r}; refusing it"
+                )
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in parsed JSON, counted without recursion, up to just
+    past MAX_DEPTH."""
+    deepest, pending = 0, [(value, 1)] if isinstance(value, (dict, list)) else []
+    while pending and deepest <= MAX_DEPTH:
+        item, depth = pending.pop()
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -338,12 +401,29 @@ def decode(
     in `trusted`, and a manifest whose signed namespace or generation is not `namespace` and
     `generation` (where it was found): a valid signature vouches for the body, and the body must
     say it belongs here, or a manifest copied from another namespace or an old generation
-    replayed under a newer number would pass."""
+    replayed under a newer number would pass. Before any of that, a manifest over
+    MAX_MANIFEST_BYTES or nested deeper than MAX_DEPTH is refused; after it, any name that is
+    not safe to use as a path or a store key (_check_names)."""
     trusted = trusted if trusted is not None else TrustedKeys()
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise IntegrityError(
+            f"{where}: manifest takes {len(data) / 2**20:.0f} MiB, more than the {MAX_MANIFEST_BYTES // 2**20} MiB "
+            "a manifest may (corrupt or tampered); refusing it"
+        )
     try:
         envelope = json.loads(data)
+        too_deep = _depth(envelope) > MAX_DEPTH
+    except RecursionError:  # nested past the interpreter's own limit
+        too_deep = True
+    except ValueError:
+        raise IntegrityError(f"{where}: not a manifest (corrupt JSON); refusing it") from None
+    if too_deep:
+        raise IntegrityError(
+            f"{where}: manifest nests deeper than {MAX_DEPTH} levels (corrupt or tampered); refusing it"
+        )
+    try:
         body, signature = envelope["body"], envelope["signature"]
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise IntegrityError(f"{where}: not a manifest (corrupt JSON); refusing it") from None
     if not isinstance(body, dict):
         raise IntegrityError(f"{where}: manifest body is not an object (corrupt or tampered); refusing it")

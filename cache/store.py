@@ -53,6 +53,9 @@ class TransientError(StoreError):
     """Worth retrying: throttling, 5xx, timeouts, dropped connections."""
 
 
+OBJECT_MODE = 0o644  # what a directory store writes its objects as
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
@@ -302,7 +305,9 @@ class S3Store:
 
 class LocalStore:
     """A directory (`file:///srv/cache` or a plain path): tests, single hosts, shared filesystems.
-    Exclusive create is a hard link of a finished temporary file, atomic on POSIX filesystems."""
+    Exclusive create is a hard link of a finished temporary file, atomic on POSIX filesystems.
+    Objects are readable by everyone (OBJECT_MODE): readers may run under another uid than the
+    publisher, and a manifest's signature, not the file's mode, is what they trust."""
 
     def __init__(self, url: str) -> None:
         parsed = urlparse(url)
@@ -326,6 +331,7 @@ class LocalStore:
         tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
         tmp.write_bytes(data)
         try:
+            os.chmod(tmp, OBJECT_MODE)
             os.link(tmp, path)
             return True
         except FileExistsError:
@@ -337,6 +343,7 @@ class LocalStore:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        os.fchmod(fd, OBJECT_MODE)  # mkstemp makes it 0600
         os.close(fd)
         shutil.copyfile(path, tmp)
         os.replace(tmp, target)  # readers never see a half-written object

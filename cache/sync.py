@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.cache.manifest import (
+    APPLIED_MARKER,
+    LOCAL_STATE,
     FileEntry,
     IntegrityError,
     Manifest,
@@ -65,10 +67,7 @@ PREFIX = "v1"
 SHARD_BYTES = 64 * 1024 * 1024  # few large objects: requests cost more than bytes on S3
 PARALLEL = 8
 MAX_PUBLISH_RACES = 20
-APPLIED_MARKER = ".orchestrate-manifest.json"
-# Files that are process-local state, not artifacts
-_SKIP = re.compile(r"(^|/)(locks/|\.tmp|tmp[^/]*$|[^/]*\.lock$|" + re.escape(APPLIED_MARKER) + ")")
-_GEN = re.compile(r"gen-(\d+)\.json$")
+_MANIFEST_KEY = re.compile(rf"{PREFIX}/namespaces/([^/]+)/gen-([0-9]+)\.json")
 
 
 @dataclass
@@ -92,6 +91,18 @@ def _object_key(sha: str) -> str:
     return f"{PREFIX}/objects/{sha[:2]}/{sha}"
 
 
+def _parse_manifest_key(key: str) -> Optional[tuple[str, int]]:
+    """The namespace and generation a store key names when it is exactly a key _manifest_key
+    makes; None for anything else in the store (`gen-3.json`, `x/gen-00000009.json`, a
+    namespace of `..`), which is then no generation of any namespace: nothing is read, deleted or
+    counted by a key that was not made so."""
+    match = _MANIFEST_KEY.fullmatch(key)
+    if match is None or match.group(1) in (".", ".."):
+        return None
+    namespace, generation = match.group(1), int(match.group(2))
+    return (namespace, generation) if _manifest_key(namespace, generation) == key else None
+
+
 def scan(directory: Path) -> dict[str, tuple[Path, int]]:
     """Artifact files under a namespace directory: relative path -> (path, size). Symbolic links
     are neither followed nor listed. A worker scans before every step of a bucket (to know what a
@@ -111,7 +122,7 @@ def scan(directory: Path) -> dict[str, tuple[Path, int]]:
             rel = prefix + entry.name
             if entry.is_dir(follow_symlinks=False):
                 pending.append((rel + "/", Path(entry.path)))
-            elif entry.is_file(follow_symlinks=False) and not _SKIP.search(rel):
+            elif entry.is_file(follow_symlinks=False) and not LOCAL_STATE.search(rel):
                 try:
                     found[rel] = (Path(entry.path), entry.stat(follow_symlinks=False).st_size)
                 except FileNotFoundError:  # removed since it was listed: it is not an artifact any more
@@ -120,8 +131,8 @@ def scan(directory: Path) -> dict[str, tuple[Path, int]]:
 
 
 def generations(store: Store, namespace: str) -> list[int]:
-    found = (_GEN.search(info.key) for info in store.list(f"{PREFIX}/namespaces/{namespace}/"))
-    return sorted(int(m.group(1)) for m in found if m)
+    found = (_parse_manifest_key(info.key) for info in store.list(f"{PREFIX}/namespaces/{namespace}/"))
+    return sorted(generation for name, generation in filter(None, found) if name == namespace)
 
 
 def _where(store: Store, namespace: str, generation: int) -> str:
@@ -318,34 +329,33 @@ def pull(
     started = time.perf_counter()
     if directory.is_symlink():  # a target that is a link to the real directory: work beside that
         directory = directory.resolve()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with _turn(directory):
-        _recover(directory)
-        head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
-        if head is None:
-            return None
-        manifest, digest = head
-        seen = pulled_generation(directory)
-        if manifest.generation < seen:
-            raise IntegrityError(
-                f"{_where(store, namespace, manifest.generation)}: generation {manifest.generation} is older than "
-                f"generation {seen} already pulled into {directory} (store rolled back or replayed); refusing it "
-                f"(remove {directory / APPLIED_MARKER} if the namespace was republished on purpose)"
-            )
-        check_paths(manifest)
-        present = {rel: path for rel, (path, _) in scan(directory).items()}  # symlinks neither followed nor listed
-        needed = {
-            rel: entry
-            for rel, entry in manifest.files.items()
-            if rel not in present or not _matches(present[rel], entry)
-        }
-        transfer = Transfer(generation=manifest.generation, files=len(needed))
-        marker = json.dumps({"namespace": namespace, "generation": manifest.generation, "manifest": digest}) + "\n"
-        try:
-            if not needed:
-                directory.mkdir(exist_ok=True)
+    manifest: Optional[Manifest] = None  # what a full disk's message sizes, once read
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with _turn(directory):
+            _recover(directory)
+            head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
+            if head is None:
+                return None
+            manifest, digest = head
+            seen = pulled_generation(directory)
+            if manifest.generation < seen:
+                raise IntegrityError(
+                    f"{_where(store, namespace, manifest.generation)}: generation {manifest.generation} is older "
+                    f"than generation {seen} already pulled into {directory} (store rolled back or replayed); "
+                    f"refusing it (remove {directory / APPLIED_MARKER} if the namespace was republished on purpose)"
+                )
+            present = {rel: path for rel, (path, _) in scan(directory).items()}  # symlinks neither followed nor listed
+            needed = {
+                rel: entry
+                for rel, entry in manifest.files.items()
+                if rel not in present or not _matches(present[rel], entry)
+            }
+            transfer = Transfer(generation=manifest.generation, files=len(needed))
+            marker = json.dumps({"namespace": namespace, "generation": manifest.generation, "manifest": digest}) + "\n"
+            if not needed and directory.exists():
                 _write_atomically(directory / APPLIED_MARKER, marker)
-            else:
+            else:  # a directory that does not exist yet appears whole too, even an empty namespace's
                 staging = directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
                 try:
                     _fetch(store, manifest, needed, staging, transfer)
@@ -354,14 +364,14 @@ def pull(
                     _swap_in(staging, directory)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFull(
-                    f"no space left on the device of {directory.parent} while pulling {namespace} "
-                    f"(its files take {sum(e.size for e in manifest.files.values()) / 1e6:.1f} MB); "
-                    "free space there or pull to a larger disk; the directory is unchanged"
-                ) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
+        taking = f" (its files take {manifest.total_bytes / 1e6:.1f} MB)" if manifest else ""
+        raise DiskFull(
+            f"no space left on the device of {directory.parent} while pulling {namespace}{taking}; "
+            "free space there or pull to a larger disk; the directory is unchanged"
+        ) from None
     transfer.seconds = time.perf_counter() - started
     return transfer
 
@@ -370,30 +380,14 @@ class DiskFull(StoreError):
     """The local disk filled up during a pull: the directory is as it was before."""
 
 
+# Beside the directory `name`: `.incoming-<name>-<8 hex digits>` while a pull stages its files, and
+# `.previous-<name>` between the two renames of a swap without an exchange. Pulls into `name` and
+# into a sibling such as `name-v2` hold different locks, so each recovers only names that are
+# exactly its own: with the suffix's length fixed, `.incoming-<name>-` and 8 hex digits match no
+# sibling's staging, whatever the sibling is called.
 _STAGING_PREFIX = ".incoming-"
+_STAGING_SUFFIX = "[0-9a-f]{8}"
 _PREVIOUS_PREFIX = ".previous-"
-
-
-def check_paths(manifest: Manifest) -> None:
-    """Every path a manifest names is a plain relative path inside its directory, none is a
-    directory of another, and none is process-local state: checked for all entries before a pull
-    reads or writes anything."""
-    where = manifest.namespace
-    for rel in manifest.files:
-        parts = rel.split("/")
-        if not rel or rel.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in rel:
-            raise IntegrityError(f"manifest of {where} names an unsafe path {rel!r}; refusing it")
-        if _SKIP.search(rel):  # process-local state, never published
-            raise IntegrityError(f"manifest of {where} names an unsafe path {rel!r}; refusing it")
-    names = set(manifest.files)
-    for rel in manifest.files:
-        parts = rel.split("/")
-        for depth in range(1, len(parts)):
-            parent = "/".join(parts[:depth])
-            if parent in names:
-                raise IntegrityError(
-                    f"manifest of {where} names {parent!r} as a file and as the directory of {rel!r}; refusing it"
-                )
 
 
 @contextlib.contextmanager
@@ -421,9 +415,12 @@ def _turn(directory: Path) -> Iterator[None]:
 
 def _recover(directory: Path) -> None:
     """Finish or undo what a killed pull left: its staging goes; a directory moved aside by a
-    swap without an atomic exchange comes back unless the new one is in place."""
-    for stale in directory.parent.glob(f"{_STAGING_PREFIX}{directory.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    swap without an atomic exchange comes back unless the new one is in place. Only this
+    directory's own names, which its lock covers: a sibling's pull may be staging beside it."""
+    own = re.compile(re.escape(f"{_STAGING_PREFIX}{directory.name}-") + _STAGING_SUFFIX)
+    for stale in directory.parent.iterdir():
+        if own.fullmatch(stale.name):
+            shutil.rmtree(stale, ignore_errors=True)
     previous = directory.parent / f"{_PREVIOUS_PREFIX}{directory.name}"
     if previous.exists():
         if directory.exists():
@@ -483,9 +480,14 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """Written whole then renamed; the scratch file goes whatever fails (a full disk creates it
+    empty, then refuses its bytes)."""
     scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    scratch.write_text(text)
-    os.replace(scratch, path)
+    try:
+        scratch.write_text(text)
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 def _matches(path: Path, entry: FileEntry) -> bool:
@@ -502,7 +504,7 @@ class BadShard(IntegrityError):
 
 def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], staging: Path, transfer: Transfer) -> None:
     """Download the shards holding `needed` files, verify shard and file hashes, extract to staging.
-    The caller has checked the manifest's paths (check_paths) before anything was written."""
+    The manifest's paths and shard names were checked when it was parsed (manifest.decode)."""
     by_shard: dict[str, list[str]] = {}
     for rel, entry in needed.items():
         by_shard.setdefault(entry.shard, []).append(rel)
@@ -572,12 +574,8 @@ class NamespaceInfo:
 
 
 def namespaces(store: Store) -> list[str]:
-    names = set()
-    for info in store.list(f"{PREFIX}/namespaces/"):
-        parts = info.key.split("/")
-        if len(parts) >= 4 and _GEN.search(parts[-1]):
-            names.add(parts[2])
-    return sorted(names)
+    found = (_parse_manifest_key(info.key) for info in store.list(f"{PREFIX}/namespaces/"))
+    return sorted({name for name, _ in filter(None, found)})
 
 
 def describe(store: Store, trusted: Optional[TrustedKeys], *, allow_unsigned: bool) -> list[NamespaceInfo]:
@@ -627,11 +625,12 @@ def published_elsewhere(
         return []  # the reason for a miss is worth a listing, not turning the miss into a store failure
     newest_gen: dict[str, tuple[float, int]] = {}
     for info in listed:
-        parts, match = info.key.split("/"), _GEN.search(info.key)
-        if len(parts) != 4 or not match:
+        parsed = _parse_manifest_key(info.key)
+        if parsed is None:
             continue
-        modified, generation = newest_gen.get(parts[2], (0.0, 0))
-        newest_gen[parts[2]] = (max(modified, info.modified), max(generation, int(match.group(1))))
+        name, number = parsed
+        modified, generation = newest_gen.get(name, (0.0, 0))
+        newest_gen[name] = (max(modified, info.modified), max(generation, number))
     recent = sorted(newest_gen.items(), key=lambda item: item[1][0], reverse=True)[:limit]
     found = []
     for name, (_, generation) in recent:
@@ -701,7 +700,6 @@ def verify(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allo
                     f"{_where(store, namespace, generation)}: does not name generation {before}'s manifest "
                     "as its previous one (replaced or reordered generations); refusing it"
                 )
-            check_paths(manifest)
             unchecked = {rel: e for rel, e in manifest.files.items() if (e.shard, rel, e.sha256) not in checked}
             by_shard: dict[str, dict[str, FileEntry]] = {}
             for rel, entry in unchecked.items():
@@ -752,8 +750,6 @@ def repair(
         read = {g: read_manifest(store, namespace, g, readers, allow_unsigned=allow_unsigned) for g in numbers}
         manifests = {g: manifest for g, (manifest, _) in read.items()}
         head, head_digest = read[numbers[-1]]
-        for manifest in manifests.values():
-            check_paths(manifest)
         result = Repair(namespace)
         bad = _bad_shards(store, namespace, manifests.values())
         result.shards = len({e.shard for m in manifests.values() for e in m.files.values()})
