@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -228,9 +229,10 @@ _exit_registered = False
 
 class BucketedModel:
     """The served model: call it like the original one with any request size along the bucket
-    dimension. Calls are serialized (static buffers and graphs are not reentrant) and may come
-    from any thread. Outputs are the caller's own: nothing a later call writes reaches them. A
-    bucket switches from eager to its planned variant between two calls, never during one."""
+    dimension. Model calls are serialized (static buffers and graphs are not reentrant), those of
+    a request run in chunks one chunk at a time, and may come from any thread. Outputs are the
+    caller's own: nothing a later call writes reaches them. A bucket switches from eager to its
+    planned variant between two model calls, never during one."""
 
     def __init__(
         self,
@@ -252,6 +254,8 @@ class BucketedModel:
         self._routes = {bucket: _Route(model) for bucket in self.buckets}
         # one call at a time; a switch waits for the call under way, and so does a Dynamo trace (_Loader)
         self._lock = call_lock or threading.Lock()
+        # the calls waiting for the lock, each set once it has the lock (_wait_for_lock)
+        self._waiting: deque[threading.Event] = deque()
         self._info_lock = threading.Lock()  # info and usage snapshots never wait for a model call
         self._loaded = threading.Event()
         self._failure: Optional[BaseException] = None  # what wait_loaded raises: NotWarm
@@ -265,14 +269,15 @@ class BucketedModel:
         # lock and grad mode, which is set through torch's functions (no_grad's context manager
         # costs more than all the rest).
         bucket = self._shaper.exact_bucket(args, kwargs)
+        if bucket is None:  # checked, then padded or split: the lock is taken per model call
+            return self._shaped(args, kwargs)
         grad = _is_grad_enabled()
         lock = self._lock
-        lock.acquire()
+        if not lock.acquire(False):
+            self._wait_for_lock()
         try:
             if grad:
                 _set_grad_enabled(False)
-            if bucket is None:  # checked, then padded or split
-                return self._shaped(args, kwargs)
             route = self._routes[bucket]
             outputs = route.runner(*args, **kwargs)
             route.exact_calls += 1
@@ -284,24 +289,48 @@ class BucketedModel:
                 _set_grad_enabled(True)
 
     def _shaped(self, args: Any, kwargs: dict[str, Any]) -> Any:
-        """Any other request: checked, then padded to its bucket, or run in chunks of the largest."""
+        """Any other request: checked, then padded to its bucket, or run in chunks of the largest.
+        Each chunk takes the lock on its own, and the calls that waited for it while a chunk ran
+        go before the next: a long request holds up a short one by one chunk, not by all of them."""
         n = self._shaper.size(args, kwargs)  # BadRequest before anything runs
-        if n <= self.buckets[-1]:
-            return self._run(args, kwargs, n)
-        parts = []
-        for chunk_args, chunk_kwargs in self._shaper.chunks(args, kwargs):
-            parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs)))
-        return self._shaper.concat(parts, self._dims)
+        with torch.no_grad():
+            if n <= self.buckets[-1]:
+                return self._run(args, kwargs, n)
+            parts = []
+            for chunk_args, chunk_kwargs in self._shaper.chunks(args, kwargs):
+                for entered in list(self._waiting):
+                    entered.wait()
+                parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs)))
+            return self._shaper.concat(parts, self._dims)
 
     def _run(self, args: Any, kwargs: dict[str, Any], n: int) -> Any:
-        bucket = self._shaper.bucket_for(n)
-        route = self._routes[bucket]
-        padded_args, padded_kwargs = self._shaper.pad(args, kwargs, bucket)
-        outputs = route.runner(*padded_args, **padded_kwargs)
-        route.shaped.count(n, bucket)
-        if n < bucket:
-            outputs = self._shaper.unpad(outputs, n, self._dims)
-        return copy_out(outputs) if route.copies else outputs
+        if not self._lock.acquire(False):
+            self._wait_for_lock()
+        try:
+            bucket = self._shaper.bucket_for(n)
+            route = self._routes[bucket]
+            padded_args, padded_kwargs = self._shaper.pad(args, kwargs, bucket)
+            outputs = route.runner(*padded_args, **padded_kwargs)
+            route.shaped.count(n, bucket)
+            if n < bucket:
+                outputs = self._shaper.unpad(outputs, n, self._dims)
+            # copied before the lock is released: the next call (another request's, or the next
+            # chunk's) replays into the same buffers
+            return copy_out(outputs) if route.copies else outputs
+        finally:
+            self._lock.release()
+
+    def _wait_for_lock(self) -> None:
+        """Take the call lock, which another call holds. The wait is listed until the lock is
+        taken, so that a request running in chunks lets this call go before its next chunk (a
+        lock alone is no queue: the thread that releases it often takes it again first)."""
+        entered = threading.Event()
+        self._waiting.append(entered)
+        try:
+            self._lock.acquire()
+        finally:
+            self._waiting.remove(entered)
+            entered.set()
 
     def variant(self, bucket: int) -> str:
         """What serves the bucket now."""

@@ -13,7 +13,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
@@ -159,6 +168,11 @@ class CallOptions(_Strict):
     )
 
 
+# `serve.max_rows` where unset, in largest buckets: a request of more rows holds the replica for
+# more than this many of the largest bucket's calls
+MAX_ROWS_BUCKETS = 4
+
+
 class ServeOptions(_Strict):
     outputs: Optional[list[str]] = Field(
         default=None,
@@ -175,6 +189,11 @@ class ServeOptions(_Strict):
     oversize: Literal["split", "error"] = Field(
         default="split",
         description="a request larger than the largest bucket: run it in chunks of that bucket, or refuse it",
+    )
+    max_rows: Optional[NonNegativeInt] = Field(
+        default=None,
+        description="the most rows (along the bucket dimension) `orchestrate serve` takes in one request, "
+        f"answering HTTP 413 above it; default: {MAX_ROWS_BUCKETS} times the largest bucket; 0: no limit",
     )
 
     @field_validator("outputs")
@@ -262,6 +281,14 @@ class WarmupSpec(_Strict):
     def label(self) -> str:
         """The model's name: `name`, which loading a config file sets to the file's stem if absent."""
         return self.name or "model"
+
+    @property
+    def max_request_rows(self) -> Optional[int]:
+        """The most rows a served request may have: `serve.max_rows`, MAX_ROWS_BUCKETS times the
+        largest bucket where unset, None (no limit) where 0."""
+        if self.serve.max_rows is None:
+            return MAX_ROWS_BUCKETS * max(self.buckets)
+        return self.serve.max_rows or None
 
     @property
     def base_dir(self) -> Path:

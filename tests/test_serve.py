@@ -252,6 +252,38 @@ def test_npz_requests_are_answered_in_npz_as_eager(server, eager, size):
     assert "not an .npz" in json.loads(answer)["error"]
 
 
+def test_malformed_bodies_are_400s_and_too_many_rows_a_413(server, eager):
+    """Bodies from the fault campaign's corpus (tests/test_serve_fuzz.py) through the real server:
+    each a 400 with its one JSON line, never a 500; more rows than serve.max_rows (unset: four times
+    the largest bucket, 8) a 413; and the replica serves on."""
+    from test_serve_fuzz import CENTRAL, LOCAL, archive, first_data_byte, flipped, npy, patched
+
+    buffer = io.BytesIO()
+    np.savez(buffer, np.zeros((2, 256), np.float32))
+    valid = buffer.getvalue()
+    archives = {
+        "a bad CRC": flipped(valid, first_data_byte(valid) + 3),
+        "compression method 99": patched(patched(valid, LOCAL, 8, "<H", 99), CENTRAL, 10, "<H", 99),
+        "a member that is not .npy": archive({"arr_0": b"hello"}),
+        "a header of 2**40 x 256 floats": archive({"arr_0.npy": npy(b"\0" * 64, shape=(2**40, 256))}),
+    }
+    for case, data in archives.items():
+        status, media_type, answer = post_npz(server.url, data)
+        assert status == 400 and media_type == "application/json", (case, answer)
+        error = json.loads(answer)
+        assert list(error) == ["error"] and "\n" not in error["error"], (case, error)
+    status, answer = post(server.url, "[" * 100_000 + "]" * 100_000)
+    assert status == 400 and "nests deeper than JSON is parsed here" in answer["error"], answer
+    status, answer = post(server.url, json.dumps({"inputs": [[[True, *ROW[1:]]]]}))
+    assert status == 400 and "inputs[0] holds true/false; it is float32" in answer["error"], answer
+    status, answer = predict(server, torch.zeros(33, 256))
+    assert status == 413 and answer == {
+        "error": "inputs[0] has 33 at dim 0 (batch), more than serve.max_rows 32; send at most that many a request"
+    }
+    x = torch.randn(32, 256, generator=torch.Generator().manual_seed(32))
+    assert_answers(*predict(server, x), x, eager)
+
+
 def test_the_replica_serves_its_metrics(server, eager):
     """--metrics-port: the replica's own /metrics, from its process: the variant of each bucket,
     and every model call counted on its bucket with the padding it took."""

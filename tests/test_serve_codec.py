@@ -7,6 +7,9 @@ from __future__ import annotations
 import io
 import json
 import textwrap
+import threading
+import time
+import zipfile
 from collections import namedtuple
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 import torch
 
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.serving.codec import JSON, NPZ, OutputError, RequestCodec, RequestError, to_json
+from orchestrator.serving.codec import JSON, NPZ, OutputError, RequestCodec, RequestError, TooManyRows, to_json
 
 Pair = namedtuple("Pair", "left right")
 
@@ -331,3 +334,134 @@ def test_npz_answers_carry_each_output_tensor_by_its_path(codec):
     assert json.loads(answers[2].body)["outputs"]["pair"]["right"] == [1, 2]
     with pytest.raises(OutputError, match="output.label is a str, which an .npz cannot carry"):
         codec.split({"label": "mlp"}, requests[:1])
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (
+            body([[True, 1.0, 2.0, 3.0]], [1]),
+            "inputs[0] holds true/false; it is float32: send numbers (inputs[0][0][0]",
+        ),
+        (body([[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, False]], [1, 2]), "(inputs[0][1][3] is false)"),
+        (body([[True, False, True, True]], [1]), "inputs[0] holds true/false; it is float32: send numbers"),
+        (body(rows(2), [1, True]), "inputs[1] (ids) holds true/false; it is int64: send whole numbers"),
+    ],
+)
+def test_true_and_false_are_not_numbers(codec, raw, message):
+    with pytest.raises(RequestError) as caught:
+        codec.decode(raw)
+    assert message in str(caught.value) and caught.value.status == 400
+
+
+def test_true_and_false_are_refused_in_an_npz_too(codec):
+    with pytest.raises(RequestError, match=r"inputs\[0\] holds true/false; it is float32"):
+        codec.decode(npz(arr_0=np.ones((1, 4), bool), ids=np.zeros(1, np.int64)), NPZ)
+
+
+def test_a_bool_input_takes_true_and_false_or_0_and_1():
+    codec = RequestCodec(make_spec([FEATURES, {"shape": ["batch"], "dtype": "bool", "name": "mask"}]), "cpu")
+    request = codec.decode(json.dumps({"inputs": [rows(3), [True, False, 1]]}))
+    assert request.kwargs["mask"].tolist() == [True, False, True]
+    assert request.args[0].tolist() == rows(3)  # searched for true and false too, since the body holds them
+
+
+def test_a_request_of_more_rows_than_serve_max_rows_is_a_413():
+    """Unset, serve.max_rows is four times the largest bucket (8 here); 0 lifts the limit."""
+    default = RequestCodec(make_spec([FEATURES]), "cpu")
+    assert default.decode(body(rows(32))).size == 32
+    with pytest.raises(TooManyRows) as caught:
+        default.decode(body(rows(33)))
+    assert caught.value.status == 413
+    assert str(caught.value) == (
+        "inputs[0] has 33 at dim 0 (batch), more than serve.max_rows 32; send at most that many a request"
+    )
+    assert RequestCodec(make_spec([FEATURES], serve={"max_rows": 0}), "cpu").decode(body(rows(100))).size == 100
+    with pytest.raises(TooManyRows, match="more than serve.max_rows 5"):
+        RequestCodec(make_spec([FEATURES], serve={"max_rows": 5}), "cpu").decode(body(rows(6)))
+
+
+def test_a_compressed_npz_of_many_rows_is_refused_before_its_data_is_unpacked(codec, monkeypatch):
+    """100,000 rows of zeros deflate to a few hundred KB: the .npy header's shape refuses them."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, arr_0=np.zeros((100_000, 4), np.float32), ids=np.zeros(100_000, np.int64))
+    unpacked: list[int] = []
+    real_read = zipfile.ZipExtFile.read
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", lambda self, n=-1: unpacked.append(n) or real_read(self, n))
+    with pytest.raises(TooManyRows, match="inputs\\[0\\] has 100000 at dim 0 \\(batch\\), more than serve.max_rows 32"):
+        codec.decode(buffer.getvalue(), NPZ)
+    assert all(0 <= n < 4096 for n in unpacked), unpacked  # the header's bytes, never the data's
+
+
+def test_serve_max_rows_is_not_part_of_the_namespace():
+    assert make_spec([FEATURES], serve={"max_rows": 5}).identity_hash() == make_spec([FEATURES]).identity_hash()
+    assert make_spec([FEATURES], serve={"max_rows": 0}).max_request_rows is None
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        make_spec([FEATURES], serve={"max_rows": -1})
+
+
+GATED = """\
+import torch
+
+
+class Gated(torch.nn.Module):
+    # rows are independent; `hook`, where set, sees each model call's input first
+    hook = None
+
+    def forward(self, x):
+        if self.hook is not None:
+            self.hook(x)
+        return x * 2
+
+
+def gated():
+    return Gated()
+"""
+
+
+@pytest.mark.parametrize("short_rows", [1, 3])  # bucket 1's own shape; padded to bucket 4
+def test_a_request_in_chunks_lets_a_short_one_run_after_the_chunk_under_way(tmp_path: Path, short_rows):
+    """A request of 40 rows runs in ten chunks of bucket 4; a short request sent while the first
+    chunk runs gets the model before the second chunk."""
+    from orchestrator import runtime
+
+    (tmp_path / "gated.py").write_text(GATED)
+    (tmp_path / "gated.yaml").write_text(
+        "model: {factory: gated.py:gated}\ninputs: [{shape: [batch, 3]}]\nbuckets: [1, 4]\ndevice: cpu\n"
+    )
+    served = runtime.load(tmp_path / "gated.yaml", cache_dir=tmp_path / "cache")
+    long_x = torch.arange(120.0).reshape(40, 3)
+    short_x = torch.full((short_rows, 3), -1.0)
+    calls: list[str] = []  # each model call's request, in the order the model ran them
+    finished: list[str] = []
+    results: dict[str, torch.Tensor] = {}
+    long_running, short_calling = threading.Event(), threading.Event()
+
+    def hook(x: torch.Tensor) -> None:
+        calls.append("short" if (x < 0).any() else "long")
+        if len(calls) == 1:  # the long request's first chunk: it runs until the short one waits
+            long_running.set()
+            assert short_calling.wait(60)
+            deadline = time.monotonic() + 60
+            while not served._waiting and time.monotonic() < deadline:  # the short call waits for the lock
+                time.sleep(0.01)
+
+    def call(name: str, x: torch.Tensor) -> None:
+        if name == "short":
+            short_calling.set()
+        results[name] = served(x)
+        finished.append(name)
+
+    served.model.hook = hook
+    long = threading.Thread(target=call, args=("long", long_x))
+    long.start()
+    assert long_running.wait(60)
+    short = threading.Thread(target=call, args=("short", short_x))
+    short.start()
+    long.join(120)
+    short.join(120)
+    # the order of model calls is the lock's doing; which thread returns first after them is the
+    # scheduler's (the long request's last nine chunks may all run before the short thread wakes)
+    assert calls == ["long", "short"] + ["long"] * 9
+    assert sorted(finished) == ["long", "short"]
+    assert torch.equal(results["long"], long_x * 2) and torch.equal(results["short"], short_x * 2)

@@ -3,7 +3,7 @@ checked against the config's inputs, several requests joined into one call along
 dimension, the call's outputs cut back per request and encoded as the request was.
 
     codec = RequestCodec(spec, device)
-    request = codec.decode(body, NPZ if npz else JSON)   # RequestError: the client's fault, HTTP 400
+    request = codec.decode(body, NPZ if npz else JSON)   # RequestError: the client's fault, its .status
     args, kwargs = codec.join([request, other])          # one call for both
     first, second = codec.split(model(*args, **kwargs), [request, other])   # Answer per request
 
@@ -16,13 +16,19 @@ tensor, named by its path in the output tree (`output`, `output.logits`, `output
 A request is checked completely before it joins others, so one malformed request never fails
 the requests batched with it. The checks are the config's: count and names of the inputs, rank,
 fixed dimensions, one size along the bucket dimension, values the input's dtype can hold, and
-integer inputs within their `range` (an out-of-range token id would index past an embedding).
+integer inputs within their `range` (an out-of-range token id would index past an embedding),
+and at most `serve.max_rows` along the bucket dimension (HTTP 413 above it). A body that cannot be
+read at all (JSON nested past the parser's depth, an archive whose zip structure or .npy headers do
+not hold up) is refused the same way, naming what is wrong.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -37,6 +43,14 @@ from orchestrator.jobs.spec import FLOAT_DTYPES, InputSpec, WarmupSpec
 class RequestError(ValueError):
     """A request the client has to fix: one line naming the input and what is wrong."""
 
+    status = 400  # the HTTP status the server answers it with
+
+
+class TooManyRows(RequestError):
+    """A request of more rows along the bucket dimension than `serve.max_rows`."""
+
+    status = 413
+
 
 class OutputError(ValueError):
     """Model outputs that the wire format cannot carry (in JSON: NaN, Inf, complex numbers, other
@@ -48,6 +62,15 @@ NPZ = "application/x-npz"
 WIRES = (JSON, NPZ)
 # an .npz may be compressed: what its arrays unpack to is bounded before any is read
 MAX_NPZ_BYTES = 1 << 30
+# how numpy.savez and numpy.savez_compressed store their members; zipfile's other methods
+# (bzip2, lzma) need modules a Python build may lack, and no client of this server writes them
+NPZ_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+# what zipfile raises for a member it cannot unpack: a bad CRC, a stream cut short, a corrupt
+# deflate stream, a flag it does not implement, an encryption it needs a password for
+_UNZIP_ERRORS = (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, RuntimeError)
+# how deep the search for a non-number in a JSON array goes: deeper than any input's rank, and
+# far below the interpreter's recursion limit, whatever the body nests
+_MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -90,6 +113,7 @@ class RequestCodec:
         self.symbol = spec.bucket_symbol
         self.largest_bucket = max(spec.buckets)
         self.oversize = spec.serve.oversize
+        self.max_rows = spec.max_request_rows
         self._inputs = [
             _Input(
                 spec=item,
@@ -134,6 +158,10 @@ class RequestCodec:
             data = json.loads(body, parse_constant=_refuse_constant)
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"the body is not valid JSON: {first_line(exc)}") from None
+        except RecursionError:  # the parser recurses per level: its depth is the interpreter's limit
+            raise RequestError(
+                "the body nests deeper than JSON is parsed here; an input of n dimensions is n nested arrays"
+            ) from None
         if not isinstance(data, dict):
             raise RequestError(f'the body is a JSON {_json_type(data)}; send an object {{"inputs": [...]}}')
         if "inputs" not in data:
@@ -142,34 +170,34 @@ class RequestCodec:
         if unknown:
             raise RequestError(f'unknown key {unknown[0]!r} in the body; it takes "inputs" only')
         values = self._by_input(data["inputs"])
+        # JSON's true and false are numbers to Python and torch: only a body that spells one is searched
+        booleans = _spells_a_boolean(body)
         return [
-            self._checked(entry, self._from_json(entry, value))
+            self._checked(entry, self._from_json(entry, value, booleans))
             for entry, value in zip(self._inputs, values, strict=True)
         ]
 
     def _npz_tensors(self, body: bytes | str) -> list[torch.Tensor]:
-        import io
-        import zipfile
-
-        import numpy as np
-
         data = body.encode() if isinstance(body, str) else body
         try:
             archive = zipfile.ZipFile(io.BytesIO(data))
-            unpacked = sum(info.file_size for info in archive.infolist())
-        except (zipfile.BadZipFile, ValueError) as exc:
+            members = archive.infolist()
+        except (zipfile.BadZipFile, ValueError, NotImplementedError) as exc:  # the last: a zip version it lacks
             raise RequestError(f"the body is not an .npz (numpy.savez) archive: {first_line(exc)}") from None
+        unpacked = sum(info.file_size for info in members)
         if unpacked > MAX_NPZ_BYTES:
             raise RequestError(
                 f"the .npz unpacks to {unpacked} bytes, more than {MAX_NPZ_BYTES}; send smaller requests"
             )
-        try:
-            arrays = np.load(io.BytesIO(data), allow_pickle=False)
-            names = list(arrays.files)
-        except (ValueError, OSError, zipfile.BadZipFile) as exc:
-            raise RequestError(f"the body is not an .npz (numpy.savez) archive: {first_line(exc)}") from None
+        arrays: dict[str, zipfile.ZipInfo] = {}
+        for info in members:
+            _check_member(info, len(data))
+            name = info.filename.removesuffix(".npy")
+            if name in arrays:
+                raise RequestError(f"the .npz holds {info.filename!r} twice")
+            arrays[name] = info
         wanted = [entry.spec.name or f"arr_{i}" for i, entry in enumerate(self._inputs)]
-        for name in names:
+        for name in arrays:
             if name not in wanted:
                 raise RequestError(
                     f"unknown array {name!r} in the .npz; send {', '.join(wanted)} "
@@ -177,18 +205,44 @@ class RequestCodec:
                 )
         tensors = []
         for entry, name in zip(self._inputs, wanted, strict=True):
-            if name not in names:
+            if name not in arrays:
                 raise RequestError(f"the .npz lacks {entry.label} (array {name!r})")
-            try:
-                array = arrays[name]
-            except ValueError as exc:  # object arrays need pickle, which is refused
-                raise RequestError(f"{entry.label} cannot be read: {first_line(exc)}") from None
-            if array.dtype.kind not in "biuf" or array.dtype.itemsize > 8:
-                raise RequestError(f"{entry.label} is an array of {array.dtype}; send numbers")
-            if not array.dtype.isnative:
-                array = array.astype(array.dtype.newbyteorder("="))
-            tensors.append(self._checked(entry, torch.tensor(array)))
+            tensors.append(self._npy(entry, archive, arrays[name]))
         return tensors
+
+    def _npy(self, entry: _Input, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> torch.Tensor:
+        """A member as the input's tensor on the model's device. Its .npy header is checked before
+        any data is read: its dtype, its size against what the member holds (a header may claim
+        any shape; nothing is allocated for more than the body unpacks to), its shape against the
+        config's."""
+        import numpy as np
+
+        where = f"{entry.label} (array {info.filename!r})"
+        try:
+            with archive.open(info) as stream:
+                shape, fortran_order, dtype = _npy_header(stream)
+                if dtype.kind not in "biuf" or dtype.itemsize > 8:
+                    raise RequestError(f"{entry.label} is an array of {dtype}; send numbers")
+                size = math.prod(shape) * dtype.itemsize
+                held = info.file_size - stream.tell()
+                if size != held:
+                    raise RequestError(
+                        f"{where}: its .npy header declares {shape} {dtype} ({size} bytes), the member holds {held}"
+                    )
+                self._check_shape(entry, shape)
+                raw = stream.read(size + 1)
+        except RequestError:
+            raise
+        except ValueError as exc:  # numpy's word for an .npy header it cannot read
+            raise RequestError(f"{where} is not an .npy array: {first_line(exc)}") from None
+        except _UNZIP_ERRORS as exc:
+            raise RequestError(f"{where} cannot be unpacked: {first_line(exc)}") from None
+        if len(raw) != size:  # the zip's sizes lied, and its CRC with them
+            raise RequestError(f"{where} unpacks to {len(raw)} bytes of data, its .npy header declares {size}")
+        array = np.frombuffer(raw, dtype).reshape(shape, order="F" if fortran_order else "C")
+        if not dtype.isnative:
+            array = array.astype(dtype.newbyteorder("="))
+        return self._values(entry, torch.tensor(array)).to(self.device)
 
     def _by_input(self, inputs: Any) -> list[Any]:
         expected = len(self._inputs)
@@ -213,11 +267,17 @@ class RequestCodec:
             return [inputs[name] for name in names]
         raise RequestError(f'"inputs" is a JSON {_json_type(inputs)}; send a list with one array per config input')
 
-    def _from_json(self, entry: _Input, value: Any) -> torch.Tensor:
+    def _from_json(self, entry: _Input, value: Any, booleans: bool = True) -> torch.Tensor:
         """A JSON array as a tensor that holds its numbers exactly, as float64 where any is not
-        whole (JSON's numbers are doubles: a float16 input is rounded once, from them)."""
+        whole (JSON's numbers are doubles: a float16 input is rounded once, from them). True and
+        false are refused for a number input: `booleans` says whether the body may hold any."""
         if isinstance(value, (dict, str)) or value is None:
             raise RequestError(f"{entry.label} is a JSON {_json_type(value)}, not an array of numbers")
+        if booleans and entry.spec.dtype != "bool":
+            found = _non_number(value, booleans=False)
+            if found is not None and isinstance(found[1], bool):
+                where, leaf = found
+                raise RequestError(_holds_booleans(entry, f" ({entry.label}{where} is {_shown(leaf)})"))
         try:
             tensor = torch.tensor(value, dtype=torch.float64 if entry.spec.dtype in FLOAT_DTYPES else None)
             if tensor.is_floating_point() and tensor.dtype != torch.float64:
@@ -227,27 +287,38 @@ class RequestCodec:
             odd = _non_number(value)
             if odd is not None:
                 where, leaf = odd
-                raise RequestError(f"{entry.label}{where} is {leaf}, not a number") from None
+                raise RequestError(f"{entry.label}{where} is {_shown(leaf)}, not a number") from None
             raise RequestError(f"{entry.label} is not a rectangular array of numbers: {first_line(exc)}") from None
         return tensor
 
     def _checked(self, entry: _Input, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` as the input's tensor on the model's device: shape first, then its values."""
-        shape = entry.spec.shape
-        shown = "[" + ", ".join(map(str, shape)) + "]"
-        if tensor.dim() != len(shape):
-            raise RequestError(
-                f"{entry.label} has {tensor.dim()} dimensions {list(tensor.shape)}, expected {len(shape)}: {shown}"
-            )
-        for dim, want in enumerate(shape):
-            if isinstance(want, int) and tensor.shape[dim] != want:
-                raise RequestError(f"{entry.label} has size {tensor.shape[dim]} at dim {dim}, expected {want}: {shown}")
-        if tensor.numel() == 0:
-            raise RequestError(f"{entry.label} is empty; a request needs at least one row")
+        self._check_shape(entry, tuple(tensor.shape))
         return self._values(entry, tensor).to(self.device)
+
+    def _check_shape(self, entry: _Input, shape: tuple[int, ...]) -> None:
+        config = entry.spec.shape
+        shown = "[" + ", ".join(map(str, config)) + "]"
+        if len(shape) != len(config):
+            raise RequestError(
+                f"{entry.label} has {len(shape)} dimensions {list(shape)}, expected {len(config)}: {shown}"
+            )
+        for dim, want in enumerate(config):
+            if isinstance(want, int) and shape[dim] != want:
+                raise RequestError(f"{entry.label} has size {shape[dim]} at dim {dim}, expected {want}: {shown}")
+        if math.prod(shape) == 0:
+            raise RequestError(f"{entry.label} is empty; a request needs at least one row")
+        for dim in entry.bucket_dims:
+            if self.max_rows is not None and shape[dim] > self.max_rows:
+                raise TooManyRows(
+                    f"{entry.label} has {shape[dim]} at dim {dim} ({self.symbol}), more than serve.max_rows "
+                    f"{self.max_rows}; send at most that many a request"
+                )
 
     def _values(self, entry: _Input, tensor: torch.Tensor) -> torch.Tensor:
         dtype = entry.spec.dtype
+        if tensor.dtype == torch.bool and dtype != "bool":
+            raise RequestError(_holds_booleans(entry))
         if dtype in FLOAT_DTYPES:
             converted = tensor.to(entry.dtype)
             if not torch.isfinite(converted).all():
@@ -257,8 +328,6 @@ class RequestCodec:
             if tensor.dtype != torch.bool and (tensor.is_floating_point() or ((tensor != 0) & (tensor != 1)).any()):
                 raise RequestError(f"{entry.label} is bool: send true/false (or 0/1)")
             return tensor.to(torch.bool)
-        if tensor.dtype == torch.bool:
-            raise RequestError(f"{entry.label} holds true/false; it is {dtype}: send whole numbers")
         if tensor.is_floating_point():
             if (tensor != tensor.round()).any():
                 raise RequestError(f"{entry.label} holds numbers with a fraction; it is {dtype}: send whole numbers")
@@ -408,18 +477,78 @@ def to_json(node: Any, cut: Any = None, path: str = "output") -> Any:
     raise OutputError(f"{path} is a {type(node).__name__}, which JSON cannot carry")
 
 
-def _non_number(value: Any, where: str = "") -> Optional[tuple[str, str]]:
-    """Where a nested list holds something other than a number or a boolean, and what, as JSON."""
+def _non_number(value: Any, booleans: bool = True, depth: int = 0) -> Optional[tuple[str, Any]]:
+    """Where a nested list holds something other than a number (or a boolean, unless `booleans`
+    is False), and that leaf. The search goes _MAX_DEPTH lists deep."""
     if isinstance(value, list):
+        if depth == _MAX_DEPTH:
+            return None
         for i, item in enumerate(value):
-            found = _non_number(item, f"{where}[{i}]")
+            found = _non_number(item, booleans, depth + 1)
             if found is not None:
-                return found
+                return f"[{i}]{found[0]}", found[1]
         return None
-    if isinstance(value, (bool, int, float)):
+    if isinstance(value, (int, float)) and (booleans or not isinstance(value, bool)):
         return None
-    shown = json.dumps(value)
-    return where, shown if len(shown) <= 40 else shown[:37] + "..."
+    return "", value
+
+
+def _shown(leaf: Any) -> str:
+    """A JSON leaf as a message shows it: containers by their type, anything else as JSON."""
+    if isinstance(leaf, (dict, list)):
+        return f"a JSON {_json_type(leaf)}"
+    shown = json.dumps(leaf)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _spells_a_boolean(body: bytes | str) -> bool:
+    if isinstance(body, str):
+        return "true" in body or "false" in body
+    return b"true" in body or b"false" in body
+
+
+def _holds_booleans(entry: _Input, where: str = "") -> str:
+    dtype = entry.spec.dtype
+    numbers = "numbers" if dtype in FLOAT_DTYPES else "whole numbers"
+    return f"{entry.label} holds true/false; it is {dtype}: send {numbers}{where}"
+
+
+def _check_member(info: zipfile.ZipInfo, body_bytes: int) -> None:
+    """An .npz member as numpy.savez writes one: an .npy array, stored or deflated, not encrypted,
+    whose sizes fit the body that carries it."""
+    name = info.filename
+    if not name.endswith(".npy"):
+        raise RequestError(f"{name!r} in the .npz is not an .npy array; send numpy.savez archives")
+    if info.compress_type not in NPZ_METHODS:
+        raise RequestError(
+            f"{name!r} in the .npz is compressed with method {info.compress_type}; "
+            f"send numpy.savez or numpy.savez_compressed archives ({' or '.join(NPZ_METHODS.values())})"
+        )
+    if info.flag_bits & 0x1:
+        raise RequestError(f"{name!r} in the .npz is encrypted; send numpy.savez archives")
+    if info.compress_size > body_bytes:
+        raise RequestError(f"{name!r} in the .npz claims {info.compress_size} bytes, the body has {body_bytes}")
+    if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+        raise RequestError(
+            f"{name!r} in the .npz is stored in {info.compress_size} bytes and claims to unpack to {info.file_size}"
+        )
+
+
+def _npy_header(stream: Any) -> tuple[tuple[int, ...], bool, Any]:
+    """An .npy file's shape, order and dtype, its data next in `stream`. ValueError for anything
+    numpy.save would not have written."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran_order, dtype = npy.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran_order, dtype = npy.read_array_header_2_0(stream)
+    else:  # 3.0 is for structured dtypes' unicode field names: no input is one
+        raise ValueError(f"format version {version[0]}.{version[1]}; numpy.save writes numbers in 1.0 or 2.0")
+    if any(size < 0 for size in shape):
+        raise ValueError(f"shape {shape} has a negative size")
+    return shape, fortran_order, dtype
 
 
 def _refuse_constant(name: str) -> Any:

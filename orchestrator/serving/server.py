@@ -3,6 +3,7 @@
     POST /predict   {"inputs": [[...], ...]}   ->  200 {"outputs": ...}
                     (Content-Type application/x-npz: numpy.savez arrays in, an .npz out)
                                                     400 {"error": "<one line>"}  (the request's fault)
+                                                    413 {"error": "<one line>"}  (more rows than serve.max_rows)
     GET  /info      the replica's load report (orchestrator.runtime.ReplicaInfo)
     GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.serving.metrics
 
@@ -108,8 +109,11 @@ class ModelServer:
             loop = asyncio.get_running_loop()
             try:  # in a thread: decoding a large body must not hold up the requests behind it
                 decoded = await loop.run_in_executor(None, self.codec.decode, body, wire)
-            except self._request_error as exc:
-                return _error(400, str(exc))
+            except self._request_error as exc:  # 400; 413 for more rows than serve.max_rows
+                return _error(exc.status, str(exc))
+            except Exception as exc:  # the codec's own fault, answered in the same one line
+                logger.exception("decoding a request failed")
+                return _error(500, f"the request could not be decoded: {brief(exc)}")
             answer = await self._predict(decoded)
             return Response(answer.body, status_code=answer.status, media_type=answer.media_type)
         if path == "/info":
