@@ -49,6 +49,12 @@ class IntegrityError(Exception):
     """Unsigned, tampered or corrupt cache data was refused; the local cache was not touched."""
 
 
+class KeyConfigError(Exception):
+    """A trusted key file that is missing, unreadable, or holds no public key: the reader's
+    configuration is wrong, whether --trust, $ORCHESTRATE_CACHE_TRUSTED_KEYS or a caller named it.
+    A usage problem, found before any cache data is read; nothing was refused."""
+
+
 @dataclass(frozen=True)
 class FileEntry:
     sha256: str
@@ -227,8 +233,19 @@ class PublicKey:
         return cls(key)
 
     @classmethod
-    def load(cls, path: str | Path) -> PublicKey:
-        return cls.from_text(_read_key_text(Path(path), "trusted key file"), f"trusted key file {path}")
+    def load(cls, path: str | Path, what: str = "trusted key file") -> PublicKey:
+        """The key in file `path`; KeyConfigError when it cannot be (`what` says who named it)."""
+        try:
+            data = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise KeyConfigError(
+                f"{what} {path}: cannot read it ({exc.strerror}); name a readable public key file "
+                f"(the {PUBLIC_SUFFIX} file of a pair from `orchestrate keys new DIR`)"
+            ) from None
+        try:
+            return cls.from_text(data, f"{what} {path}")
+        except IntegrityError as exc:  # a private key or no key: what was configured, not what was pulled
+            raise KeyConfigError(str(exc)) from None
 
     def pem(self) -> str:
         return self._key.public_bytes(
@@ -361,10 +378,10 @@ class TrustedKeys:
         """Public key files `files`, then those in $ORCHESTRATE_CACHE_TRUSTED_KEYS (when `environ`),
         then the public half of the signing key this process is configured with, if any: a
         publisher trusts its own key."""
-        paths = [str(f) for f in files]
+        keys = [PublicKey.load(path) for path in files]
         if environ:
-            paths += [p for p in os.environ.get(TRUSTED_ENV, "").split(os.pathsep) if p.strip()]
-        keys = [PublicKey.load(path) for path in paths]
+            named = [p for p in os.environ.get(TRUSTED_ENV, "").split(os.pathsep) if p.strip()]
+            keys += [PublicKey.load(path, f"${TRUSTED_ENV} names") for path in named]
         own = SigningKey.from_env() if environ else None
         return cls([*keys, *([own.public] if own else [])])
 

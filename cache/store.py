@@ -12,6 +12,7 @@ are not retried. botocore's own retries are off so the two policies never multip
 from __future__ import annotations
 
 import builtins  # `list` names the stores' method inside their classes
+import errno
 import os
 import shutil
 import tempfile
@@ -54,6 +55,13 @@ class TransientError(StoreError):
 
 
 OBJECT_MODE = 0o644  # what a directory store writes its objects as
+
+
+def _local_disk_full(what: str, exc: BaseException) -> bool:
+    """ENOSPC and EDQUOT come from a filesystem, never from the network: raised by a download,
+    they mean the local disk it writes to is full. That stays an OSError, as it is from a file://
+    store, so the pull names the local directory; it is no failure of the store's to report."""
+    return what == "download" and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,8 @@ class S3Store:
             try:
                 return fn()
             except Exception as exc:
+                if _local_disk_full(what, exc):
+                    raise
                 raise self._classify(exc, what) from exc
 
         return _retry(attempt, what, f"{self.url} ({self._endpoint})")
@@ -406,6 +416,8 @@ class FsspecStore:
             except FileNotFoundError:
                 raise NotFound(f"{what} {self.url}: not found") from None
             except (TimeoutError, ConnectionError, OSError) as exc:
+                if _local_disk_full(what, exc):
+                    raise
                 raise TransientError(f"{type(exc).__name__}: {exc}") from exc
 
         return _retry(attempt, what, self.url)

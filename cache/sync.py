@@ -377,7 +377,23 @@ def pull(
 
 
 class DiskFull(StoreError):
-    """The local disk filled up during a pull: the directory is as it was before."""
+    """The local disk filled up: a pull's directory is as it was before, a scratch directory is gone."""
+
+
+@contextlib.contextmanager
+def _scratch(prefix: str, doing: str) -> Iterator[Path]:
+    """A temporary directory for shards read from the store, removed after; a full disk while it
+    is in use is a DiskFull naming where, not a traceback (nor a bad store)."""
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFull(
+            f"no space left on the device of {tempfile.gettempdir()} while {doing}; "
+            "free space there or point TMPDIR at a larger disk"
+        ) from None
 
 
 # Beside the directory `name`: `.incoming-<name>-<8 hex digits>` while a pull stages its files, and
@@ -689,7 +705,7 @@ def verify(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allo
     checked: set[tuple[str, str, str]] = set()  # (shard, path, sha256): what was read and matched
     manifest: Optional[Manifest] = None
     digests: dict[int, str] = {}
-    with tempfile.TemporaryDirectory(prefix="orchestrate-verify-") as tmp:
+    with _scratch("orchestrate-verify-", f"verifying {namespace}") as tmp:
         for generation in numbers:
             manifest, digests[generation] = read_manifest(
                 store, namespace, generation, trusted, allow_unsigned=allow_unsigned
@@ -706,7 +722,7 @@ def verify(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allo
                 by_shard.setdefault(entry.shard, {})[rel] = entry
             where = f"namespace {namespace} (generation {generation})"
             for shard, entries in sorted(by_shard.items()):
-                _checked_shard(store, shard, entries, Path(tmp) / shard, where)
+                _checked_shard(store, shard, entries, tmp / shard, where)
                 checked |= {(shard, rel, e.sha256) for rel, e in entries.items()}
     assert manifest is not None
     return manifest
@@ -762,13 +778,13 @@ def repair(
             if entry.shard in bad:
                 in_head.setdefault(entry.shard, {})[rel] = entry
         moved: dict[str, tuple[Path, int]] = {}
-        with tempfile.TemporaryDirectory(prefix="orchestrate-repair-") as tmp:
+        with _scratch("orchestrate-repair-", f"repairing {namespace}") as tmp:
             for shard, entries in sorted(in_head.items()):
                 have = {
                     rel: local[rel] for rel, entry in entries.items() if rel in local and _matches(local[rel][0], entry)
                 }
                 if len(have) == len(entries):
-                    rebuilt = Path(tmp) / f"rebuilt-{shard}"
+                    rebuilt = tmp / f"rebuilt-{shard}"
                     _write_tar(rebuilt, {rel: path for rel, (path, _) in have.items()})
                     if sha256_file(rebuilt) == shard:
                         store.upload(_object_key(shard), rebuilt)
@@ -803,10 +819,10 @@ def _bad_shards(store: Store, namespace: str, manifests: Iterable[Manifest]) -> 
         for rel, entry in manifest.files.items():
             wanted.setdefault(entry.shard, {})[rel] = entry
     bad: set[str] = set()
-    with tempfile.TemporaryDirectory(prefix="orchestrate-check-") as tmp:
+    with _scratch("orchestrate-check-", f"checking the shards of {namespace}") as tmp:
         for shard, entries in sorted(wanted.items()):
             try:
-                _checked_shard(store, shard, entries, Path(tmp) / "shard", f"namespace {namespace}")
+                _checked_shard(store, shard, entries, tmp / "shard", f"namespace {namespace}")
             except BadShard:
                 bad.add(shard)
     return bad

@@ -22,7 +22,7 @@ import click
 from rich.console import Console
 
 from orchestrator import __version__
-from orchestrator.cache.manifest import IntegrityError
+from orchestrator.cache.manifest import IntegrityError, KeyConfigError
 from orchestrator.cache.store import StoreError, UnsupportedStore, check_url
 from orchestrator.config import (
     cache_root,
@@ -1332,6 +1332,8 @@ def main() -> None:
     except UserError as exc:
         _fail(str(exc), exc.exit_code)
     except UnsupportedStore as exc:  # `cache` commands open the store directly
+        _fail(str(exc), EXIT_USAGE)
+    except KeyConfigError as exc:  # a trusted key configured wrong is a usage error, as a missing --trust file is
         _fail(str(exc), EXIT_USAGE)
     except StoreError as exc:
         _fail(str(exc), EXIT_STORE)

@@ -564,3 +564,26 @@ def test_a_directory_stores_objects_are_readable_by_other_users(store, tmp_path)
     objects = files_under(Path(store.root))
     assert len(objects) == 2  # one shard, one manifest
     assert {path.stat().st_mode & 0o777 for path in objects} == {0o644}
+
+
+@pytest.mark.parametrize("command", ["verify", "repair"])
+def test_verify_and_repair_on_a_full_scratch_disk_are_disk_full_and_leave_no_scratch(
+    store, tmp_path, monkeypatch, command
+):
+    """Shards are read into a scratch directory; a full disk there is exit 3 naming it, not a
+    traceback and not a bad namespace."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+
+    def no_space(key, path):
+        Path(path).write_bytes(b"")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "download", no_space)
+    with pytest.raises(sync.DiskFull, match=rf"device of {re.escape(str(tmp_path / 'scratch'))} while .* {NS}; "):
+        if command == "verify":
+            sync.verify(store, NS, TRUST, allow_unsigned=False)
+        else:
+            sync.repair(store, NS, make_cache(tmp_path / "b", ARTIFACTS), KEY, allow_unsigned=False, trusted=TRUST)
+    assert list((tmp_path / "scratch").iterdir()) == []

@@ -40,6 +40,7 @@ from orchestrator.cache.manifest import (
     TRUSTED_ENV,
     FileEntry,
     IntegrityError,
+    KeyConfigError,
     Manifest,
     PublicKey,
     SigningKey,
@@ -413,16 +414,17 @@ def test_key_files_in_the_wrong_role_or_shape_are_refused_without_quoting_them(t
         IntegrityError, match=re.escape(f"signing key file {public}: is a public key, which only verifies")
     ):
         SigningKey.load(public)
-    with pytest.raises(IntegrityError, match=re.escape(f"trusted key file {private}: is a private key")):
+    # a reader's key file is its configuration: a wrong one is a usage error, not refused cache data
+    with pytest.raises(KeyConfigError, match=re.escape(f"trusted key file {private}: is a private key")):
         PublicKey.load(private)
     garbage = tmp_path / "garbage"
     garbage.write_text("s3cr3t-but-not-a-key")
-    for load in (SigningKey.load, PublicKey.load):
-        with pytest.raises(IntegrityError, match="not an .*Ed25519 .* key") as info:
+    for load, error in ((SigningKey.load, IntegrityError), (PublicKey.load, KeyConfigError)):
+        with pytest.raises(error, match="not an .*Ed25519 .* key") as info:
             load(garbage)
         assert "s3cr3t" not in str(info.value)
     with pytest.raises(
-        IntegrityError, match=re.escape(f"trusted key file {tmp_path / 'missing'}: cannot read it (No such file")
+        KeyConfigError, match=re.escape(f"trusted key file {tmp_path / 'missing'}: cannot read it (No such file")
     ):
         PublicKey.load(tmp_path / "missing")
     # the raw forms: 64 hex digits of the seed, or of the public key
@@ -477,6 +479,25 @@ def test_trusted_keys_come_from_files_the_environment_and_the_own_signing_key(mo
     assert TrustedKeys.load(environ=False).key_ids == []
     pems = TrustedKeys.load([paths[2]]).pems()  # travels to workers as text
     assert "PRIVATE" not in "".join(pems) and sorted(TrustedKeys.from_pems(pems).key_ids) == sorted([*ids, KEY.key_id])
+
+
+@pytest.mark.parametrize("mistake", ["missing", "private", "directory"])
+def test_a_wrong_trusted_key_in_the_environment_is_a_key_config_error_naming_the_variable(
+    monkeypatch, tmp_path, mistake
+):
+    """Not IntegrityError (exit 4, refused cache data): the same mistake given as --trust is a
+    usage error, and the line says which variable named the file and what to put there."""
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    SigningKey.create_file(tmp_path / "k")
+    path = {"missing": tmp_path / "missing", "private": tmp_path / "k", "directory": tmp_path}[mistake]
+    monkeypatch.setenv(TRUSTED_ENV, os.pathsep.join([str(SigningKey.public_path(tmp_path / "k")), str(path)]))
+    fix = "give readers the public key (.pub file) only" if mistake == "private" else "name a readable public key file"
+    with pytest.raises(
+        KeyConfigError, match=f"^{re.escape(f'${TRUSTED_ENV} names {path}: ')}.*{re.escape(fix)}"
+    ) as info:
+        TrustedKeys.load()
+    assert "\n" not in str(info.value) and not isinstance(info.value, IntegrityError)
 
 
 # --- the store layout and the shards: content-addressed and reproducible ------------------------------
@@ -875,6 +896,26 @@ def test_a_full_disk_is_one_line_and_leaves_the_directory_unchanged(store, tmp_p
     assert isinstance(caught.value, sync.DiskFull)
     assert "no space left on the device" in str(caught.value) and "\n" not in str(caught.value)
     assert tree(node) == {"local/keep": b"k"} and no_staging_left(tmp_path)
+
+
+def test_a_full_local_disk_while_downloading_from_an_fsspec_store_is_disk_full(tmp_path, monkeypatch):
+    """fsspec raises the local file's OSError as it raises the network's: ENOSPC is the local disk
+    filling up, not a store to retry and then call unreachable."""
+    import fsspec.spec
+
+    monkeypatch.setenv("ORCHESTRATE_STORE_ATTEMPTS", "1")
+    store = open_store(f"memory://{tmp_path.name}/store")
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+
+    def on_a_full_disk(file, mode="r", *args, **kwargs):  # where fsspec's get_file makes the local file
+        if "w" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(fsspec.spec, "open", on_a_full_disk, raising=False)
+    with pytest.raises(sync.DiskFull, match=f"^{re.escape(f'no space left on the device of {tmp_path} while')}"):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists() and no_staging_left(tmp_path)
 
 
 @pytest.mark.parametrize("path", ["/etc/cron.d/evil", "inductor/../../evil.py", "inductor/x.lock", sync.APPLIED_MARKER])

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_measured
 
+from orchestrator.cache.manifest import SigningKey
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "orchestrate: error: "
 
@@ -488,6 +490,39 @@ def test_a_missing_key_file_is_a_usage_error(tmp_path, factories, command, optio
         args += ["--model", str(config(tmp_path, "factories.py:good"))]
     proc = orchestrate(*command, *args, tmp_path=tmp_path)
     assert_user_error(proc, f"{option} {missing}", "does not exist")
+
+
+@pytest.mark.parametrize(
+    "named_by, mistake, expected",
+    [
+        ("environment", "missing", "cannot read it (No such file or directory); name a readable public key file"),
+        ("environment", "private", "is a private key; give readers the public key (.pub file) only"),
+        ("--trust", "private", "is a private key; give readers the public key (.pub file) only"),
+    ],
+    ids=["env-missing", "env-private", "trust-private"],
+)
+@pytest.mark.parametrize(
+    "command", [["pull", "--device", "cpu", "--to", "out"], ["cache", "verify"]], ids=["pull", "cache-verify"]
+)
+def test_a_wrong_trusted_key_is_a_usage_error_wherever_it_is_named(
+    tmp_path, factories, monkeypatch, command, named_by, mistake, expected
+):
+    """A trusted key file that is missing or holds the private key is the reader's configuration
+    at fault (exit 2), as a missing --trust file is: no cache data was refused. `pull` names a
+    store (--remote); `cache verify` uses the one beside the cache, whose keys config.py adds."""
+    private = tmp_path / "cache-signing.key"
+    SigningKey.create_file(private)
+    key = tmp_path / "no-such-key" if mistake == "missing" else private
+    args = ["--trust", str(key)] if named_by == "--trust" else []
+    if named_by == "environment":
+        monkeypatch.setenv("ORCHESTRATE_CACHE_TRUSTED_KEYS", str(key))
+    if command[0] == "pull":
+        (tmp_path / "store").mkdir()
+        args += ["--model", str(config(tmp_path, "factories.py:good")), "--remote", f"file://{tmp_path / 'store'}"]
+    else:
+        args += ["--cache-dir", str(tmp_path / "cache")]
+    where = "$ORCHESTRATE_CACHE_TRUSTED_KEYS names" if named_by == "environment" else "trusted key file"
+    assert_user_error(orchestrate(*command, *args, tmp_path=tmp_path), f"{where} {key}: {expected}")
 
 
 # --- a run where one bucket fails ---------------------------------------------------------------

@@ -3,6 +3,7 @@ injected by a proxy in front of it: what production's boto3 path meets."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -132,6 +133,36 @@ def test_missing_credentials_name_the_fix(s3_env, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(StoreAuthError, match="no AWS credentials found; set AWS_ACCESS_KEY_ID"):
         sync.pull(open_store(url), NS, tmp_path / "b", TRUST, allow_unsigned=False)
+
+
+def test_a_full_local_disk_while_downloading_is_disk_full_naming_the_directory(s3_env, monkeypatch, tmp_path):
+    """The store answers; only the local side of the download fails, where boto3's transfer writes
+    the object: that is the local disk's error (DiskFull naming where the pull writes), not the store's."""
+    from s3transfer.utils import OSUtils
+
+    _, url = s3_env
+    store = open_store(url)
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "pulled" / "node"
+    node.parent.mkdir()
+    opened = OSUtils.open
+
+    def on_a_full_disk(self, filename, mode):
+        file = opened(self, filename, mode)
+        if "w" in mode:
+
+            def no_space(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            file.write = no_space
+        return file
+
+    monkeypatch.setattr(OSUtils, "open", on_a_full_disk)
+    with pytest.raises(sync.DiskFull) as info:
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert str(info.value).startswith(f"no space left on the device of {node.parent} while pulling {NS}")
+    assert url.split("/")[2] not in str(info.value)  # the bucket is not to blame
+    assert list(node.parent.iterdir()) == []  # no directory, staging, lock or partial download left
 
 
 PULLER = """
