@@ -23,36 +23,19 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, orchestrate
+from test_cache_integrity import envelope, store, write_signed  # noqa: F401  (store: a fixture)
 from test_cache_protocol import ARTIFACTS, KEY, NS, TRUST, make_cache, tree
 from test_pull_no_torch import pull_mlp
 
 from orchestrator.cache import manifest as manifest_module
 from orchestrator.cache import sync
-from orchestrator.cache.manifest import FileEntry, IntegrityError, Manifest, decode, manifest_digest
+from orchestrator.cache.manifest import FileEntry, IntegrityError, Manifest, decode
 from orchestrator.cache.store import NotFound, open_store
 from orchestrator.config import load_spec_with_overrides
 from orchestrator.errors import EXIT_MISS, EXIT_UNTRUSTED
 from orchestrator.jobs import platform_probe
 
 ESCAPE = "../../../escaped"  # a shard "name" three folders up from wherever it is joined on
-
-
-@pytest.fixture
-def store(tmp_path):
-    (tmp_path / "store").mkdir()
-    return open_store(f"file://{tmp_path / 'store'}")
-
-
-def envelope(store, namespace: str, generation: int) -> dict:
-    return json.loads(store.read(sync._manifest_key(namespace, generation)))
-
-
-def write_signed(store, namespace: str, body: dict) -> None:
-    """A manifest as a holder of the signing key would create it: valid, chained, whatever it says."""
-    if body["generation"] - 1 in sync.generations(store, namespace):
-        body["previous"] = manifest_digest(store.read(sync._manifest_key(namespace, body["generation"] - 1)))
-    data = {"body": body, "signature": {"alg": "ed25519", "key_id": KEY.key_id, "value": KEY.sign(body)}}
-    assert store.create(sync._manifest_key(namespace, body["generation"]), json.dumps(data).encode())
 
 
 def second_generation(store, tmp_path: Path) -> dict:
@@ -88,6 +71,14 @@ def _point_every_file_at(body: dict, shard: str) -> None:
     body["shards"] = {shard: 10240}
 
 
+def _plant_outside(store, content: bytes) -> Path:
+    """The file that shard ESCAPE's key names when joined onto the directory store: outside it."""
+    planted = Path(os.path.normpath(Path(store.root) / sync._object_key(ESCAPE)))
+    assert not planted.is_relative_to(Path(store.root))
+    planted.write_bytes(content)
+    return planted
+
+
 def test_a_shard_name_that_is_a_path_is_refused_before_anything_is_written(deep_store, tmp_path):
     """A signed manifest whose shard is `../../../escaped`: the store object it names is there
     (the attacker put it there), and a pull or a verify downloading it would write it three
@@ -95,8 +86,7 @@ def test_a_shard_name_that_is_a_path_is_refused_before_anything_is_written(deep_
     cache untouched."""
     store = deep_store
     body = second_generation(store, tmp_path)
-    planted = Path(os.path.normpath(Path(store.root) / sync._object_key(ESCAPE)))
-    planted.write_bytes(b"whatever the attacker wants written")
+    _plant_outside(store, b"whatever the attacker wants written")
     _point_every_file_at(body, ESCAPE)
     write_signed(store, NS, body)
     before = files_under(tmp_path)
@@ -119,9 +109,7 @@ def test_repair_deletes_no_key_it_has_not_validated(deep_store, tmp_path):
     "missing" from the store, and its key, joined onto a directory store, is a file outside it."""
     store = deep_store
     body = second_generation(store, tmp_path)
-    victim = Path(os.path.normpath(Path(store.root) / sync._object_key(ESCAPE)))
-    assert not victim.is_relative_to(Path(store.root))
-    victim.write_bytes(b"someone else's file")
+    victim = _plant_outside(store, b"someone else's file")
     body["files"]["inductor/pr/cprf.py"]["shard"] = ESCAPE
     body["shards"][ESCAPE] = 10240
     write_signed(store, NS, body)
@@ -135,8 +123,7 @@ def test_repair_deletes_no_key_it_has_not_validated(deep_store, tmp_path):
 def test_cache_commands_refuse_a_shard_name_that_is_a_path_with_exit_4(deep_store, tmp_path, command):
     store = deep_store
     body = second_generation(store, tmp_path)
-    victim = Path(os.path.normpath(Path(store.root) / sync._object_key(ESCAPE)))
-    victim.write_bytes(b"someone else's file")
+    victim = _plant_outside(store, b"someone else's file")
     _point_every_file_at(body, ESCAPE)
     write_signed(store, NS, body)
     key_file, public = tmp_path / "signing.key", tmp_path / "signing.pub"
