@@ -6,13 +6,8 @@
 set -uo pipefail
 out=${1:?usage: bench/choice_device.sh OUT_DIR}
 logs=$(mktemp -d)
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl >"$logs/pip.log" 2>&1
-fi
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
-unset PYTHONDONTWRITEBYTECODE  # bytecode cached as in an image (see bench/zoo.sh)
-export PYTHONPYCACHEPREFIX=$PWD/.devscratch/pycache
+# shellcheck source=bench/device_env.sh
+. bench/device_env.sh
 for run in 1 2; do  # the second run starts from the first's published plan: does it hold?
     python3 -m orchestrator warmup --no-ray --model bench/models/two_input_linear.yaml --device cuda \
         --cache-dir "$logs/cache" --report "$logs/two_input_linear-$run.json" >"$logs/two_input_linear-$run.txt" 2>&1

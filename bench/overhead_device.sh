@@ -6,14 +6,8 @@
 set -uo pipefail
 out=${1:?usage: bench/overhead_device.sh OUT_DIR [example ...]}; shift
 logs=$(mktemp -d)
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl >"$logs/pip.log" 2>&1
-fi
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
-# bytecode cached as in an image whose packages were compiled at install (see bench/zoo.sh)
-unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX=$PWD/.devscratch/pycache
+# shellcheck source=bench/device_env.sh
+. bench/device_env.sh
 python3 bench/runtime_overhead.py >"$logs/runtime_overhead.txt" 2>&1
 python3 bench/serving.py "$logs/serving" --starts 0 "${@:-mlp}" >"$logs/serving.txt" 2>&1
 echo "exit $?, $SECONDS s" >>"$logs/serving.txt"

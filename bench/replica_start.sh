@@ -27,25 +27,8 @@ while [ $# -gt 0 ]; do
 done
 [ ${#names[@]} -gt 0 ] || names=(mlp resnet18 vit_s16 bert_base gpt2_bf16 mixnet_l)
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-    installed=/tmp/site/.wheels-$(printf '%s\n' .whl/*.whl | md5sum | cut -c1-12)
-    if [ ! -e "$installed" ]; then
-        python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            .whl/*.whl >"$logs/pip.log" 2>&1 && touch "$installed"
-    fi
-fi
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
-# Bytecode cached as in an image whose packages were compiled at install (pip's default): the
-# GPU machine's torch has no __pycache__, and compiling torch's and Dynamo's sources in every
-# process would add seconds to the floor and more to a replica. Floor and replica alike.
-unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX=$PWD/.devscratch/pycache
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "python", sys.version.split()[0])'
-  for package in timm transformers torchvision; do
-      python3 -c "import $package; print('$package', $package.__version__)" 2>&1 | tail -1
-  done
-  echo "cores $(nproc)"; } >"$logs/machine.txt" 2>&1
+# shellcheck source=bench/device_env.sh
+. bench/device_env.sh
 
 left=$((budget - SECONDS))
 # the bench keeps to --budget itself; the timeout is only there should a process hang past it
