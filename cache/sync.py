@@ -429,6 +429,15 @@ def _turn(directory: Path) -> Iterator[None]:
         lock.close()
 
 
+def recover(directory: Path) -> None:
+    """Under `directory`'s pull lock, finish or undo what a killed pull into it left (a pull does
+    this itself first; this is for when none follows)."""
+    if not directory.parent.is_dir():
+        return
+    with _turn(directory):
+        _recover(directory)
+
+
 def _recover(directory: Path) -> None:
     """Finish or undo what a killed pull left: its staging goes; a directory moved aside by a
     swap without an atomic exchange comes back unless the new one is in place. Only this

@@ -171,6 +171,7 @@ def load_replica(
         plans = loader.plans()  # the pull's outcome: a store that failed fails the load here
     except BaseException:
         loader.abandon()  # after its pull: a failed load leaves no pull half done
+        local.remove_if_empty()  # nor a namespace directory with no file in it
         raise
     answering = time.perf_counter() - started
     info = ReplicaInfo(

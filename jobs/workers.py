@@ -5,19 +5,29 @@ function the driver hands it, asked inside the worker's process.
 
 Workers keep their cache under `<cache root>/node-<ip>`: nodes of a test cluster share one
 filesystem, and without the node key they would never need to pull.
+
+A store that cannot be read or trusted ends the whole job, as it ends a warmup in one process:
+a worker raises it rather than failing its buckets, and the driver stops every worker and runs
+`tidy_node` on each node for what the killed ones left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from orchestrator.cache import sync
+from orchestrator.cache.local import LocalCache
+from orchestrator.cache.manifest import IntegrityError, KeyConfigError
+from orchestrator.cache.namespace import is_namespace, model_prefix
+from orchestrator.cache.store import StoreError
 from orchestrator.jobs.records import BucketResult, ProcessRun, Remote, WorkerAnswer
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -27,6 +37,10 @@ if TYPE_CHECKING:  # imported in the worker, after its environment is set: torch
 # The driver's OMP_NUM_THREADS travels under this name: Ray sets every worker's own
 # OMP_NUM_THREADS, and a worker puts this one back before importing torch.
 TORCH_THREADS_ENV = "ORCHESTRATE_TORCH_THREADS"
+
+# What ends the job wherever it happens (the exit codes 3, 4 and 2 of an in-process warmup): the
+# store is unreachable or refusing, its data is untrusted, or a trusted key is configured wrong.
+ENDS_THE_JOB = (StoreError, IntegrityError, KeyConfigError)
 
 
 @dataclass(frozen=True)
@@ -47,9 +61,40 @@ class FleetJob:
     locate: Callable[[], Host]  # called in the worker's process
     # `warmup --profile DIR`: the same path on every node; each rank writes its traces on its own
     profile_dir: Optional[Path] = None
+    # names this job's scratch directories, so that tidying up after it touches no other job's
+    job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def node_cache_dir(self) -> Path:
         return self.cache_root / f"node-{self.locate().ip}"
+
+    def compile_dir(self, bucket: int) -> Path:
+        """A compile unit's private directory: `.compile-<job>-b<bucket>-<8 hex digits>`."""
+        return self.node_cache_dir() / f".compile-{self.job_id}-b{bucket}-{uuid.uuid4().hex[:8]}"
+
+    def compile_dirs(self, bucket: Optional[int] = None) -> list[Path]:
+        """This job's compile directories on this node (of one bucket, or all)."""
+        pattern = f".compile-{self.job_id}-b{'*' if bucket is None else bucket}-*"
+        node = self.node_cache_dir()
+        return sorted(node.glob(pattern)) if node.is_dir() else []
+
+
+def tidy_node(job: FleetJob) -> None:
+    """Remove what this job's killed workers left on this node: their compile directories, the
+    staging of a pull they did not finish, an empty namespace directory of the model, and the node
+    directory itself if that leaves it empty. Run by the driver on every node once a job ends
+    early; what holds a file of the cache stays."""
+    node = job.node_cache_dir()
+    for scratch in job.compile_dirs():
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not node.is_dir():
+        return
+    prefix = model_prefix(job.spec.label)
+    for path in sorted(node.iterdir()):
+        if path.is_dir() and is_namespace(path.name) and path.name.startswith(prefix):
+            sync.recover(path)
+            LocalCache(node, path.name).remove_if_empty()
+    with contextlib.suppress(OSError):  # another job's files, or this job's cache: it stays
+        node.rmdir()
 
 
 def threads_as_a_plain_process() -> None:
@@ -85,7 +130,9 @@ class CompileWorker:
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads))
         from orchestrator.jobs.engine import Session
 
-        root = self.job.node_cache_dir() / f".compile-b{bucket}-{uuid.uuid4().hex[:8]}"
+        for earlier in self.job.compile_dirs(bucket):  # an attempt of this unit killed before its clean-up
+            shutil.rmtree(earlier, ignore_errors=True)
+        root = self.job.compile_dir(bucket)
         try:
             # kept on the worker, so that freeing the compiled code and graphs is left to the kill
             self._session = Session(
@@ -188,6 +235,8 @@ class RankWorker:
             return None
         try:
             return work(self._ready())
+        except ENDS_THE_JOB:
+            raise  # the driver stops the job at once
         except Exception as exc:  # reported by `finish`, where the driver gathers the rank's outcome
             self._fatal = exc
             return None

@@ -40,6 +40,7 @@ from orchestrator.errors import (
     EXIT_UNTRUSTED,
     EXIT_USAGE,
     UserError,
+    exit_code_named,
 )
 from orchestrator.jobs.spec import READY_WHEN, ReadyWhen
 
@@ -632,9 +633,7 @@ def serve(
         raise UserError(_pointing_at(log.kept, str(exc))) from None
     except ServeFailed as exc:
         # the replica's exception crossed Ray as text: its class name says which exit code it means
-        store = ("StoreError", "StoreUnreachable", "StoreAuthError", "NotFound", "TransientError")
-        code = EXIT_STORE if exc.kind in store else EXIT_UNTRUSTED if exc.kind == "IntegrityError" else EXIT_USAGE
-        _fail(_pointing_at(log.kept, str(exc)), code)
+        _fail(_pointing_at(log.kept, str(exc)), exit_code_named(exc.kind))
     click.echo("orchestrate: stopped", err=True)
 
 

@@ -21,3 +21,24 @@ class UserError(Exception):
 
 class ClusterUnreachable(UserError):
     exit_code = EXIT_CLUSTER
+
+
+def exit_code_named(kind: str) -> int:
+    """The exit code of an exception known only by its class name, as one raised in a Serve
+    replica reaches the driver: a store's and a disk's (3), untrusted data's (4), else a setup
+    problem (2)."""
+    from orchestrator.cache import sync  # noqa: F401 (its subclasses, DiskFull and BadShard, are then known)
+    from orchestrator.cache.manifest import IntegrityError
+    from orchestrator.cache.store import StoreError
+
+    for family, code in ((StoreError, EXIT_STORE), (IntegrityError, EXIT_UNTRUSTED)):
+        if kind in {cls.__name__ for cls in _with_subclasses(family)}:
+            return code
+    return EXIT_USAGE
+
+
+def _with_subclasses(cls: type[Exception]) -> list[type[Exception]]:
+    found = [cls]
+    for child in cls.__subclasses__():
+        found += _with_subclasses(child)
+    return found

@@ -31,7 +31,7 @@ from orchestrator.fleet import FleetRun, TaskRun
 from orchestrator.job_env import job_env_vars, note_withheld
 from orchestrator.jobs.records import BucketResult, Remote, WorkerAnswer
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.jobs.workers import CompileWorker, FleetJob, Host, RankWorker
+from orchestrator.jobs.workers import ENDS_THE_JOB, CompileWorker, FleetJob, Host, RankWorker, tidy_node
 from orchestrator.plan import (
     RANK_GPU_SHARE,
     CompileUnit,
@@ -48,6 +48,7 @@ TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and
 # a reused worker keeps Dynamo's in-memory code cache, so it would "load" without ever reading the
 # cache it is meant to test.
 _PROCESS = {"max_restarts": TASK_RETRIES, "max_task_retries": TASK_RETRIES}
+TIDY_SECONDS = 30  # for killed workers to be gone, then for each node's tidy_node
 
 
 def preflight(spec: WarmupSpec) -> None:
@@ -109,7 +110,9 @@ def run_on_ray(
 
     started = time.perf_counter()
     env = job_env_vars()
-    owns_cluster = not ray.is_initialized() and address is None
+    # a connection of our own (a new local instance, or a cluster joined) ends with the job: left
+    # open, Ray's messages about the killed workers would reach the screen after the run's log
+    connects = not ray.is_initialized()
     preflight(spec)
     if address and address != "auto":
         _probe(address)
@@ -139,7 +142,7 @@ def run_on_ray(
         fleet.wall_seconds = time.perf_counter() - started
         return fleet
     finally:
-        if owns_cluster:
+        if connects:
             ray.shutdown()
 
 
@@ -272,6 +275,8 @@ class FleetDriver:
         gpu_ranks = [t for t in planned if t.node.gpus]
         bundle = {t.rank: i for i, t in enumerate(gpu_ranks)}  # a GPU rank's bundle in the placement group
         group, compilers, ranks = None, {}, {}
+        self.lost_a_worker = False  # a call ended in an exception: its worker may have died before its clean-up
+        ended = False
         try:
             group = _reserve_gpus(gpu_ranks, units) if gpu_ranks else None
             compiler = ray.remote(**_PROCESS)(CompileWorker)
@@ -298,9 +303,13 @@ class FleetDriver:
                     publish_plans=target.rank == min(t.rank for t in planned if t.gpu_class == target.gpu_class),
                 )
             self._drive(compilers, ranks, started)
+            ended = True
         finally:
-            for actor in [*compilers.values(), *ranks.values()]:  # each holds a GPU share and memory until killed
+            actors = [*compilers.values(), *ranks.values()]
+            for actor in actors:  # each holds a GPU share and memory until killed
                 ray.kill(actor, no_restart=True)
+            if actors and (not ended or self.lost_a_worker):
+                self._tidy(actors)
             if group is not None:
                 from ray.util.placement_group import remove_placement_group
 
@@ -322,6 +331,11 @@ class FleetDriver:
             return [b for b in self.spec.buckets if (gpu_class, b) not in failed]
 
         for (kind, what), outcome in _gather(self.ray, waiting):  # calls added to `waiting` below are waited for too
+            if isinstance(outcome, Exception):
+                self.lost_a_worker = True
+                cause = getattr(outcome, "cause", None)
+                if isinstance(cause, ENDS_THE_JOB):  # as in one process: the job stops, with the store's one line
+                    raise cause
             if kind == "load":
                 target, bucket = what
                 self._loaded(target, bucket, outcome)
@@ -348,6 +362,19 @@ class FleetDriver:
             if not +compiling:
                 self._raise_if_nothing_could_start(list(compilers))
                 self.fleet.wave_seconds["compile"] = time.perf_counter() - started
+
+    def _tidy(self, actors: list[Any]) -> None:
+        """Once the killed workers are gone, remove what they left on each node (tidy_node). Best
+        effort and bounded: what is left is scratch, never a cache entry (those are whole or absent)."""
+        ray = self.ray
+        try:
+            gone = [actor.__ray_ready__.remote() for actor in actors]  # fails once the actor is dead
+            ray.wait(gone, num_returns=len(gone), timeout=TIDY_SECONDS)
+            tidy = ray.remote(num_cpus=0, max_retries=0)(tidy_node)
+            done = [tidy.options(scheduling_strategy=_on_node(node)).remote(self.job) for node in self.fleet.nodes]
+            ray.wait(done, num_returns=len(done), timeout=TIDY_SECONDS)
+        except Exception as exc:  # the job's own outcome matters more than its scratch
+            logging.getLogger("ray").warning("tidying the nodes after the job failed: %s", exc)
 
     def _result(self, record: BucketResult) -> None:
         self.fleet.results.append(record)

@@ -360,8 +360,10 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
     fleet = report["executor"]["kind"] == "ray"
     records = sorted(map(as_record, report["results"]), key=_order)
     title = Text(
-        f"{report['model']} on {report['gpu'] or report['device']} "
-        f"(torch {report['torch_version']}, mode={report['compile'].get('mode')})"
+        f"{report['model']} on {report['gpu'] or report['device']} ("
+        # no worker that answered: the torch version is unknown
+        + (f"torch {report['torch_version']}, " if report["torch_version"] else "")
+        + f"mode={report['compile'].get('mode')})"
     )
     if wide:
         console.print(_wide_table(title, records, fleet))
@@ -456,7 +458,8 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
     buckets = s["buckets_ok"] + s["buckets_failed"]
     _line(
         console,
-        f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses) in {report['namespace']}; "
+        f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses)"
+        + (f" in {report['namespace']}; " if report["namespace"] else "; ")
         + (f"ready in {s['ready_seconds']:.1f} s; " if s["ready_seconds"] is not None else "")
         + f"{buckets} bucket{'' if buckets == 1 else 's'}: {s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all",
     )

@@ -652,3 +652,24 @@ def test_serve_port_in_use(tmp_path, factories):
 def test_serve_missing_factory_file(tmp_path):
     path = config(tmp_path, "nope.py:make")
     assert_user_error(orchestrate("serve", "--model", str(path), tmp_path=tmp_path), "model.factory", "does not exist")
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [
+        ("StoreError", 3),
+        ("StoreUnreachable", 3),
+        ("DiskFull", 3),
+        ("IntegrityError", 4),
+        ("BadShard", 4),
+        ("NotWarm", 2),
+        ("SetupError", 2),
+        ("KeyConfigError", 2),
+    ],
+)
+def test_a_serve_replicas_exception_means_the_exit_code_of_its_family(kind, code):
+    """A replica's exception reaches `orchestrate serve` as its class name alone; a subclass
+    (BadShard, DiskFull) ends the command as its family does."""
+    from orchestrator.errors import exit_code_named
+
+    assert exit_code_named(kind) == code

@@ -153,8 +153,15 @@ def _kill_one(pattern: str, driver: subprocess.Popen, earlier: set[int], settle:
     return None
 
 
-def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, tmp_path):
-    proc = warmup(cluster, config(tmp_path, "tiny"), tmp_path / "cache")
+@pytest.fixture(scope="module")
+def warmed(cluster, tmp_path_factory):
+    """One warmup of the tiny model on the cluster: (its directory, the finished process)."""
+    where = tmp_path_factory.mktemp("warmed")
+    return where, warmup(cluster, config(where, "tiny"), where / "cache")
+
+
+def test_each_bucket_compiles_once_and_every_rank_is_warm(cluster, warmed):
+    tmp_path, proc = warmed
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     executor = report["executor"]
@@ -249,6 +256,75 @@ def test_a_worker_killed_mid_compile_is_retried(cluster, tmp_path):
     report = json.loads(out)
     assert all(r["status"] == "ok" for r in report["results"])
     assert [r["bucket"] for r in report["results"] if r["phase"] == "compile"] == [4]
+    # the retried unit removed the killed one's private directory, which its own clean-up never reached
+    assert not list((tmp_path / "cache").glob("node-*/.compile-*"))
+
+
+def _job_ended_like_one_process(proc: subprocess.CompletedProcess, cache: Path, code: int, says: str) -> None:
+    """Ended as `warmup --no-ray` ends on the same store: the exit code, the store's one line and
+    nothing else of the job's (no traceback, no table, no report on stdout), nothing in the cache."""
+    assert proc.returncode == code, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: error:")]
+    assert len(errors) == 1 and says in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "FAILED" not in proc.stderr and "None" not in proc.stderr
+    assert proc.stdout == ""
+    # no node directory, no compile scratch, no namespace: only the run's log of Ray's own lines
+    assert sorted(p.name for p in cache.iterdir()) in ([], ["logs"]), list(cache.rglob("*"))
+
+
+def test_a_tampered_store_ends_the_job_with_exit_4_and_leaves_nothing(cluster, warmed, tmp_path):
+    """Every rank and compile unit pulls first; the first to find the store's shard altered
+    ends the job at once, everywhere."""
+    published, _ = warmed
+    store = tmp_path / "store"
+    shutil.copytree(published / "cache" / "store", store)
+    shard = next(p for p in (store / "v1" / "objects").rglob("*") if p.is_file())
+    shard.write_bytes(shard.read_bytes() + b"tampered")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    proc = warmup(
+        cluster,
+        config(tmp_path, "tiny"),
+        cache,
+        "--remote",
+        f"file://{store}",
+        "--trust",
+        str(published / "cache" / ".signing-key.pub"),
+    )
+    _job_ended_like_one_process(proc, cache, 4, "does not match its sha256")
+
+
+def test_a_store_the_nodes_cannot_reach_ends_the_job_with_exit_3(cluster, moto_server, tmp_path):
+    """The driver reaches the store (its own checks pass); the nodes, in network namespaces of
+    their own, do not: their loopback is not the driver's."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[default]\naws_access_key_id = {moto_server.access_key}\naws_secret_access_key = {moto_server.secret_key}\n"
+    )
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {k: v for k, v in cluster.items() if k != "address"}
+    proc = orchestrate(
+        "warmup",
+        "--model",
+        str(config(tmp_path, "tiny")),
+        "--ray-address",
+        cluster["address"],
+        "--json",
+        "--remote",
+        f"s3://{moto_server.make_bucket()}/cache",
+        "--allow-unsigned",
+        cache_dir=cache,
+        env={
+            **env,
+            "AWS_ENDPOINT_URL_S3": moto_server.endpoint,
+            "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+            "AWS_DEFAULT_REGION": moto_server.region,
+            "ORCHESTRATE_STORE_ATTEMPTS": "2",
+            "ORCHESTRATE_STORE_RETRY_SECONDS": "2",
+        },
+    )
+    _job_ended_like_one_process(proc, cache, 3, "gave up after 2 attempts")
 
 
 def test_a_failing_bucket_is_reported_and_the_rest_succeed(cluster, tmp_path):

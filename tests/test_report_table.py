@@ -188,6 +188,14 @@ def test_a_failure_row_names_the_stage_and_keeps_bracketed_text():
     assert "3 buckets: 1 ok, 2 failed" in prose(text)
 
 
+def test_a_fleet_where_no_worker_answered_names_no_torch_and_no_namespace():
+    """Every task failed before it could say its platform: the table says what is known, no None."""
+    fleet = replace(fleet_run(), runs=[], results=[failed(8, rank=None, phase="compile", stage="pending")])
+    text = rendered(build_fleet_report(spec(), fleet, "s3://bucket/prefix", STARTED))
+    assert "None" not in text and "torch" not in text.splitlines()[0]
+    assert "cache partial (0 hits, 0 misses); 1 bucket: 0 ok, 1 failed" in prose(text)
+
+
 def test_an_error_that_does_not_name_its_stage_gets_it_and_only_its_first_line():
     report = process_report([failed(4, stage="compile", error="boom [red]not markup[/red]\nsecond line")])
     text = rendered(report)

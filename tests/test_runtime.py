@@ -382,3 +382,28 @@ def test_a_replica_serves_what_warmup_chose_from_the_published_store(rows_config
     # a bucket-shaped request of the wrong dtype is not taken for the bucket: refused in one line
     with pytest.raises(runtime.BadRequest, match="float64, expected float32"):
         compiled(torch.zeros(4, 6, dtype=torch.float64))
+
+
+def test_a_replica_refuses_a_tampered_store_and_leaves_no_namespace_behind(rows_config, tmp_path):
+    """The replica pulls before it loads anything: a shard altered in the store fails the load
+    with the store's error, and the namespace directory it made for the pull goes with it."""
+    from orchestrator.cache import sync
+    from orchestrator.cache.namespace import namespace
+    from orchestrator.cache.store import open_store
+    from orchestrator.jobs import torch_internals as ti
+
+    spec = load_spec(rows_config)
+    name = namespace(spec.label, ti.current_platform(torch.device("cpu")), spec.identity_hash())
+    published = tmp_path / "published" / name
+    (published / "inductor").mkdir(parents=True)
+    (published / "inductor" / "entry").write_bytes(b"artifact")
+    (tmp_path / "store").mkdir()
+    store = open_store(f"file://{tmp_path / 'store'}")
+    sync.publish(store, published, name, None, allow_unsigned=True)
+    shard = next(p for p in (tmp_path / "store" / "v1" / "objects").rglob("*") if p.is_file())
+    shard.write_bytes(shard.read_bytes() + b"tampered")
+
+    replica = tmp_path / "replica"
+    with pytest.raises(sync.BadShard, match="does not match its sha256"):
+        runtime.load(rows_config, cache_dir=replica, remote=store.url, allow_unsigned=True)
+    assert not (replica / name).exists()

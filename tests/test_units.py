@@ -220,3 +220,45 @@ def test_ray_workers_run_torch_with_the_threads_a_plain_process_has(monkeypatch)
     monkeypatch.setenv(TORCH_THREADS_ENV, "6")
     threads_as_a_plain_process()
     assert os.environ["OMP_NUM_THREADS"] == "6"
+
+
+def test_tidying_a_node_after_a_job_removes_only_what_the_jobs_stopped_workers_left(tmp_path):
+    """After a job that ended early: its compile directories, a pull's staging and the model's
+    empty namespace go; another job's compile directory, a cache holding files and another
+    model's namespace stay."""
+    from orchestrator.config import load_spec
+    from orchestrator.jobs.records import Remote
+    from orchestrator.jobs.workers import FleetJob, Host, tidy_node
+
+    spec = load_spec(ROOT / "examples" / "mlp.yaml")
+    job = FleetJob(spec, tmp_path, Remote("file:///nowhere"), lambda: Host("10.0.0.7", []))
+    node = tmp_path / "node-10.0.0.7"
+    ours = [job.compile_dir(1), job.compile_dir(8)]
+    theirs = node / ".compile-0badcafe-b1-12345678"
+    empty = node / namespace(spec.label, PLATFORM, "a" * 64)
+    full = node / namespace(spec.label, replace(PLATFORM, gpu_name="NVIDIA A100"), "b" * 64)
+    staging = node / f".incoming-{empty.name}-0123abcd"
+    other_model = node / namespace("resnet", PLATFORM, "c" * 64)
+    for folder in [*ours, theirs, empty / "inductor", full / "inductor", staging, other_model / "inductor"]:
+        folder.mkdir(parents=True)
+    (ours[0] / "half-written.so").write_bytes(b"x")
+    (full / "inductor" / "entry").write_bytes(b"x")
+
+    tidy_node(job)
+
+    assert sorted(p.name for p in node.iterdir()) == sorted([theirs.name, full.name, other_model.name])
+    assert (full / "inductor" / "entry").is_file()
+
+
+def test_tidying_a_node_the_job_left_clean_removes_its_empty_directory(tmp_path):
+    from orchestrator.config import load_spec
+    from orchestrator.jobs.records import Remote
+    from orchestrator.jobs.workers import FleetJob, Host, tidy_node
+
+    job = FleetJob(
+        load_spec(ROOT / "examples" / "mlp.yaml"), tmp_path, Remote("file:///x"), lambda: Host("10.0.0.7", [])
+    )
+    job.compile_dir(1).mkdir(parents=True)
+    tidy_node(job)
+    assert list(tmp_path.iterdir()) == []
+    tidy_node(job)  # and a node it never reached is nothing to tidy
