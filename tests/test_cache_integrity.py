@@ -842,6 +842,72 @@ def test_a_pull_killed_at_any_moment_leaves_the_old_generation_or_the_new(store,
     assert killed >= 5  # most kills land inside the pull, not after it
 
 
+# A pull on a C library or filesystem without renameat2(RENAME_EXCHANGE): its swap is two renames.
+# It stops for good right after the rename named by its last argument (the one that moves the old
+# directory aside, or the one that puts the new one in place), where the test kills it.
+PULLER_WITHOUT_EXCHANGE = """
+import os, sys, time
+from pathlib import Path
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import TrustedKeys
+from orchestrator.cache.store import open_store
+url, namespace, target, public, stop_after = sys.argv[1:6]
+sync._exchange = lambda a, b: False
+rename = os.rename
+def rename_then_maybe_stop(src, dst):
+    rename(src, dst)
+    if (stop_after == "aside" and Path(dst).name.startswith(".previous-")) or (stop_after == "in place" and str(dst) == target):
+        print("renamed", flush=True)
+        time.sleep(600)
+sync.os.rename = rename_then_maybe_stop
+sync.pull(open_store(url), namespace, Path(target), TrustedKeys.from_pems([Path(public).read_text()]), allow_unsigned=False)
+"""
+
+
+@pytest.mark.parametrize("killed_after", ["aside", "in place"])
+def test_a_two_rename_swap_killed_between_or_after_its_renames_is_completed_by_the_next_pull(
+    store, tmp_path, killed_after
+):
+    """SIGKILL of a real pull process in the swap's two windows: after the old directory moved
+    aside (the directory is missing for that moment; its old generation waits beside it), and
+    after the new one moved in (the old one is still beside it). The next pull, in another
+    process, puts things right before anything else and leaves exactly the new generation."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    newer = {**ARTIFACTS, "inductor/new.py": b"new"}
+    sync.publish(store, make_cache(tmp_path / "b", newer), NS, KEY, allow_unsigned=False)
+    public = tmp_path / "publisher.pub"
+    public.write_text(KEY.public.pem())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PULLER_WITHOUT_EXCHANGE, store.url, NS, str(node), str(public), killed_after],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "renamed", proc.stderr
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    previous = tmp_path / f".previous-{node.name}"
+    if killed_after == "aside":
+        assert not node.exists() and tree(previous) == ARTIFACTS
+    else:
+        assert tree(node) == newer and tree(previous) == ARTIFACTS
+    nothing_to_do = killed_after == "in place"
+    pulled = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert pulled is not None and (pulled.files == 0) == nothing_to_do
+    assert tree(node) == newer and not previous.exists() and no_staging_left(tmp_path)
+
+
 def test_a_symlink_inside_the_target_is_never_followed(store, tmp_path):
     """A directory inside the target that links elsewhere: the pull writes nothing there and
     reads nothing from there; the target ends with real directories."""
