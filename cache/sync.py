@@ -83,6 +83,23 @@ class Transfer:
     skipped: list[str] = field(default_factory=list)
 
 
+def combined(transfers: Iterable[Transfer]) -> Optional[Transfer]:
+    """Several transfers as one (a process's pulls; a fleet's pulls or publishes): the highest
+    generation, the sums of the counts and seconds, every skipped file. None when there is none."""
+    found = list(transfers)
+    if not found:
+        return None
+    return Transfer(
+        generation=max((t.generation for t in found if t.generation is not None), default=None),
+        files=sum(t.files for t in found),
+        bytes=sum(t.bytes for t in found),
+        shards=sum(t.shards for t in found),
+        seconds=sum(t.seconds for t in found),
+        races=sum(t.races for t in found),
+        skipped=[rel for t in found for rel in t.skipped],
+    )
+
+
 def _manifest_key(namespace: str, generation: int) -> str:
     return f"{PREFIX}/namespaces/{namespace}/gen-{generation:08d}.json"
 

@@ -399,7 +399,7 @@ class Session:
             cache_bytes=size,
             cache_files=files,
             remote=self.remote.url if self.remote else None,
-            pull=_combined(self.pulls),
+            pull=sync.combined(self.pulls),
             publish=self.published,
             publish_error=self.publish_error,
             events=list(self.events),
@@ -444,19 +444,6 @@ class Session:
             self.quarantine(set(sync.scan(self.local.path)) - before)
             work.pause()
             self.progress.finish(result)
-
-
-def _combined(pulls: list[sync.Transfer]) -> Optional[sync.Transfer]:
-    """Several pulls of one process as one transfer: the last generation, the sums of the rest."""
-    if not pulls:
-        return None
-    return sync.Transfer(
-        generation=pulls[-1].generation,
-        files=sum(p.files for p in pulls),
-        bytes=sum(p.bytes for p in pulls),
-        shards=sum(p.shards for p in pulls),
-        seconds=sum(p.seconds for p in pulls),
-    )
 
 
 def _quarantine(directory: Path, created: set[str]) -> list[str]:

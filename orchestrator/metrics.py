@@ -230,7 +230,8 @@ class WarmupMetrics:
             failed = sum(1 for r in mine if r["status"] != "ok")
             labels = (self.model, gpu)
             group.bucket_failures.labels(*labels).set(failed)
-            # one local cache and one pull/publish per run: each class's group carries the run's value
+            # one local cache and one pull/publish per run (a Ray report's `remote` sums its tasks' and
+            # ranks'): each class's group carries the run's value
             group.cache_bytes.labels(*labels).set(report["summary"]["cache_bytes"] or 0)
             for direction, seconds, size in _transfers(report):
                 group.transfer_seconds.labels(*labels, direction).set(seconds)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cache.sync import combined
 from orchestrator.fleet import FleetRun, TaskRun
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.spec import WarmupSpec
@@ -134,6 +135,8 @@ def fleet_report(spec: WarmupSpec, fleet: FleetRun, remote_url: str, started_at:
                 {p.publish.generation for p in processes if p.publish and p.publish.generation is not None}
             ),
             publish_errors=[p.publish_error for p in processes if p.publish_error],
+            pull=combined(p.pull for p in processes if p.pull),
+            publish=combined(p.publish for p in processes if p.publish),
         ),
     )
 
@@ -418,31 +421,8 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
     for reason, buckets in skipped.items():
         _line(console, f"no CUDA graphs for bucket {_buckets(buckets)}: {reason}", "yellow")
     s = report["summary"]
-    remote = report["remote"]
-    if remote and fleet:
-        _line(
-            console,
-            f"store {remote['url']}: published generations {remote['published_generations']}"
-            + "".join(f"; publish error: {e}" for e in remote["publish_errors"]),
-        )
-    elif remote:
-        pulled, published = remote["pull"], remote["publish"]
-        _line(
-            console,
-            f"store {remote['url']}: pulled "
-            + (
-                f"generation {pulled['generation']} ({pulled['files']} files, {pulled['bytes'] / 1e6:.1f} MB, "
-                f"{pulled['seconds']:.2f} s)"
-                if pulled
-                else "nothing"
-            )
-            + "; published "
-            + (
-                f"generation {published['generation']} ({published['files']} new files, {published['seconds']:.2f} s)"
-                if published
-                else remote["publish_error"] or "nothing"
-            ),
-        )
+    if report["remote"]:
+        _print_store(console, report, fleet)
     if fleet and wide:
         for bucket, row in s["fleet"]["buckets"].items():
             load, speedup = row["warm_load_seconds"], row["speedup"]
@@ -463,6 +443,73 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
         + (f"ready in {s['ready_seconds']:.1f} s; " if s["ready_seconds"] is not None else "")
         + f"{buckets} bucket{'' if buckets == 1 else 's'}: {s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all",
     )
+
+
+def _print_store(console: Console, report: dict[str, Any], fleet: bool) -> None:
+    """The store's part of the run, one line per fact: what was pulled, what was published (or
+    that nothing new was: a publish that adds nothing leaves the newest generation standing and
+    answers with its number), each publish error."""
+    remote = report["remote"]
+    if fleet and "publish" not in remote:  # a fleet report from before it summed the transfers
+        _line(console, f"store {remote['url']}: published generations {_listed(remote['published_generations'])}")
+        return
+    pulled, published = remote["pull"], remote["publish"]
+    if pulled is None:
+        pull = "pulled nothing"
+    elif fleet:
+        who = _pullers(report["executor"]["timeline"])
+        pull = f"pulled {_amount(pulled)}" + (f" over {who}" if who else "")
+    else:
+        pull = f"pulled generation {pulled['generation']}, {_amount(pulled)}"
+    _line(console, f"store {remote['url']}: {pull}")
+    errors = remote["publish_errors"] if fleet else [remote["publish_error"]] if remote["publish_error"] else []
+    if published is None:
+        if not errors:
+            _line(console, "published nothing")
+    elif published["files"] == 0 and published["generation"] <= ((pulled or {}).get("generation") or 0):
+        stood = remote["published_generations"] if fleet else [published["generation"]]
+        several = len(stood) > 1
+        _line(
+            console,
+            f"nothing new to publish (generation{'s' if several else ''} {_listed(stood)} "
+            f"stand{'' if several else 's'})",
+        )
+    elif not fleet:
+        _line(console, f"published generation {published['generation']}, {_amount(published)}")
+    elif len(report["namespaces"]) > 1:  # each namespace numbers its own generations
+        _line(
+            console,
+            f"published generations {_listed(remote['published_generations'])} of "
+            f"{len(report['namespaces'])} namespaces, {_amount(published)}",
+        )
+    else:
+        # each compile task publishes its bucket, and one rank the serving plans its benchmarks chose
+        made = len(remote["published_generations"])
+        every = made == report["executor"]["compile_units"] + 1
+        _line(
+            console,
+            f"published {made} generation{'' if made == 1 else 's'}, {_amount(published)}"
+            + (": one per compiled bucket and one of serving plans" if every else ""),
+        )
+    for error in errors:
+        _line(console, f"publish error: {error}", "red")
+
+
+def _amount(transfer: dict[str, Any]) -> str:
+    return f"{transfer['files']} files ({transfer['bytes'] / 1e6:.1f} MB, {transfer['seconds']:.2f} s)"
+
+
+def _pullers(timeline: list[dict[str, Any]]) -> str:
+    """The processes of a fleet that pulled: the timeline marks each pull ("pulled generation N")."""
+    rows = [row for row in timeline if any(str(what).startswith("pulled ") for what, _ in row["events"])]
+    tasks = sum(1 for row in rows if row["rank"] is None)
+    return " and ".join(
+        f"{n} {noun}{'' if n == 1 else 's'}" for n, noun in ((tasks, "compile task"), (len(rows) - tasks, "rank")) if n
+    )
+
+
+def _listed(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers))
 
 
 def _bucket_table(title: Text, records: list[BucketResult], fleet: bool, stats: dict[str, Any]) -> Table:

@@ -141,8 +141,12 @@ class ProcessRemote:
 @dataclass
 class FleetRemote:
     url: str
-    published_generations: list[int]
+    published_generations: list[int]  # where each publish left its namespace, new or not
     publish_errors: list[str]
+    # every task's and rank's pulls (publishes) as one: counts and seconds summed, the highest
+    # generation; None when no process pulled (published)
+    pull: Optional[Transfer]
+    publish: Optional[Transfer]
 
 
 @dataclass

@@ -17,13 +17,17 @@ import textwrap
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, orchestrate
+from test_report_records import STARTED, process_run, spec, store_fleet
 
+from orchestrator.cache.sync import Transfer
 from orchestrator.jobs.records import BucketResult
 from orchestrator.metrics import UNKNOWN_GPU, WarmupMetrics, exported_names
+from orchestrator.report import build_fleet_report, build_report
 
 pytestmark = pytest.mark.slow
 DASHBOARD = ROOT / "k8s" / "monitoring" / "grafana-dashboard.json"
@@ -440,6 +444,38 @@ def test_two_gpu_classes_of_one_model_keep_their_own_values(monitoring, pushed):
         ("Test GPU A", "4"),
         ("Test GPU B", "1"),  # the failed bucket has no speedup
     ]
+
+
+def test_a_fleet_report_pushes_its_store_transfers_as_a_process_report_does(monitoring):
+    """A Ray report's `remote` sums every task's and rank's pull and publish: the same two gauges
+    as a --no-ray report's, which the dashboard's store panels read. Synthetic reports, no Ray."""
+    pulled = Transfer(generation=2, files=5, bytes=12_345, shards=1, seconds=0.8)
+    reports = {
+        "tiny-metrics-process": build_report(spec(), replace(process_run(remote=True), pull=pulled), STARTED),
+        "tiny-metrics-fleet": build_fleet_report(spec(), store_fleet(warm=False), "s3://bucket/prefix", STARTED),
+    }
+    for model, report in reports.items():
+        metrics = WarmupMetrics(model, None)
+        metrics.finish(report)
+        assert metrics.push(monitoring["gateway"]) is None
+    prometheus = monitoring["prometheus"]
+
+    def both_directions(model: str, metric: str) -> dict[str, float] | None:
+        found = values_by(prometheus, f'{metric}{{model="{model}"}}', "direction")
+        return found if len(found) == 2 else None
+
+    for model, report in reports.items():
+        assert report["remote"]["pull"]["bytes"] > 0 and report["remote"]["publish"]["bytes"] > 0
+        for metric, key in (
+            ("orchestrate_cache_transfer_seconds", "seconds"),
+            ("orchestrate_cache_transfer_bytes", "bytes"),
+        ):
+            values = wait_until(lambda: both_directions(model, metric), f"{model}'s {metric} in Prometheus")
+            assert values == pytest.approx({d: report["remote"][d][key] for d in ("pull", "publish")})
+    for title, expr in panel_queries():
+        if title.startswith("Store transfers"):
+            concrete = expr.replace("$model", "tiny-metrics-fleet").replace("$gpu", ".*")
+            assert {s["metric"]["direction"] for s in query(prometheus, concrete)} == {"pull", "publish"}, title
 
 
 def test_a_setup_failure_is_unknown_until_a_run_knows_its_class(monitoring, pushed):

@@ -8,8 +8,10 @@ from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from orchestrator.cache.namespace import Platform
-from orchestrator.cache.sync import Transfer
+from orchestrator.cache.sync import Transfer, combined
 from orchestrator.config import load_spec
 from orchestrator.fleet import FleetRun, TaskRun
 from orchestrator.jobs.records import BucketResult, ProcessRun
@@ -215,5 +217,85 @@ def test_fleet_report_keeps_its_keys_and_values():
         "deviating_ranks": [],
         "pull_seconds": {"min": 0.75, "median": 0.75, "max": 0.75},
     }
-    assert report["remote"] == {"url": "s3://bucket/prefix", "published_generations": [3], "publish_errors": ["denied"]}
+    assert report["remote"] == {
+        "url": "s3://bucket/prefix",
+        "published_generations": [3],
+        "publish_errors": ["denied"],
+        "pull": dict(zip(TRANSFER, [None, 0, 0, 0, 0.75, 0, []], strict=True)),
+        "publish": dict(zip(TRANSFER, [3, 0, 0, 0, 0.0, 0, []], strict=True)),
+    }
     json.dumps(report)
+
+
+BUCKETS = (1, 8, 32)
+
+
+def store_fleet(warm: bool) -> FleetRun:
+    """Three compile tasks and two ranks on one node, with a store. Cold: the compile tasks find
+    nothing to pull and publish generations 1-3 (one per bucket), the ranks pull generation 3 and
+    rank 0 publishes the serving plans as generation 4. Warm rerun: every process pulls generation 4
+    and publishes nothing new (each publish answers with the generation that stands)."""
+    base = fleet_run()
+    node = base.nodes[0]
+    account = base.runs[0].process
+    compiled = [result(b, rank=None, gpu="H200", node=node.ip) for b in BUCKETS]
+    loaded = [
+        result(b, rank=rank, gpu="H200", node=node.ip, phase="warm", cache_state="hit", compile_seconds=0.5)
+        for b in BUCKETS
+        for rank in (0, 1)
+    ]
+
+    def transfer(generation: int, files: int, **kw) -> Transfer:
+        return Transfer(generation=generation, files=files, bytes=files * 1000, shards=1 if files else 0, **kw)
+
+    def task(i: int, bucket: int) -> TaskRun:
+        pull = transfer(4, 100, seconds=0.5) if warm else None
+        publish = transfer(4, 0, seconds=0.1) if warm else transfer(i + 1, 100, seconds=1.0, races=i, skipped=[f"b{i}"])
+        events = [("pulled generation 4", 101.0)] if warm else []
+        process = replace(account, pull=pull, publish=publish, events=[*events, ("published", 105.0)])
+        return TaskRun(process, "compile", None, bucket, 106.0)
+
+    def rank(number: int) -> TaskRun:
+        pull = transfer(4 if warm else 3, 0 if warm else 300, seconds=0.25)
+        publish = None if number else transfer(4, 0, seconds=0.1) if warm else transfer(4, 3, seconds=0.2)
+        events = [(f"pulled generation {pull.generation}", 107.0)] + (
+            [("published serving plans", 109.0)] if publish else []
+        )
+        process = replace(account, pull=pull, publish=publish, events=events)
+        return TaskRun(process, "warm", number, None, 110.0)
+
+    return replace(
+        base,
+        targets=[Target(0, node), Target(1, node)],
+        units=[CompileUnit("H200", b, 0.49) for b in BUCKETS],
+        results=compiled + loaded,
+        runs=[*(task(i, b) for i, b in enumerate(BUCKETS)), rank(0), rank(1)],
+    )
+
+
+def test_fleet_remote_sums_the_transfers_of_every_task_and_rank():
+    cold = build_fleet_report(spec(), store_fleet(warm=False), "s3://bucket/prefix", STARTED)["remote"]
+    assert cold["published_generations"] == [1, 2, 3, 4] and cold["publish_errors"] == []
+    assert cold["pull"] == dict(zip(TRANSFER, [3, 600, 600_000, 2, 0.5, 0, []], strict=True))  # the two ranks
+    # three buckets and the serving plans: files, bytes, shards, seconds and races summed, the
+    # highest generation, every skipped file
+    assert cold["publish"] == dict(zip(TRANSFER, [4, 303, 303_000, 4, 3.2, 3, ["b0", "b1", "b2"]], strict=True))
+    warm = build_fleet_report(spec(), store_fleet(warm=True), "s3://bucket/prefix", STARTED)["remote"]
+    assert warm["published_generations"] == [4]
+    assert warm["pull"] == dict(zip(TRANSFER, [4, 300, 300_000, 3, 2.0, 0, []], strict=True))  # tasks and ranks
+    assert warm["publish"] == dict(zip(TRANSFER, [4, 0, 0, 0, pytest.approx(0.4), 0, []], strict=True))
+    # no process pulled or published: none, not a transfer of zeros
+    fleet = store_fleet(warm=False)
+    quiet = replace(fleet, runs=[replace(t, process=replace(t.process, pull=None, publish=None)) for t in fleet.runs])
+    remote = build_fleet_report(spec(), quiet, "s3://bucket/prefix", STARTED)["remote"]
+    assert (remote["pull"], remote["publish"], remote["published_generations"]) == (None, None, [])
+
+
+def test_several_pulls_of_one_process_are_one_transfer():
+    pulls = [
+        Transfer(generation=2, files=3, bytes=30, shards=1, seconds=0.5),
+        Transfer(generation=5, files=1, bytes=10, shards=1, seconds=0.25),
+    ]
+    assert combined(pulls) == Transfer(generation=5, files=4, bytes=40, shards=2, seconds=0.75)
+    assert combined([]) is None
+    assert combined([Transfer()]) == Transfer()  # a transfer that names no generation keeps none

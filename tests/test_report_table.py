@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import pytest
 from rich.console import Console
-from test_report_records import STARTED, fleet_run, process_run, spec
+from test_report_records import STARTED, fleet_run, process_run, spec, store_fleet
 
+from orchestrator.cache.sync import Transfer
 from orchestrator.fleet import TaskRun
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.stats import MIN_SAMPLES, NOISY_RELATIVE_HALF_WIDTH, is_noisy, ratio_interval
@@ -324,3 +325,71 @@ def test_ray_noisy_when_half_the_ranks_are():
     text = rendered(ray_report(warm, [measured(1, eager_ms=1.0, rank=None)]))
     assert "noisy" not in text  # one rank of four: the median stands, and no note explains a mark not shown
     assert "noisy" in rendered(ray_report(warm, [measured(1, eager_ms=1.0, rank=None)]), wide=True, width=250)
+
+
+# --- the store -------------------------------------------------------------------------------
+
+
+URL = "s3://bucket/prefix"
+
+
+def facts(text: str, *sentences: str) -> bool:
+    """Each sentence is in the text, beginning a line of its own (the console may wrap its end)."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return all(
+        sentence in prose(text) and any(line.startswith(sentence) or sentence.startswith(line) for line in lines)
+        for sentence in sentences
+    )
+
+
+def test_ray_store_lines_say_what_the_fleet_pulled_and_published():
+    cold = rendered(build_fleet_report(spec(), store_fleet(warm=False), URL, STARTED))
+    assert facts(
+        cold,
+        f"store {URL}: pulled 600 files (0.6 MB, 0.50 s) over 2 ranks",
+        "published 4 generations, 303 files (0.3 MB, 3.20 s): one per compiled bucket and one of serving plans",
+    )
+    assert "[" not in cold and "nothing new" not in cold  # generations counted, not listed as a Python list
+    # a warm rerun: the compile tasks pulled too, and each publish found the store holding it all
+    warm = rendered(build_fleet_report(spec(), store_fleet(warm=True), URL, STARTED))
+    assert facts(
+        warm,
+        f"store {URL}: pulled 300 files (0.3 MB, 2.00 s) over 3 compile tasks and 2 ranks",
+        "nothing new to publish (generation 4 stands)",
+    )
+    assert "published" not in warm
+
+
+def test_ray_store_lines_name_each_publish_error_and_every_namespace():
+    fleet = store_fleet(warm=False)
+    # the second GPU class's rank: a namespace of its own, whose publish the store refused
+    other = replace(fleet.runs[-1].process, namespace="mlp-other", publish=None, publish_error="AccessDenied [x]")
+    fleet.runs[-1] = replace(fleet.runs[-1], process=other)
+    text = rendered(build_fleet_report(spec(), fleet, URL, STARTED))
+    assert facts(
+        text,
+        "published generations 1, 2, 3, 4 of 2 namespaces, 303 files (0.3 MB, 3.20 s)",
+        "publish error: AccessDenied [x]",
+    )
+    # a fleet report from before the fleet's transfers were summed still says what it published
+    report = build_fleet_report(spec(), store_fleet(warm=False), URL, STARTED)
+    del report["remote"]["pull"], report["remote"]["publish"]
+    assert facts(rendered(report), f"store {URL}: published generations 1, 2, 3, 4")
+
+
+def test_no_ray_store_lines_use_the_same_words():
+    pulled = Transfer(generation=2, files=5, bytes=12_345_678, shards=1, seconds=0.8)
+    published = Transfer(generation=3, files=3, bytes=2_500_000, shards=1, seconds=0.25)
+    cold = rendered(build_report(spec(), replace(process_run(remote=True), pull=None, publish=published), STARTED))
+    assert facts(cold, f"store {URL}: pulled nothing", "published generation 3, 3 files (2.5 MB, 0.25 s)")
+    warm = rendered(
+        build_report(spec(), replace(process_run(remote=True), pull=pulled, publish=Transfer(generation=2)), STARTED)
+    )
+    assert facts(
+        warm,
+        f"store {URL}: pulled generation 2, 5 files (12.3 MB, 0.80 s)",
+        "nothing new to publish (generation 2 stands)",
+    )
+    refused = replace(process_run(remote=True), pull=pulled, publish=None, publish_error="AccessDenied")
+    text = rendered(build_report(spec(), refused, STARTED))
+    assert facts(text, "publish error: AccessDenied") and "published" not in text
