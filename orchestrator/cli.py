@@ -572,6 +572,7 @@ def serve(
       130  interrupted before ready
     """
     spec = load_spec_with_overrides(model_path, buckets=buckets, device=device, cache_dir=cache_dir)
+    _check_serve_installed()
     store_url = remote or spec.remote
     _check_store(store_url)
     trusted = _trusted(trust).pems()
@@ -861,6 +862,21 @@ def _load_report(path: Path) -> dict[str, Any]:
             "use the orchestrate that wrote it"
         )
     return report
+
+
+# what Ray Serve's HTTP proxy runs on: installed with ray[serve] (the `serve` extra), not with ray
+SERVE_MODULES = ("starlette", "fastapi", "uvicorn")
+
+
+def _check_serve_installed() -> None:
+    import importlib.util
+
+    missing = [name for name in SERVE_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(
+            f"orchestrate serve needs Ray Serve, which is not installed here ({', '.join(missing)} missing): "
+            "pip install 'torch-warmup-orchestrator[serve]' (scripts/install.sh installs it)"
+        )
 
 
 def _check_html(path: Path) -> None:

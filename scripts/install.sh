@@ -17,8 +17,9 @@ for arg in "$@"; do
     *) echo "install.sh: unknown option '$arg'; use --tests to set up the test suite too" >&2; exit 2 ;;
   esac
 done
-# the main job (`orchestrate warmup` on local Ray) needs no extra: ray[default] is a core dependency
-extras=${EXTRAS:-${tests:+dev}}
+# `orchestrate warmup` needs no extra (ray[default] is a core dependency); `orchestrate serve` needs
+# Ray Serve, which the README's first command is expected to have set up too
+extras=${EXTRAS:-serve${tests:+,dev}}
 python=${PYTHON:-python3}
 step() { echo "install: $*" >&2; }
 

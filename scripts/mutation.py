@@ -121,7 +121,7 @@ def copy_checkout(workdir: Path, source_paths: list[str], pyproject: str) -> Non
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for name in [*source_paths, "tests"]:
+    for name in [*source_paths, "tests", "examples"]:
         if (ROOT / name).is_dir():
             # links followed: orchestrator/cache and orchestrator/jobs become real folders, which
             # mutmut walks (it does not follow links) and mutates where the tests import them

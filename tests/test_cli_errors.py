@@ -673,3 +673,29 @@ def test_a_serve_replicas_exception_means_the_exit_code_of_its_family(kind, code
     from orchestrator.errors import exit_code_named
 
     assert exit_code_named(kind) == code
+
+
+# A Python whose site-packages lack what the `serve` extra installs: the modules are reported
+# missing by importlib, as they are where the extra was left out (the rest of the CLI is real)
+WITHOUT_SERVE = """
+import importlib.util, sys
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] in ("starlette", "fastapi", "uvicorn") else real(name, *a)
+from orchestrator.cli import main
+sys.argv = ["orchestrate", *sys.argv[1:]]
+main()
+"""
+
+
+def test_serve_without_the_serve_extra_names_the_install_in_one_line(tmp_path):
+    path = config(tmp_path, "factories.py:good")
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_SERVE, "serve", "--model", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_user_error(result, "needs Ray Serve", "pip install 'torch-warmup-orchestrator[serve]'")

@@ -84,7 +84,7 @@ def test_the_main_jobs_install_never_calls_apt_and_says_each_step(checkout):
     assert not [call for call in calls if call.startswith("apt-get")]
     pips = [call for call in calls if "-m pip install" in call]
     assert len(pips) == 2 and "torch==2.13.0" in pips[0]
-    assert pips[1].endswith("numpy -e .")  # the runtime dependencies alone, no test extras
+    assert pips[1].endswith("numpy -e .[serve]")  # the runtime dependencies and Ray Serve, no test extras
     steps = [line for line in proc.stderr.splitlines() if line.startswith("install: ")]
     assert [step.split(" ")[1] for step in steps] == ["venv", "torch", "package", "done:"]
     assert "install: torch 2.13.0 (cpu)" in steps
@@ -100,7 +100,7 @@ def test_tests_install_the_system_packages_with_services_kept_from_starting(chec
     assert all(call.endswith("policy: exit 101") for call in apt)  # services were forbidden meanwhile
     assert not policy.exists()  # and allowed again afterwards
     assert "install: system packages for tests: " + " ".join(TEST_PACKAGES) + " (apt-get)" in proc.stderr
-    assert [call for call in calls if "-m pip install" in call][-1].endswith("numpy -e .[dev]")
+    assert [call for call in calls if "-m pip install" in call][-1].endswith("numpy -e .[serve,dev]")
 
 
 def test_an_existing_policy_is_left_as_it_was(checkout):

@@ -41,7 +41,9 @@ class Server:
     """The `orchestrate serve` subprocess: its own session, so that its Ray processes are its
     group and can be ended with it, never anyone else's."""
 
-    def __init__(self, cache: Path, log: Path, *, as_a_restricted_pod: bool = False) -> None:
+    def __init__(
+        self, cache: Path, log: Path, *, as_a_restricted_pod: bool = False, sigint_ignored: bool = False
+    ) -> None:
         with socket.socket() as probe, socket.socket() as metrics:  # free ports, not Serve's default
             probe.bind(("127.0.0.1", 0))
             metrics.bind(("127.0.0.1", 0))
@@ -65,6 +67,8 @@ class Server:
             stdout=self._stdout,
             stderr=self._stderr,
             start_new_session=True,
+            # what `orchestrate serve &` in a script gives it: a shell starts background jobs so
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
         self.url = ""
 
@@ -80,10 +84,11 @@ class Server:
             time.sleep(0.5)
         pytest.fail(f"orchestrate serve not ready after {START_SECONDS} s:\n{self.log.read_text()}")
 
-    def stop(self) -> int:
-        """SIGTERM, as a supervisor stops it; the whole group is killed if it does not stop in time."""
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> int:
+        """SIGTERM, as a supervisor stops it, or `how`; the whole group is killed if it does not
+        stop in time."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(how)
             try:
                 self.process.wait(STOP_SECONDS)
             except subprocess.TimeoutExpired:
@@ -110,7 +115,8 @@ def server(tmp_path_factory):
         assert warm.returncode == 0, warm.stderr
         if restricted:
             subprocess.run(["chown", "-R", f"{POD_USER}:{POD_USER}", str(cache)], check=True)
-        running = Server(cache, tmp_path_factory.mktemp("serve-log") / "serve.err", as_a_restricted_pod=restricted)
+        log = tmp_path_factory.mktemp("serve-log") / "serve.err"
+        running = Server(cache, log, as_a_restricted_pod=restricted, sigint_ignored=True)
         try:
             running.wait_ready()
             yield running
@@ -320,8 +326,10 @@ def test_the_replica_serves_its_metrics(server, eager):
     assert all(rows[b] + padded[b] == calls[b] * int(b) for b in calls)
 
 
-def test_sigterm_stops_the_server_cleanly(server):
-    assert server.stop() == 0, server.log.read_text()
+def test_sigint_stops_a_server_started_in_the_background_cleanly(server):
+    """Started as a script's `orchestrate serve &` starts it, with SIGINT ignored: `kill -INT`
+    (what a script's Ctrl-C sends its jobs) still stops it as Ctrl-C does."""
+    assert server.stop(signal.SIGINT) == 0, server.log.read_text()
     screen = server.log.read_text().splitlines()
     assert screen[-1] == "orchestrate: stopped"
     # Ray's and Serve's own lines (tasks retried while Serve shuts down) are in the run's log, not here

@@ -13,6 +13,11 @@ can send; for tensors of thousands of numbers its text dominates a fast model's 
 config order) carries the bytes as they are; its answer is an `.npz` with one array per output
 tensor, named by its path in the output tree (`output`, `output.logits`, `output[0]`).
 
+Another protocol (orchestrator.serving.inference_protocol, the Open Inference Protocol) reads its
+own bodies into tensors and makes them requests here (`request`), which are checked the same way,
+join the same batches and are cut back the same way; the protocol writes their answers itself
+(`Request.encoder`).
+
 A request is checked completely before it joins others, so one malformed request never fails
 the requests batched with it. The checks are the config's: count and names of the inputs, rank,
 fixed dimensions, one size along the bucket dimension, values the input's dtype can hold, and
@@ -29,7 +34,7 @@ import json
 import math
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -75,15 +80,22 @@ _MAX_DEPTH = 64
 
 @dataclass(frozen=True)
 class Answer:
-    """One request's HTTP answer: status, body and its media type."""
+    """One request's HTTP answer: status, body, its media type and any headers of its own."""
 
     status: int
     body: bytes
     media_type: str
+    headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def error(cls, status: int, message: str) -> Answer:
         return cls(status, _json_bytes({"error": message}), JSON)
+
+
+# Takes one request's rows out of a tensor of a call that ran other requests too
+Cut = Callable[[torch.Tensor], torch.Tensor]
+# Writes one request's answer from a call's outputs and its cut (None: the call was its alone)
+Encoder = Callable[[Any, Optional[Cut]], Answer]
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,8 @@ class Request:
     kwargs: dict[str, torch.Tensor]
     size: int
     wire: str = JSON  # how it came, and how its answer goes
+    # a protocol of its own (orchestrator.serving.inference_protocol) writes the answer; None: `wire`'s
+    encoder: Optional[Encoder] = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,9 @@ class RequestCodec:
         # The dimension outputs most likely share with the inputs, for an output tensor with
         # several dimensions of the batch's size
         self._preferred_dim = next(entry.bucket_dims[0] for entry in self._inputs if entry.bucket_dims)
+        # what a client that names every input calls them: the config's name, else NumPy's
+        # `arr_<i>` in config order (numpy.savez's names for unnamed arrays)
+        self.input_names = [entry.spec.name or f"arr_{i}" for i, entry in enumerate(self._inputs)]
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -143,6 +160,24 @@ class RequestCodec:
             tensors = self._json_tensors(body)
         else:
             raise RequestError(f"Content-Type {wire!r} is not served; send {JSON} or {NPZ}")
+        return self._request(tensors, wire)
+
+    def request(self, tensors: Sequence[torch.Tensor], encoder: Encoder) -> Request:
+        """Tensors decoded by another protocol, one per input in config order, checked as a body's
+        are (shape, then values) and moved to the model's device: a request whose answer `encoder`
+        writes. RequestError as `decode`."""
+        if len(tensors) != len(self._inputs):
+            raise ValueError(f"{len(tensors)} tensors for a model of {len(self._inputs)} inputs")
+        checked = [self._checked(entry, tensor) for entry, tensor in zip(self._inputs, tensors, strict=True)]
+        return self._request(checked, JSON, encoder)
+
+    def tensor_from_json(self, index: int, value: Any, body: bytes | str) -> torch.Tensor:
+        """Input `index` as JSON gives it (a nested list of numbers) as a tensor that holds them
+        exactly, its shape not yet checked; `body`, the JSON it came in, says whether true/false
+        must be looked for. RequestError for anything but numbers."""
+        return self._from_json(self._inputs[index], value, _spells_a_boolean(body))
+
+    def _request(self, tensors: list[torch.Tensor], wire: str, encoder: Optional[Encoder] = None) -> Request:
         size = self._size(tensors)
         if self.oversize == "error" and size > self.largest_bucket:
             raise RequestError(
@@ -151,7 +186,7 @@ class RequestCodec:
             )
         args = tuple(t for entry, t in zip(self._inputs, tensors, strict=True) if not entry.spec.name)
         kwargs = {entry.spec.name: t for entry, t in zip(self._inputs, tensors, strict=True) if entry.spec.name}
-        return Request(args, kwargs, size, wire)
+        return Request(args, kwargs, size, wire, encoder)
 
     def _json_tensors(self, body: bytes | str) -> list[torch.Tensor]:
         try:
@@ -196,7 +231,7 @@ class RequestCodec:
             if name in arrays:
                 raise RequestError(f"the .npz holds {info.filename!r} twice")
             arrays[name] = info
-        wanted = [entry.spec.name or f"arr_{i}" for i, entry in enumerate(self._inputs)]
+        wanted = self.input_names
         for name in arrays:
             if name not in wanted:
                 raise RequestError(
@@ -406,7 +441,7 @@ class RequestCodec:
             cut = None
             if len(requests) > 1:
                 cut = lambda t, start=offset, length=request.size: self._cut(t, total, start, length)  # noqa: E731
-            answers.append(encode(outputs, request.wire, cut))
+            answers.append(request.encoder(outputs, cut) if request.encoder else encode(outputs, request.wire, cut))
             offset += request.size
         return answers
 

@@ -5,6 +5,8 @@
                                                     400 {"error": "<one line>"}  (the request's fault)
                                                     413 {"error": "<one line>"}  (more rows than serve.max_rows)
     GET  /info      the replica's load report (orchestrator.runtime.ReplicaInfo)
+    /v2/...         the Open Inference Protocol (KServe v2, Triton's HTTP/REST): health, metadata,
+                    POST /v2/models/NAME/infer (orchestrator.serving.inference_protocol)
     GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.serving.metrics
 
 One replica (`ModelServer`) loads the model with `runtime.load` in its constructor, so Serve sends
@@ -13,9 +15,9 @@ until its planned variant is swapped in, in the background), with `planned` once
 on its plan. Requests arriving together are batched (`serve.batch`,
 up to the largest bucket's count of requests): their inputs are joined along the bucket
 dimension, the model runs once (padded to a bucket, or in chunks of the largest), and the outputs
-are cut back per request (orchestrator.serving.codec). Joining assumes what `serve.oversize:
-split` assumes: rows along the bucket dimension do not interact; `max_batch_size=1` runs every
-request alone for a model where they do.
+are cut back per request (orchestrator.serving.codec); the protocol's inference requests join the
+same batches. Joining assumes what `serve.oversize: split` assumes: rows along the bucket dimension
+do not interact; `max_batch_size=1` runs every request alone for a model where they do.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ if TYPE_CHECKING:  # torch is imported in the replica, after its thread count is
     from orchestrator.serving.codec import Answer
     from orchestrator.serving.codec import Request as Decoded
 
+HEADER_LENGTH = "inference-header-content-length"  # the protocol's binary data: its JSON's length
 BATCH_WAIT_SECONDS = 0.005  # how long the first request of a batch waits for others to join it
-ROUTES = "POST /predict, GET /info"
+ROUTES = "POST /predict, GET /info, and the Open Inference Protocol under /v2"
 _RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): (?P<message>.*)$")  # a traceback's last line
 logger = logging.getLogger("ray.serve")
 
@@ -69,6 +72,7 @@ class ModelServer:
         from orchestrator import runtime
         from orchestrator.cache.manifest import TrustedKeys
         from orchestrator.serving.codec import Answer, OutputError, RequestCodec, RequestError
+        from orchestrator.serving.inference_protocol import InferenceProtocol
 
         self.model = runtime.load(
             spec,
@@ -79,6 +83,7 @@ class ModelServer:
             ready=ready,
         )
         self.codec = RequestCodec(self.model.spec, self.model.device)
+        self.protocol = InferenceProtocol(self.model.spec, self.codec, self.model)
         self._answer_type = Answer
         self._request_error = RequestError
         self._client_errors: tuple[type[Exception], ...] = (RequestError, runtime.BadRequest)
@@ -114,13 +119,33 @@ class ModelServer:
             except Exception as exc:  # the codec's own fault, answered in the same one line
                 logger.exception("decoding a request failed")
                 return _error(500, f"the request could not be decoded: {brief(exc)}")
-            answer = await self._predict(decoded)
-            return Response(answer.body, status_code=answer.status, media_type=answer.media_type)
+            return _response(await self._predict(decoded))
         if path == "/info":
             if request.method != "GET":
                 return _error(405, "use GET on /info", headers={"Allow": "GET"})
             return JSONResponse(self.info())
+        if path == "/v2" or path.startswith("/v2/"):
+            return await self._v2(request, path)
         return _error(404, f"no route {request.method} {request.url.path}; this server answers {ROUTES}")
+
+    async def _v2(self, request: Request, path: str) -> Response:
+        """The Open Inference Protocol: GETs answered from the protocol, inference requests decoded
+        by it and answered through the same batches as /predict's."""
+        loop = asyncio.get_running_loop()
+        try:
+            endpoint = self.protocol.endpoint(request.method, path)
+            if endpoint != "infer":  # in a thread: the first model metadata calls the model
+                return JSONResponse(await loop.run_in_executor(None, self.protocol.get, endpoint))
+            body, headers = await request.body(), request.headers
+            decoded = await loop.run_in_executor(
+                None, self.protocol.decode, body, headers.get(HEADER_LENGTH), headers.get("content-encoding")
+            )
+        except self._request_error as exc:  # 400, 404, 405; 413 for more rows than serve.max_rows
+            return _error(exc.status, str(exc), headers=getattr(exc, "headers", None))
+        except Exception as exc:  # the protocol's own fault, answered in the same one line
+            logger.exception("a v2 request failed before the model")
+            return _error(500, f"the request could not be answered: {brief(exc)}")
+        return _response(await self._predict(decoded))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=BATCH_WAIT_SECONDS)
     async def _predict(self, requests: list[Decoded]) -> list[Answer]:
@@ -154,6 +179,10 @@ class ModelServer:
 
 def _error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _response(answer: Answer) -> Response:
+    return Response(answer.body, status_code=answer.status, media_type=answer.media_type, headers=dict(answer.headers))
 
 
 class ServeFailed(Exception):
@@ -218,8 +247,9 @@ def run_server(
     name = app_name(spec)
     deployed = ready = False
     # From here a SIGTERM (the kubelet stopping a pod that is still loading) unwinds through the
-    # cleanup below as Ctrl-C does, in place of the handler Ray's start installed
-    with _sigterm_interrupts():
+    # cleanup below as Ctrl-C does, in place of the handler Ray's start installed; so does a SIGINT
+    # where the process started with it ignored
+    with _stop_signals_interrupt():
         try:
             batch = max_batch_size or max(spec.buckets)
             serve.start(http_options={"host": host, "port": port})
@@ -306,8 +336,9 @@ def _shut_down(owns_cluster: bool, name: Optional[str], drain: bool) -> None:
 
 
 def block_until_signalled(poll_seconds: float = 1.0) -> None:
-    """Sleep until Ctrl-C or SIGTERM (a supervisor's stop), then return normally."""
-    with _sigterm_interrupts():
+    """Sleep until SIGINT (Ctrl-C, or `kill -INT`) or SIGTERM (a supervisor's stop), then return
+    normally."""
+    with _stop_signals_interrupt():
         try:
             while True:
                 time.sleep(poll_seconds)
@@ -316,12 +347,16 @@ def block_until_signalled(poll_seconds: float = 1.0) -> None:
 
 
 @contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGINT as well as SIGTERM: a server started in the background by a script (`serve &`)
+    inherits SIGINT as ignored, and would otherwise only stop on SIGTERM."""
+
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
