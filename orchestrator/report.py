@@ -436,11 +436,24 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
                 + " (min/median/max)",
             )
     buckets = s["buckets_ok"] + s["buckets_failed"]
+    cache = f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses)"
+    if fleet:  # the ranks load what the compile wave published: their cache is warm on a cold run too
+        wave = [r for r in records if r.phase == "compile" and r.status == "ok"]
+        hits, misses = sum(r.cache_hits or 0 for r in wave), sum(r.cache_misses or 0 for r in wave)
+        state = "cold" if misses and not hits else "warm" if hits and not misses else "partial"
+        cache = f"compile wave {state} ({hits} hits, {misses} misses); ranks' {cache}"
+    # what "ready" measured: the first calls (compile or load) and graph recording, on Ray per rank
+    # after its set-up, for the slowest rank
+    ready = "every rank ready" if fleet else "ready"
     _line(
         console,
-        f"cache {s['cache_state']} ({s['cache_hits']} hits, {s['cache_misses']} misses)"
+        cache
         + (f" in {report['namespace']}; " if report["namespace"] else "; ")
-        + (f"ready in {s['ready_seconds']:.1f} s; " if s["ready_seconds"] is not None else "")
+        + (
+            f"{ready} in {s['ready_seconds']:.1f} s (compile or load, and CUDA graphs, of every bucket); "
+            if s["ready_seconds"] is not None
+            else ""
+        )
         + f"{buckets} bucket{'' if buckets == 1 else 's'}: {s['buckets_ok']} ok, {s['buckets_failed']} failed; {s['wall_seconds']:.1f} s in all",
     )
 
@@ -518,8 +531,11 @@ def _bucket_table(title: Text, records: list[BucketResult], fleet: bool, stats: 
     table = Table(
         title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True
     )
-    # "first call": the first compiled call, a compile or a cache load (warm_load_seconds on Ray)
-    for column in ("bucket", "status", "first\ncall s", "cache", "eager\nms", "served\nms", "variant", "speedup"):
+    # in one process, "first call": the first compiled call, a compile or a cache load; on Ray the
+    # compile wave's first call with its cache outcome ("24.10 miss" on a cold run), then the
+    # median of the ranks' loads of what it published
+    middle = ("compile\ns", "load\ns") if fleet else ("first\ncall s", "cache")
+    for column in ("bucket", "status", *middle, "eager\nms", "served\nms", "variant", "speedup"):
         # fold rather than cut: a value too long for the terminal wraps, it never loses characters
         table.add_column(
             column, justify="left" if column in ("status", "cache", "variant") else "right", overflow="fold"
@@ -529,7 +545,8 @@ def _bucket_table(title: Text, records: list[BucketResult], fleet: bool, stats: 
         rows = [r for r in mine if r.phase == "warm"] if fleet else mine
         rows = rows or mine
         if fleet:
-            table.add_row(*_fleet_cells(bucket, rows, stats.get(str(bucket))))
+            compiled = [r for r in mine if r.phase == "compile"]
+            table.add_row(*_fleet_cells(bucket, rows, compiled, stats.get(str(bucket))))
         else:
             table.add_row(*_process_cells(rows[-1]))
     return table
@@ -550,8 +567,11 @@ def _process_cells(r: BucketResult) -> list[str | Text]:
     ]
 
 
-def _fleet_cells(bucket: int, rows: list[BucketResult], row: Optional[dict[str, Any]]) -> list[str | Text]:
-    """The median across ranks, from the fleet summary (a report without one: the counts alone)."""
+def _fleet_cells(
+    bucket: int, rows: list[BucketResult], compiled: list[BucketResult], row: Optional[dict[str, Any]]
+) -> list[str | Text]:
+    """The compile wave's outcome, then the median across ranks, from the fleet summary (a report
+    without one: the counts alone)."""
     ok = [r for r in rows if r.status == "ok"]
     flagged = row is not None and (row.get("served_speedup") or {}).get("median") is not None and _deviates(row, ok)
     status = Text(
@@ -568,13 +588,24 @@ def _fleet_cells(bucket: int, rows: list[BucketResult], row: Optional[dict[str, 
     return [
         str(bucket),
         status,
+        _compile_wave_cell(compiled),
         median("warm_load_seconds", ".2f"),
-        row.get("cache_state") or "-",
         median("eager_ms", ".3f"),
         median("served_ms", ".3f"),
         Text("/".join(row.get("served_variants") or []) or "-"),
         _speedup(served["median"] if served else None, row.get("served_speedup_interval"), bool(row.get("noisy"))),
     ]
+
+
+def _compile_wave_cell(compiled: list[BucketResult]) -> str:
+    """The bucket's compile tasks (one per GPU class): the slowest first call and whether any
+    compiled (`miss`) or all loaded what the store held (`hit`)."""
+    done = [r for r in compiled if r.status == "ok" and r.compile_seconds is not None]
+    if not done:
+        return "-"
+    states = {r.cache_state for r in done}
+    state = "miss" if "miss" in states else "hit" if states == {"hit"} else "partial"
+    return f"{max(r.compile_seconds or 0.0 for r in done):.2f} {state}"
 
 
 def _deviates(row: dict[str, Any], ok: list[BucketResult]) -> bool:
