@@ -44,5 +44,17 @@ fi
 # an import hook for the one package `orchestrator` (setuptools' default editable mode), not the
 # checkout on sys.path: its other folders (cache/, jobs/, tests/) are no import names of ours
 step "package + extras: -e .${extras:+[$extras]}"
-pip -q numpy -e ".${extras:+[$extras]}"
+# pip's own account, cut to one line per package it collects, per build step and when it installs:
+# the step takes tens of seconds, and the downloads' and builds' own output is noise here
+narrate() {
+  while IFS= read -r line; do
+    case $line in
+      "Collecting "*) line=${line#Collecting }; echo "install:   collecting ${line%% (*}" ;;
+      *": started") line=${line#"${line%%[! ]*}"}; echo "install:   ${line%: started}" ;;  # a build step
+      "Installing collected packages: "*) echo "install:   installing what was collected" ;;
+    esac
+  done >&2
+}
+.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off numpy -e ".${extras:+[$extras]}" \
+  2> >(grep -v "is ignored: it is neither" >&2) | narrate
 step "done: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), .venv/bin/orchestrate"

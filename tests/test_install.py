@@ -90,6 +90,32 @@ def test_the_main_jobs_install_never_calls_apt_and_says_each_step(checkout):
     assert "install: torch 2.13.0 (cpu)" in steps
 
 
+def test_pips_account_of_the_package_step_is_one_line_per_package_and_build_step():
+    """What pip prints while it installs the package, through the install's own filter: the
+    packages it collects and its build steps, none of its download or build noise."""
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    narrate = script[script.index("narrate() {") : script.index("\n}\n", script.index("narrate() {")) + 3]
+    pip_says = (
+        "Obtaining file:///work\n"
+        "Collecting ray[default]>=2.40 (from torch-warmup-orchestrator==0.1.0)\n"
+        "  Downloading ray-2.60.0-cp311-manylinux2014_x86_64.whl (72.3 MB)\n"
+        "  Installing build dependencies: started\n"
+        "  Installing build dependencies: finished with status 'done'\n"
+        "Requirement already satisfied: numpy in ./.venv/lib/python3.11/site-packages (2.3.4)\n"
+        "Installing collected packages: ray, torch-warmup-orchestrator\n"
+        "Successfully installed ray-2.60.0 torch-warmup-orchestrator-0.1.0\n"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", f"{narrate}\nnarrate"], input=pip_says, capture_output=True, text=True, timeout=30
+    )
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "install:   collecting ray[default]>=2.40",
+        "install:   Installing build dependencies",
+        "install:   installing what was collected",
+    ]
+
+
 def test_tests_install_the_system_packages_with_services_kept_from_starting(checkout):
     policy = checkout.parent / "policy-rc.d"
     proc, calls = install(checkout, "--tests")
