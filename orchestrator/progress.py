@@ -11,6 +11,7 @@ from typing import IO, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from orchestrator.jobs.records import BucketResult
 
@@ -21,8 +22,14 @@ class _Bars:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.live = console.is_terminal
+        # a description longer than its share of the terminal wraps in the live display: cut with
+        # "…", it would hide the figures at its end
         self._bars = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+            TextColumn("{task.description}", table_column=Column(overflow="fold")),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
         )
 
     def __enter__(self):
@@ -35,7 +42,9 @@ class _Bars:
             self._bars.stop()
 
     def line(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        """Wrapped at word boundaries to the terminal's width (80 where there is none), above the
+        live bars: a terminal left to wrap it breaks words."""
+        self.console.print(text, markup=False, highlight=False, overflow="fold")
 
 
 class BucketProgress(_Bars):
@@ -77,11 +86,12 @@ class BucketProgress(_Bars):
             )
         else:
             line = f"bucket {result.bucket}: FAILED at {result.error}"
-        if self.live and result.bucket in self._tasks:
-            task = self._tasks[result.bucket]
-            self._bars.update(task, description=line, total=1, completed=1)
-        else:
-            self.line(line)
+        if self.live and result.bucket in self._tasks:  # the bar says it is done; the line says how
+            status = "done" if result.status == "ok" else "FAILED"
+            self._bars.update(
+                self._tasks[result.bucket], description=f"bucket {result.bucket:>4} · {status}", total=1, completed=1
+            )
+        self.line(line)
 
 
 class FleetProgress(_Bars):

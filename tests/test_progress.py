@@ -1,8 +1,19 @@
 """The fleet's live bars (a terminal is forced; in logs only lines are written): one bar per
 bucket, counting compile units, loads and ranks done, complete exactly when every rank is."""
 
+import fcntl
 import io
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
 
+import pytest
+from conftest import ROOT
 from rich.console import Console
 
 from orchestrator.jobs.records import BucketResult
@@ -46,3 +57,48 @@ def test_in_logs_the_fleet_writes_lines_only():
         progress.loaded(0, 1)
         progress.line("rank 0 (127.0.0.1) loaded bucket 1: ok")
     assert out.getvalue() == "rank 0 (127.0.0.1) loaded bucket 1: ok\n"
+
+
+# What a terminal shows, from what was written to it: escape sequences (colours, cursor moves)
+# dropped, each carriage return or newline ending a line
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def _through_a_terminal(command: list[str], columns: int, tmp_path: Path) -> str:
+    """Run `command` with stdout and stderr on a real pseudo-terminal `columns` wide; all it wrote."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {**os.environ, "HOME": str(tmp_path), "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
+    for name in ("COLUMNS", "LINES", "ORCHESTRATE_CACHE_DIR", "NO_COLOR"):
+        env.pop(name, None)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    written = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal's other end closed: the process is done
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.close(leader)
+    assert proc.wait(timeout=600) == 0, written.decode(errors="replace")[-3000:]
+    return written.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_at_80_columns_no_line_is_cut_or_runs_past_the_edge(tmp_path):
+    """A real warmup in one process on an 80-column terminal: the live bars, the progress lines,
+    the table and its footer all fit, and nothing is cut with an ellipsis."""
+    text = _through_a_terminal(
+        [sys.executable, "-m", "orchestrator", "warmup", "--model", "examples/mlp.yaml", "--buckets", "1,2"]
+        + ["--device", "cpu", "--no-ray", "--cache-dir", str(tmp_path / "cache")],
+        80,
+        tmp_path,
+    )
+    lines = [line.rstrip() for line in re.split(r"[\r\n]", _ESCAPE.sub("", text))]
+    assert "…" not in text
+    assert [line for line in lines if len(line) > 80] == []
+    assert any(line.startswith("cache cold (") for line in lines)  # the footer is there, wrapped
+    assert any(line.lstrip().startswith("1  ok") for line in lines)  # and the table's rows
