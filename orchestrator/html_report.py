@@ -10,6 +10,7 @@ driver of a Ray run writes it) and matplotlib-only: imported when a page is aske
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import math
@@ -30,6 +31,16 @@ WAVE_COLORS = {"compile": "#0072b2", "warm": "#009e73"}
 KIND_COLORS = {"inductor": "#0072b2", "aten": "#e69f00", "other": "#bbbbbb"}
 # a linear latency axis stops being readable once the slowest bar is this many times the fastest
 LOG_SCALE_RATIO = 20.0
+# The fleet timeline, in points: its labels' font size, the pitch of their lines and the bar's half
+# height; a row of TIMELINE_ROW_INCHES holds the bar and two lines of labels above it and two below
+TIMELINE_FONT, TIMELINE_PITCH, TIMELINE_BAR = 6.5, 8.5, 4.5
+TIMELINE_ROW_INCHES = 0.66
+LABEL_GAP = 4.0  # between two labels on one line, and between a label and the plot's edge
+LABEL_SHORT = 12  # characters of a milestone's name kept where the whole name has no room
+LABEL_LONG = 28  # characters of a milestone's name shown at most
+
+# a table's column header: its name, or its name and a note on what the column holds
+Header = str | tuple[str, str]
 
 CSS = """
 :root { --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #f6f8fa; --ok: #1a7f37; --bad: #cf222e;
@@ -49,11 +60,23 @@ p.sub { color: var(--muted); margin: 0 0 18px; }
 figure { margin: 12px 0; }
 figure svg { max-width: 100%; height: auto; display: block; }
 figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
+/* a table wider than its section (a narrow window) scrolls inside it: the page never does */
+.table-wrap { max-width: 100%; overflow-x: auto; }
 table { border-collapse: collapse; margin: 8px 0 12px; font-size: 13.5px; }
-th, td { border-bottom: 1px solid var(--line); padding: 4px 10px; text-align: left; vertical-align: top; }
-th { background: var(--bg); font-weight: 600; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: var(--bg); font-weight: 600; vertical-align: bottom; }
+/* a note wraps to its column's width and widens it no more than its longest word: a header stays
+   about as narrow as its name */
+th .note { display: block; width: min-content; min-width: 100%; font-weight: 400; font-size: 11.5px;
+           line-height: 1.3; color: var(--muted); }
+/* a kernel name, a path or a token in an error can be one long word: it breaks anywhere rather than
+   widen its table; other cells break between words only */
+td.text, td code, td pre { overflow-wrap: anywhere; }
 td:first-child { white-space: nowrap; }
 td.n { white-space: nowrap; text-align: right; font-variant-numeric: tabular-nums; }
+td.text { white-space: normal; }
+p { overflow-wrap: break-word; }
+td .what { color: var(--muted); font-size: 12px; }
 .ok { color: var(--ok); font-weight: 600; }
 .bad { color: var(--bad); font-weight: 600; }
 .warn { color: var(--warn); font-weight: 600; }
@@ -62,7 +85,7 @@ pre { background: var(--bg); border: 1px solid var(--line); padding: 8px; white-
       overflow-wrap: anywhere; font-size: 12.5px; }
 code { font-size: 12.5px; }
 details > summary { cursor: pointer; color: var(--muted); }
-details.variants > summary h3 { display: inline; color: var(--ink); }
+details.fold > summary h3 { display: inline; color: var(--ink); }
 .kind-inductor { color: #0072b2; font-weight: 600; }
 .kind-aten { color: #9a6700; font-weight: 600; }
 details.profile { border: 1px solid var(--line); border-radius: 8px; padding: 6px 12px; margin: 8px 0; }
@@ -87,17 +110,17 @@ def render_html(report: dict[str, Any]) -> str:
     labels = [_label(r, fleet) for r in results]
     body = [
         _header(report),
-        _failures_section(results, labels),
-        _latency_section(results, labels),
-        _speedup_section(results, labels),
+        _section("failures", _failures_section(results, labels)),
+        _section("latency", _latency_section(results, labels)),
+        _section("speedup", _speedup_section(results, labels)),
         # a Ray run's timeline is where its time went: above the per-record tables
-        _fleet_section(report) if fleet else "",
-        _buckets_section(results, labels),
-        _cache_section(results, labels),
-        _compile_section(results, labels),
+        _section("fleet", _fleet_section(report)) if fleet else "",
+        _section("buckets", _buckets_section(results, labels)),
+        _section("cache", _cache_section(results, labels)),
+        _section("compile", _compile_section(results, labels)),
+        _profile_section(results, labels),
+        _section("store", _store_section(report, fleet)),
     ]
-    body.append(_profile_section(results, labels))
-    body.append(_store_section(report, fleet))
     title = f"warmup report: {report.get('model', '?')}"
     return (
         "<!DOCTYPE html>\n"
@@ -192,20 +215,20 @@ def _speedup_section(results: list[dict[str, Any]], labels: list[str]) -> str:
 
 
 def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
-    header = [
+    header: list[Header] = [
         "bucket",
         "status",
-        "serves",
-        "served ms",
-        "speedup",
-        "interval",
-        "eager/compiled",
-        "compile s",
-        "record s",
-        "cache hit/miss",
-        "breaks",
-        "recompiles",
-        "max |err|",
+        "served variant",
+        ("served ms", "median per call"),
+        ("served speedup", "eager / served"),
+        ("95% interval", "of the served speedup"),
+        ("compiled speedup", "eager / compiled"),
+        ("first call s", "compile or cache load"),
+        ("next 2 calls s", "CUDA-graph warm-up and capture"),
+        ("cache lookups", "hits / misses"),
+        "graph breaks",
+        ("recompiles", "in the next 2 calls"),
+        ("max |error|", "compiled vs eager"),
     ]
     rows = []
     for r, label in zip(results, labels, strict=True):
@@ -237,7 +260,7 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
             variant_rows.append(
                 [
                     _e(label),
-                    f'<span class="served">{_e(name)} ★</span>' if is_served else _e(name),
+                    f'<span class="served">{_e(name)}&nbsp;★</span>' if is_served else _e(name),
                     '<span class="ok">ok</span>' if m.get("ok") else '<span class="bad">no</span>',
                     _n(m.get("ms"), ".3f"),
                     _n(m.get("p90_ms"), ".3f"),
@@ -247,14 +270,25 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
                     _e(m.get("reason") or (r.get("choice_reason") if is_served else None) or ""),
                 ]
             )
-    out = "<h2>Buckets</h2>" + _table(header, rows, numeric={3, 7, 8, 10, 11, 12})
+    out = "<h2>Buckets</h2>" + _table(header, rows, numeric={3, 5, 6, 7, 8, 10, 11, 12})
     if variant_rows:
         # a fleet's ranks times variants runs long: folded until asked for
         opened = " open" if len(variant_rows) <= 12 else ""
-        out += f'<details class="variants"{opened}><summary><h3>Variants</h3></summary>' + _table(
-            ["bucket", "variant", "ok", "ms", "p90 ms", "spread ms", "speedup interval", "build s", "reason"],
+        out += f'<details class="fold"{opened}><summary><h3>Variants</h3></summary>' + _table(
+            [
+                "bucket",
+                "variant",
+                ("usable", "built and correct"),
+                ("median ms", "per call"),
+                ("p90 ms", "per call"),
+                ("spread ms", "half the IQR"),
+                ("speedup 95% interval", "eager / this variant"),
+                ("build s", "compile or cache load, and capture"),
+                ("why", "not usable; or why it serves over a faster median"),
+            ],
             variant_rows,
-            numeric={3, 4, 5, 7},
+            numeric={3, 4, 5, 6, 7},
+            text={8},
         )
         out += "</details>"
     return out
@@ -281,7 +315,11 @@ def _cache_section(results: list[dict[str, Any]], labels: list[str]) -> str:
             [_e(label), _e(r.get("cache_state") or "-"), *(_n((r.get("cache") or {}).get(c), "d") for c in counters)]
             for r, label in zip(results, labels, strict=True)
         ]
-        out += _table(["bucket", "state", *counters], table_rows, numeric=set(range(2, 2 + len(counters))))
+        out += _table(
+            ["bucket", ("cache state", "hit, miss or mixed"), *counters],
+            table_rows,
+            numeric=set(range(2, 2 + len(counters))),
+        )
     return out
 
 
@@ -302,21 +340,23 @@ def _compile_section(results: list[dict[str, Any]], labels: list[str]) -> str:
     out += f"<p>{_e(str(total))} graph break(s) across the report.</p>"
     if breaks:
         out += "<h3>Graph breaks by reason</h3>" + _table(
-            ["reason", "count", "bucket"],
+            ["reason", "count", "buckets"],
             [
                 [f"<code>{_e(reason)}</code>", _n(sum(c for _, c in where), "d"), _e(_where([lb for lb, _ in where]))]
                 for reason, where in breaks.items()
             ],
             numeric={1},
+            text={0},
         )
     if skips:
         out += "<h3>No CUDA graphs</h3>" + _table(
-            ["reason", "bucket"], [[_e(reason), _e(_where(where))] for reason, where in skips.items()]
+            ["reason", "buckets"], [[_e(reason), _e(_where(where))] for reason, where in skips.items()], text={0}
         )
     if unavailable:
         out += "<h3>Variants not served</h3>" + _table(
-            ["variant", "reason", "bucket"],
+            ["variant", "reason", "buckets"],
             [[_e(name), _e(reason), _e(_where(where))] for (name, reason), where in unavailable.items()],
+            text={1},
         )
     return out
 
@@ -332,7 +372,7 @@ def _failures_section(results: list[dict[str, Any]], labels: list[str]) -> str:
         if detail and detail != r.get("error"):
             error += f"<details><summary>whole message</summary><pre>{_e(detail)}</pre></details>"
         rows.append([_e(label), _e(r.get("stage") or "-"), error])
-    return '<h2 class="bad">Failed buckets</h2>' + _table(["bucket", "stage", "error"], rows)
+    return '<h2 class="bad">Failed buckets</h2>' + _table(["bucket", "failed at stage", "error"], rows, text={2})
 
 
 def _fleet_section(report: dict[str, Any]) -> str:
@@ -344,18 +384,22 @@ def _fleet_section(report: dict[str, Any]) -> str:
         out += "<p>" + _e("; ".join(f"{wave} wave {seconds:.1f} s" for wave, seconds in waves.items())) + "</p>"
     timeline = executor.get("timeline") or []
     if timeline:
+        svg, unlabelled = _timeline_chart(timeline)
         out += _figure(
             "timeline",
-            _timeline_chart(timeline),
+            svg,
             "Every task's process from its start to its answer (bar), then until the driver had it (thin "
-            "line); milestones marked and labelled with seconds from the start of the waves.",
+            "line); milestones marked and labelled with seconds from the start of the waves. A label "
+            "without room is shortened; a hollow marker's label had none at all: hover a marker, or "
+            "read the table below, for its whole name.",
         )
+        out += _milestones(timeline, unlabelled)
     buckets = fleet.get("buckets") or {}
     if buckets:
         rows = [
             [
                 _e(bucket),
-                _n(row.get("cold_compile_seconds"), ".2f"),
+                _n(row.get("cold_compile_seconds"), ".2f") + _first_call(report, bucket),
                 _e(_spread(row.get("warm_load_seconds"), ".2f", " s")),
                 _e(_spread(row.get("served_speedup") or row.get("speedup"), ".2f", "x")),
                 _n(row.get("ranks_ok"), "d"),
@@ -364,7 +408,14 @@ def _fleet_section(report: dict[str, Any]) -> str:
             for bucket, row in sorted(buckets.items(), key=lambda kv: _int_or(kv[0]))
         ]
         out += "<h3>Per bucket across ranks (min / median / max)</h3>" + _table(
-            ["bucket", "cold compile s", "warm load", "served speedup", "ranks ok", "ranks failed"],
+            [
+                "bucket",
+                ("compile wave: first call s", "the slowest unit's compile or cache load"),
+                ("warm ranks: first call", "cache load, or compile on a miss"),
+                ("served speedup", "eager / served"),
+                "ranks ok",
+                "ranks failed",
+            ],
             rows,
             numeric={1, 4, 5},
         )
@@ -375,8 +426,57 @@ def _fleet_section(report: dict[str, Any]) -> str:
         out += "<h3>Deviating ranks</h3>" + _table(
             ["rank", "bucket", "why"],
             [[_e(_num(d.get("rank"), "d")), _e(str(d.get("bucket"))), _e(d.get("why") or "-")] for d in deviating],
+            text={2},
         )
     return out
+
+
+def _first_call(report: dict[str, Any], bucket: str) -> str:
+    """What the compile wave's first call of a bucket was: with a warm store it loads from the
+    cache what an earlier run compiled, and the column's seconds are that load, not a compile."""
+    states = {
+        r.get("cache_state")
+        for r in report.get("results") or []
+        if str(r.get("bucket")) == bucket and r.get("rank") is None and r.get("status", "ok") == "ok"
+    } - {None}
+    if not states:
+        return ""
+    what = {"hit": "cache load", "miss": "compile"}.get(states.pop()) if len(states) == 1 else None
+    return f' <span class="what">{_e(what or "partly cached")}</span>'
+
+
+def _milestones(timeline: list[dict[str, Any]], unlabelled: int) -> str:
+    """Every task's milestones in full, under its chart: where a label had no room, it is here."""
+    rows = [
+        [
+            _e(_task_name(row)),
+            _e(row.get("node", "?")),
+            _n(row.get("started_s"), ".2f"),
+            _n(row.get("ended_s"), ".2f"),
+            _n(row.get("answered_s"), ".2f"),
+            " · ".join(f"{_e(what)}&nbsp;{_e(f'{at:.2f}')}" for what, at in _events(row)) or "-",
+        ]
+        for row in timeline
+    ]
+    summary = "Milestones" + (f" ({unlabelled} without a label in the chart)" if unlabelled else "")
+    # the chart holds them at a glance; the table is for a label left off or a second to read exactly
+    return (
+        f'<details class="fold"><summary><h3>{_e(summary)}</h3></summary>'
+        + _table(
+            [
+                ("task", "wave: compile unit or rank"),
+                "node",
+                ("started s", "the process"),
+                ("answered s", "the process had its answer"),
+                "driver had it s",
+                ("milestones", "seconds from the start of the waves"),
+            ],
+            rows,
+            numeric={2, 3, 4},
+            text={5},
+        )
+        + "</details>"
+    )
 
 
 def _profile_section(results: list[dict[str, Any]], labels: list[str]) -> str:
@@ -425,7 +525,7 @@ def _profile_tables(profile: dict[str, Any]) -> str:
             v = variants[name]
             rows.append(
                 [
-                    f'<span class="served">{_e(name)} ★</span>' if name == profile.get("served") else _e(name),
+                    f'<span class="served">{_e(name)}&nbsp;★</span>' if name == profile.get("served") else _e(name),
                     _e(_time_kinds([v.get("time_kind")])),
                     _n(v.get("calls"), "d"),
                     _n(v.get("per_call_us"), ".1f"),
@@ -437,7 +537,16 @@ def _profile_tables(profile: dict[str, Any]) -> str:
                 ]
             )
         out += _table(
-            ["variant", "time", "calls", "µs per call", "inductor", "aten", "other", "trace"],
+            [
+                "variant",
+                "time measured",
+                ("calls", "profiled"),
+                "µs per call",
+                ("Inductor kernels", "distinct (share of time)"),
+                ("ATen kernels", "distinct (share of time)"),
+                ("other kernels", "distinct (share of time)"),
+                ("trace", "on the node that ran it"),
+            ],
             rows,
             numeric={2, 3, 4, 5, 6},
         )
@@ -455,12 +564,21 @@ def _profile_tables(profile: dict[str, Any]) -> str:
         ]
         if top:
             out += "<h4>Costliest kernels</h4>" + _table(
-                ["variant", "kind", "kernel", "total µs", "calls", "share"], top, numeric={3, 4, 5}
+                [
+                    "variant",
+                    "kind",
+                    "kernel",
+                    ("total µs", "in the profiled calls"),
+                    "calls",
+                    ("share", "of the variant's time"),
+                ],
+                top,
+                numeric={3, 4, 5},
             )
     unavailable = profile.get("unavailable") or {}
     if unavailable:
         out += "<h4>Not profiled</h4>" + _table(
-            ["variant", "why"], [[_e(name), _e(reason)] for name, reason in unavailable.items()]
+            ["variant", "why not"], [[_e(name), _e(reason)] for name, reason in unavailable.items()], text={1}
         )
     return out or '<p class="none">Nothing was profiled.</p>'
 
@@ -656,56 +774,184 @@ def _profile_chart(bars: list[tuple[str, str, dict[str, Any], bool]]) -> str:
     return _svg(fig, "profile")
 
 
-def _timeline_chart(timeline: list[dict[str, Any]]) -> str:
+def _timeline_chart(timeline: list[dict[str, Any]]) -> tuple[str, int]:
+    """The fleet's timeline, and how many milestones have no label on it. One row per task: its
+    process a bar, its milestones marked on the bar; each milestone's label on one of the lines
+    above and below the bar (_place_labels), inside the row and the plot. Every bar, marker and
+    label has its full text as an SVG <title>: the tooltip of a label shortened or left off."""
     from matplotlib.figure import Figure
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
 
-    fig = Figure(figsize=(11, max(2.0, 0.9 + 0.8 * len(timeline))))
+    names = [_task_name(row) for row in timeline]
+    events = [_events(row) for row in timeline]
+    times = [at for row in events for _, at in row] + [
+        float(row[key])
+        for row in timeline
+        for key in ("started_s", "ended_s", "answered_s")
+        if isinstance(row.get(key), (int, float))
+    ]
+    low, end = min(times + [0.0]), max(times + [1.0])
+    span = end - low
+    digits = 2 if span < 10 else 1 if span < 1000 else 0
+    fig = Figure(figsize=(11, 1.1 + TIMELINE_ROW_INCHES * len(timeline)))
     ax = fig.add_subplot()
-    end = max([row.get("answered_s") or row.get("ended_s") or 0 for row in timeline] + [1.0])
-    labels = []
-    for lane, row in enumerate(timeline):
-        start, ended = row.get("started_s") or 0.0, row.get("ended_s") or 0.0
-        answered = row.get("answered_s")
-        wave = row.get("wave", "?")
-        color = WAVE_COLORS.get(wave, "#999999")
-        ax.broken_barh([(start, max(ended - start, end / 500))], (lane - 0.3, 0.6), color=color, alpha=0.35)
-        if answered is not None and answered > ended:
-            ax.plot([ended, answered], [lane, lane], color=color, linewidth=1.5)
-        for k, event in enumerate(row.get("events") or []):
-            if len(event) != 2 or not isinstance(event[1], (int, float)):
-                continue
-            what, at = str(event[0]), float(event[1])
-            ax.plot([at], [lane], marker="D", markersize=4.5, color=color, markeredgecolor="black", markeredgewidth=0.5)
-            # alternate above and below the lane: neighbouring milestones are often a fraction of a second apart
-            ax.annotate(
-                f"{what} {at:.1f}s",
-                (at, lane),
-                xytext=(2, 7 if k % 2 == 0 else -7),
-                textcoords="offset points",
-                fontsize=6.5,
-                rotation=18 if k % 2 == 0 else -18,
-                ha="left",
-                va="bottom" if k % 2 == 0 else "top",
-            )
-        who = f"b{row.get('bucket')}" if row.get("rank") is None else f"rank {row.get('rank')}"
-        labels.append(f"{wave}: {who} @ {row.get('node', '?')}")
-    ax.set_yticks(range(len(timeline)), labels)
-    ax.set_ylim(len(timeline) - 0.4, -0.7)
-    ax.set_xlim(0, end * 1.12)
+    ax.patch.set_gid("timeline-plot")
+    for lane in range(len(timeline)):
+        # every row its band, the odd ones shaded: a label belongs to the band it is in
+        ax.axhspan(lane - 0.5, lane + 0.5, color="#f6f8fa" if lane % 2 else "#ffffff", lw=0, gid=f"timeline-row-{lane}")
+    ax.set_yticks(range(len(timeline)), names)
+    ax.set_ylim(len(timeline) - 0.5, -0.5)
+    ax.set_xlim(low, end + span * 0.02)
     ax.set_xlabel("seconds from the start of the waves")
     _legend(ax, [(f"{wave} wave", color) for wave, color in WAVE_COLORS.items()])
     _tidy(ax)
     ax.grid(axis="x", color="#e6e6e6", linewidth=0.6)
-    return _svg(fig, "timeline")
+    # the layout first, then frozen: the labels are laid out in the points of the plot it leaves
+    fig.set_layout_engine("tight")
+    fig.draw_without_rendering()
+    fig.set_layout_engine("none")
+    box = ax.get_window_extent()
+    width, band = box.width * 72 / fig.dpi, box.height * 72 / fig.dpi / len(timeline)
+    per_side = max(0, min(2, int((band / 2 - TIMELINE_BAR - 1) // TIMELINE_PITCH)))
+    # nearest the bar first, above then below
+    offsets = [
+        side * (TIMELINE_BAR + TIMELINE_PITCH * (level - 0.5)) for level in range(1, per_side + 1) for side in (1, -1)
+    ]
+    font = FontProperties(size=TIMELINE_FONT)
+    measure = TextToPath()
+
+    # the ranks' milestones share their names and often their seconds: each text is measured once
+    @functools.cache
+    def text_width(text: str) -> float:
+        return float(measure.get_text_width_height_descent(text, font, ismath=False)[0])
+
+    def points(at: float) -> float:
+        return (at - low) / (span * 1.02) * width
+
+    titles: dict[str, tuple[str, str]] = {}
+    unlabelled = 0
+    for lane, row in enumerate(timeline):
+        start, ended = float(row.get("started_s") or 0.0), float(row.get("ended_s") or 0.0)
+        answered = row.get("answered_s")
+        color = WAVE_COLORS.get(row.get("wave", "?"), "#999999")
+        gid = f"timeline-task-{lane}"
+        ax.barh(
+            lane,
+            max(ended - start, span / 500),
+            left=start,
+            height=2 * TIMELINE_BAR / band,
+            color=color,
+            alpha=0.45,
+            gid=gid,
+        )
+        titles[gid] = (
+            "timeline-task",
+            f"{names[lane]}: process {start:.2f}–{ended:.2f} s"
+            + (f", the driver had its answer at {answered:.2f} s" if isinstance(answered, (int, float)) else ""),
+        )
+        if isinstance(answered, (int, float)) and answered > ended:
+            ax.plot([ended, answered], [lane, lane], color=color, linewidth=1.5)
+        texts = [_label_texts(what, at, digits) for what, at in events[lane]]
+        widths = [[text_width(text) for text in options] for options in texts]
+        placed = _place_labels(
+            [(points(at), w) for (_, at), w in zip(events[lane], widths, strict=True)],
+            LABEL_GAP,
+            width - LABEL_GAP,
+            len(offsets),
+        )
+        for k, ((what, at), where) in enumerate(zip(events[lane], placed, strict=True)):
+            full = f"{names[lane]}: {what} at {at:.{max(digits, 2)}f} s"
+            gid = f"timeline-event-{lane}-{k}"
+            # hollow: a milestone whose label had no room, so that no label nearby is read as its
+            ax.plot(
+                [at],
+                [lane],
+                marker="D",
+                markersize=4.5,
+                color=color,
+                markerfacecolor=color if where else "white",
+                markeredgecolor="black" if where else color,
+                markeredgewidth=0.5 if where else 1.0,
+                gid=gid,
+            )
+            titles[gid] = ("timeline-event", full)
+            if where is None:
+                unlabelled += 1
+                continue
+            choice, line, left = where
+            gid = f"timeline-label-{lane}-{k}"
+            ax.annotate(
+                texts[k][choice],
+                (at, lane),
+                xytext=(left - points(at), offsets[line]),
+                textcoords="offset points",
+                ha="left",
+                va="center",
+                fontsize=TIMELINE_FONT,
+                color="#1f2328",
+                parse_math=False,  # a milestone's name is text: a "$" in it is a dollar sign
+                in_layout=False,
+                gid=gid,
+            )
+            titles[gid] = ("timeline-label", full)
+    svg = _svg(fig, "timeline", layout=False)
+
+    def tag(match: re.Match[str]) -> str:
+        css, title = titles.get(match.group(1), ("timeline-row", ""))
+        return f'<g id="{match.group(1)}" class="{css}">' + (f"<title>{_e(title)}</title>" if title else "")
+
+    return re.sub(r'<g id="(timeline-(?:row|task|event|label)-[0-9-]+)">', tag, svg), unlabelled
 
 
-def _svg(fig: Any, salt: str) -> str:
+def _place_labels(
+    events: list[tuple[float, list[float]]], left: float, right: float, lines: int, gap: float = LABEL_GAP
+) -> list[Optional[tuple[int, int, float]]]:
+    """Where each milestone's label goes in its row: (which of its texts, which line, its left
+    edge), or None where none of its texts has room.
+
+    A milestone is its marker's x and the widths of its texts, longest first, all in one unit. A
+    label starts at its marker, or ends at it where starting there would run past `right`: it never
+    drifts from the marker it names. Left to right, each label takes the first line, nearest the
+    bar first, with room for its longest text; on one line labels keep `gap` apart, and all stay
+    within [left, right]."""
+    placed: list[Optional[tuple[int, int, float]]] = [None] * len(events)
+    ends = [-math.inf] * lines  # where the last label on each line ends
+    for i in sorted(range(len(events)), key=lambda i: events[i][0]):
+        x, widths = events[i]
+        where = next(
+            (
+                (choice, line, start)
+                for choice, width in enumerate(widths)
+                for line in range(lines)
+                for start in (x, x - width)
+                if start >= max(left, ends[line] + gap) and start + width <= right
+            ),
+            None,
+        )
+        if where is not None:
+            ends[where[1]] = where[2] + widths[where[0]]
+        placed[i] = where
+    return placed
+
+
+def _label_texts(what: str, at: float, digits: int) -> list[str]:
+    """A milestone's label, longest first: with its second, without, cut short."""
+    short = what[:LABEL_SHORT].rstrip() + "…"
+    # a name too long to read at a glance (a pull's whole store URL) is cut short even where it fits
+    name = what if len(what) <= LABEL_LONG else what[: LABEL_LONG - 1].rstrip() + "…"
+    texts = [f"{name} {at:.{digits}f}s", name]
+    return texts + [short] if len(what) > LABEL_SHORT + 1 else texts
+
+
+def _svg(fig: Any, salt: str, layout: bool = True) -> str:
     """The figure as an <svg> element to inline: no XML prolog, text drawn as paths (the page looks
     the same whatever fonts the reader's machine has), ids salted per chart so that two charts on
-    one page never share an id."""
+    one page never share an id. `layout=False`: the figure was laid out already and is kept so."""
     import matplotlib as mpl
 
-    fig.set_layout_engine("tight")
+    if layout:
+        fig.set_layout_engine("tight")
     buf = io.StringIO()
     with mpl.rc_context({"svg.fonttype": "path", "svg.hashsalt": salt}):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
@@ -747,6 +993,24 @@ def _tidy(ax: Any) -> None:
 
 
 # ----- reading records ------------------------------------------------------------------------
+
+
+def _task_name(row: dict[str, Any]) -> str:
+    """A timeline row's task: its wave, its compile unit's bucket or its rank, and its node."""
+    who = f"b{row.get('bucket')}" if row.get("rank") is None else f"rank {row.get('rank')}"
+    return f"{row.get('wave', '?')}: {who} @ {row.get('node', '?')}"
+
+
+def _events(row: dict[str, Any]) -> list[tuple[str, float]]:
+    """A timeline row's milestones, [what, seconds] each; anything else in the list is skipped."""
+    return [
+        (str(event[0]), float(event[1]))
+        for event in row.get("events") or []
+        if isinstance(event, (list, tuple))
+        and len(event) == 2
+        and isinstance(event[1], (int, float))
+        and math.isfinite(event[1])
+    ]
 
 
 def _label(r: dict[str, Any], fleet: bool) -> str:
@@ -849,14 +1113,30 @@ def _int_or(text: str) -> float:
     return int(text) if re.fullmatch(r"-?\d+", text) else math.inf
 
 
-def _table(header: list[str], rows: list[list[str]], numeric: Optional[set[int]] = None) -> str:
-    """Cells arrive as HTML (escaped by the caller); header names are escaped here."""
-    numeric = numeric or set()
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+def _table(
+    header: list[Header], rows: list[list[str]], numeric: Optional[set[int]] = None, text: Optional[set[int]] = None
+) -> str:
+    """Cells arrive as HTML (escaped by the caller); header names are escaped here. A header is its
+    name, or its name and a note on what the column holds (unit, ratio, which call), set under it.
+    `numeric` columns align right and never wrap; `text` columns (free text: errors, reasons) may
+    break inside a word."""
+    numeric, text = numeric or set(), text or set()
+    css = {i: ' class="n"' for i in numeric} | {i: ' class="text"' for i in text}
+    head = "".join(_th(h) for h in header)
     body = "".join(
-        "<tr>"
-        + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
-        + "</tr>"
-        for row in rows
+        "<tr>" + "".join(f"<td{css.get(i, '')}>{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _th(header: Header) -> str:
+    name, note = (header, "") if isinstance(header, str) else header
+    # a counter's name (fx_graph_misses) may break after its underscores: it never widens a column
+    # alone; a unit (s, ms, µs) stays on the line of the word before it
+    text = re.sub(r" (\S{1,2})$", r"&nbsp;\1", _e(name).replace("_", "_<wbr>"))
+    return f"<th>{text}" + (f'<span class="note">{_e(note)}</span>' if note else "") + "</th>"
+
+
+def _section(name: str, part: str) -> str:
+    """A part of the page as its own box, which its tables stay inside."""
+    return f'<section id="{_e(name)}">{part}</section>' if part else ""

@@ -4,14 +4,18 @@ report builders from synthetic records, drawn in a real headless Chromium (Debia
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import json
+import math
 import os
+import random
 import re
 import stat
 from dataclasses import asdict
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -38,6 +42,19 @@ STARTED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 BREAK_REASON = "call_function <built-in function print>: see https://pytorch.org/docs/main/compile/graph_breaks"
 HOSTILE = '<script>alert("x")</script> & <b>bold</b>'
+# a warm rank's pull names its store: a long name, with what HTML and mathtext would read as markup
+PULLED = "pulled generation 3 from s3://store/<team>/$prefix"
+LONG_ERROR = "load: FileNotFoundError: " + "/".join(["", "cache", *["0123456789abcdef"] * 24, "fxgraph.bin"])
+LONG_KERNEL = "triton_per_fused_" + "_".join(f"add_{i}_native_layer_norm" for i in range(8)) + "_0"
+# what a real record's `cache` holds (jobs/engine.py)
+CACHE_COUNTERS = {
+    "fx_graph_hits": 3,
+    "fx_graph_misses": 0,
+    "fx_graph_bypasses": 0,
+    "aot_autograd_hits": 3,
+    "aot_autograd_misses": 0,
+    "autotuned_kernels": 0,
+}
 CHARTS = {
     "process": ["latency", "speedup", "cache", "profile"],
     "fleet": ["latency", "speedup", "cache", "timeline", "profile"],
@@ -234,6 +251,83 @@ def fleet_report() -> dict:
     return newer_fields(build_fleet_report(spec(), fleet, "s3://bucket/prefix", STARTED))
 
 
+def busy_fleet_report(scale: float = 1.0) -> dict:
+    """Sixteen ranks on four nodes warming four buckets from a warm store (the compile wave loads
+    from the cache too): some twenty milestones a rank, many a fraction of a second apart, some at
+    one instant, and one rank failing with a long error. `scale` stretches the run: 0.03 is under
+    a second, 250 over an hour."""
+    buckets = (1, 8, 32, 128)
+    nodes = [Node(f"id{i}", f"10.0.0.{i + 1}", 4, 8, "H200") for i in range(4)]
+    targets = [Target(rank, nodes[rank // 4]) for rank in range(16)]
+    hit = dict(gpu="H200", cache_state="hit", cache_hits=3, cache_misses=0, cache=CACHE_COUNTERS)
+    compiled = [
+        record(b, rank=None, node="10.0.0.1", compile_seconds=2.2 + 0.15 * i, **hit) for i, b in enumerate(buckets)
+    ]
+    warm = [
+        record(b, rank=t.rank, node=t.node.ip, phase="warm", compile_seconds=0.4, **hit)
+        for t in targets
+        for b in buckets
+    ]
+    warm[-1] = record(
+        128, rank=15, node="10.0.0.4", phase="warm", status="failed", stage="load", error=LONG_ERROR, variant=None
+    )
+
+    def clock(seconds: float) -> float:
+        return 100.0 + seconds * scale
+
+    def account(node: str, start: float, end: float, events: list[tuple[str, float]]):
+        return worker_account(node, clock(start), clock(end), [(what, clock(start + at)) for what, at in events])
+
+    runs = []
+    for i, b in enumerate(buckets):
+        start = 0.1 * i
+        events = [("worker up", 1.9), ("imported", 4.2), ("device ready", 4.2), ("model built", 4.25)]
+        events += [(f"loaded bucket {b}", 6.5 + i), ("published", 6.51 + i)]
+        runs.append(
+            TaskRun(account("10.0.0.1", start, start + 6.6 + i, events), "compile", None, b, clock(start + 6.7 + i))
+        )
+    for t in targets:
+        start = 8 + 0.05 * t.rank
+        events = [("worker up", 1.9), ("imported", 4.1), ("device ready", 4.1), ("model built", 4.15)]
+        events += [("references done", 6.0), (PULLED, 6.5)]
+        for i, b in enumerate(buckets):
+            events += [
+                (f"loaded bucket {b}", 6.9 + 1.6 * i),
+                (f"benchmarked bucket {b}", 7.7 + 1.6 * i + 0.02 * t.rank),
+                (f"profiled bucket {b}", 8.2 + 1.6 * i),
+            ]
+        events.append(("published serving plans", 13.05))
+        runs.append(TaskRun(account(t.node.ip, start, start + 13.1, events), "warm", t.rank, None, clock(start + 13.2)))
+    fleet = FleetRun(
+        nodes=nodes,
+        targets=targets,
+        units=[CompileUnit("H200", b, 0.49) for b in buckets],
+        results=compiled + warm,
+        runs=runs,
+        wall_seconds=22.0 * scale,
+        wave_seconds={"start": 1.0 * scale, "compile": 7.0 * scale, "warm": 14.0 * scale},
+        started_at=100.0,
+    )
+    report = newer_fields(build_fleet_report(spec(), fleet, "s3://bucket/prefix", STARTED))
+    report["results"][0]["profile"]["variants"]["compiled"]["top"][0]["name"] = LONG_KERNEL
+    return report
+
+
+REPORTS = {
+    "process": process_report,
+    "fleet": fleet_report,
+    "busy": busy_fleet_report,
+    "busy-under-a-second": lambda: busy_fleet_report(0.03),
+    "busy-over-an-hour": lambda: busy_fleet_report(250.0),
+}
+
+
+@functools.cache
+def page_of(kind: str) -> str:
+    """A report's page, drawn once for every test that reads it: a busy fleet's takes seconds."""
+    return render_html(REPORTS[kind]())
+
+
 def old_report() -> dict:
     """A report from before variants, speedup intervals, noisy and profiles: none of those keys."""
     report = process_report()
@@ -280,7 +374,7 @@ def test_process_page_shows_every_part():
     for chart in CHARTS["process"]:
         assert f'data-chart="{chart}"' in page
     assert 'data-chart="timeline"' not in page
-    text = re.sub(r"<[^>]+>", " ", page)
+    text = text_of(page)
     for expected in (
         "mlp warmup report",
         "2.13.0+cpu",
@@ -306,8 +400,17 @@ def test_old_report_renders_without_the_newer_parts():
     assert "Where the time goes" not in page and 'data-chart="profile"' not in page
 
 
+def part(page: str, section: str) -> str:
+    return page.split(f'<section id="{section}">')[1].split("</section>")[0]
+
+
 def profile_part(page: str) -> str:
-    return page.split('<section id="profile">')[1].split("</section>")[0]
+    return part(page, "profile")
+
+
+def text_of(html_part: str) -> str:
+    """The text a reader sees, tags off (a header's <wbr> break opportunity is not a space)."""
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", html_part.replace("<wbr>", ""))))
 
 
 def test_profile_shows_where_the_time_goes():
@@ -400,6 +503,110 @@ def test_reports_get_the_mode_of_any_new_file_not_a_private_one(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "report.json").stat().st_mode) == 0o644
+
+
+# ----- the fleet timeline's labels and the tables' columns, no browser -----------------------
+
+
+def test_labels_start_at_their_markers_where_there_is_room():
+    from orchestrator.html_report import _place_labels
+
+    placed = _place_labels([(0.0, [30.0, 20.0]), (50.0, [30.0, 20.0]), (100.0, [30.0])], 0.0, 200.0, lines=4)
+    assert placed == [(0, 0, 0.0), (0, 0, 50.0), (0, 0, 100.0)]  # the whole text, the line nearest the bar
+
+
+def test_a_label_without_room_takes_another_line_then_a_shorter_text_then_none():
+    from orchestrator.html_report import _place_labels
+
+    # five milestones at one instant: one on each of four lines, none for the fifth
+    assert _place_labels([(10.0, [40.0, 20.0])] * 5, 0.0, 200.0, lines=4) == [
+        (0, 0, 10.0),
+        (0, 1, 10.0),
+        (0, 2, 10.0),
+        (0, 3, 10.0),
+        None,
+    ]
+    # one line: the second label's whole text would run past the edge, its short one fits
+    assert _place_labels([(0.0, [50.0, 10.0]), (60.0, [100.0, 30.0])], 0.0, 120.0, lines=1) == [
+        (0, 0, 0.0),
+        (1, 0, 60.0),
+    ]
+    # at the right edge a label ends at its marker; wider than the plot, it has no room anywhere
+    assert _place_labels([(190.0, [30.0])], 0.0, 200.0, lines=1) == [(0, 0, 160.0)]
+    assert _place_labels([(10.0, [500.0, 300.0])], 0.0, 200.0, lines=4) == [None]
+    assert _place_labels([(10.0, [5.0])], 0.0, 200.0, lines=0) == [None]
+
+
+def test_labels_never_overlap_nor_leave_the_plot_nor_their_markers():
+    from orchestrator.html_report import _place_labels
+
+    rng = random.Random(7)
+    for _ in range(300):
+        lines, gap = rng.randint(0, 4), rng.choice([0.0, 4.0])
+        events = [
+            (rng.uniform(0, 300), sorted((rng.uniform(5, 120) for _ in range(rng.randint(1, 3))), reverse=True))
+            for _ in range(rng.randint(0, 40))
+        ]
+        placed = _place_labels(events, 0.0, 300.0, lines, gap)
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for (x, widths), where in zip(events, placed, strict=True):
+            if where is None:
+                continue
+            choice, line, start = where
+            end = start + widths[choice]
+            assert 0.0 <= start and end <= 300.0 and 0 <= line < lines
+            assert start == x or math.isclose(end, x), "a label begins or ends at its marker"
+            spans.setdefault(line, []).append((start, end))
+        for on_line in spans.values():
+            on_line.sort()
+            assert all(b[0] - a[1] >= gap - 1e-9 for a, b in pairwise(on_line))
+    # milestones far enough apart all get their whole text on the nearest line
+    apart = [(i * 130.0, [120.0, 60.0]) for i in range(3)]
+    assert _place_labels(apart, 0.0, 400.0, lines=1, gap=4.0) == [(0, 0, i * 130.0) for i in range(3)]
+
+
+@pytest.mark.parametrize("kind, crowded", [("fleet", False), ("busy", True)])
+def test_timeline_marks_and_titles_every_milestone(kind, crowded):
+    timeline = REPORTS[kind]()["executor"]["timeline"]
+    events = sum(len(row["events"]) for row in timeline)
+    page = page_of(kind)
+    svg = page.split('<figure id="chart-timeline">')[1].split("</figure>")[0]
+    folded = re.search(r"Milestones \((\d+) without a label in the chart\)", page)
+    unlabelled = int(folded.group(1)) if folded else 0
+    assert svg.count('class="timeline-event"><title>') == events
+    assert svg.count('class="timeline-label"><title>') == events - unlabelled
+    assert svg.count('class="timeline-row"') == svg.count('class="timeline-task"><title>') == len(timeline)
+    assert 'id="timeline-plot"' in svg
+    # the sparse timeline has room for every label; the crowded one leaves some off (and hollow)
+    assert (unlabelled > 0) == crowded and unlabelled < events / 2
+    if crowded:
+        assert f"{html.escape(PULLED)} at " in svg and PULLED not in svg  # the whole name in its tooltip
+    milestones = text_of(part(page, "fleet").split("Milestones")[1])
+    for row in timeline:
+        for what, at in row["events"]:
+            assert f"{what} {at:.2f}" in milestones
+
+
+def headers(page: str, section: str) -> list[str]:
+    return [text_of(h).strip() for h in re.findall(r"<th>(.*?)</th>", part(page, section))]
+
+
+def test_columns_say_what_they_hold():
+    page = page_of("busy")
+    buckets = headers(page, "buckets")
+    assert "first call s compile or cache load" in buckets and "compile s" not in buckets
+    assert "next 2 calls s CUDA-graph warm-up and capture" in buckets
+    assert "served ms median per call" in buckets and "compiled speedup eager / compiled" in buckets
+    fleet = headers(page, "fleet")
+    assert "compile wave: first call s the slowest unit's compile or cache load" in fleet
+    assert "warm ranks: first call cache load, or compile on a miss" in fleet
+    # the compile wave of a run on a warm store loaded from the cache: its seconds say so
+    per_bucket = text_of(part(page, "fleet").split("Per bucket across ranks")[1])
+    assert "1 2.20 cache load" in per_bucket and "128 2.65 cache load" in per_bucket
+    # the compile wave of fleet_report compiled: its cache missed
+    assert "1 2.00 compile" in text_of(part(page_of("fleet"), "fleet").split("Per bucket across ranks")[1])
+    # a counter's name may break after its underscores, and reads whole
+    assert "fx_<wbr>graph_<wbr>bypasses" in part(page, "cache") and "fx_graph_bypasses" in headers(page, "cache")
 
 
 # ----- the CLI --------------------------------------------------------------------------------
@@ -520,6 +727,82 @@ def test_old_report_in_a_real_browser(browser, tmp_path):
     page = tmp_path / "old.html"
     write_html(old_report(), page)
     look(browser, page, tmp_path / "old.png", CHARTS["unprofiled"])
+
+
+TIMELINE_BOXES = """
+const svg = document.querySelector('svg[data-chart="timeline"]');
+const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+const all = selector => Object.fromEntries(Array.from(svg.querySelectorAll(selector), e => [e.id, box(e)]));
+return {plot: box(svg.querySelector('#timeline-plot')), rows: all('.timeline-row'), labels: all('.timeline-label')};
+"""
+TABLE_BOXES = """
+document.querySelectorAll('details').forEach(d => { d.open = true; });
+const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+return Array.from(document.querySelectorAll('table'), t => {
+  const section = t.closest('section'), wrap = t.closest('.table-wrap');
+  return [section ? section.id : null, box(t), section ? box(section) : null, wrap.scrollWidth > wrap.clientWidth];
+});
+"""
+
+
+def inside(inner: list[float], outer: list[float]) -> bool:
+    return (
+        inner[0] >= outer[0] - 0.01
+        and inner[1] >= outer[1] - 0.01
+        and inner[2] <= outer[2] + 0.01
+        and inner[3] <= outer[3] + 0.01
+    )
+
+
+def overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def open_page(driver, page: Path, width: int = 1280) -> None:
+    driver.set_window_size(width, 900)
+    driver.get(page.as_uri())
+    errors = [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "WARNING")]
+    assert errors == []
+
+
+@pytest.mark.parametrize("kind", ["fleet", "busy-under-a-second", "busy", "busy-over-an-hour"])
+def test_timeline_labels_never_overlap_in_a_real_browser(browser, tmp_path, kind):
+    """As the browser lays the page out: every milestone label clear of every other, inside the
+    plot and inside its own row's band."""
+    page = tmp_path / f"{kind}.html"
+    page.write_text(page_of(kind))
+    open_page(browser, page)
+    boxes = browser.execute_script(TIMELINE_BOXES)
+    labels, rows, plot = boxes["labels"], boxes["rows"], boxes["plot"]
+    assert len(rows) == len(REPORTS[kind]()["executor"]["timeline"]) and len(labels) >= 2 * len(rows)
+    for name, box in labels.items():
+        assert box[2] - box[0] > 5 and box[3] - box[1] > 3, (name, box)  # drawn, not an empty group
+        assert inside(box, plot), (name, box, plot)
+        lane = name.split("-")[2]
+        assert inside(box, rows[f"timeline-row-{lane}"]), (name, box, rows[f"timeline-row-{lane}"])
+    named = sorted(labels.items(), key=lambda item: item[1][0])
+    for i, (name, box) in enumerate(named):
+        for other, other_box in named[i + 1 :]:
+            if other_box[0] >= box[2]:
+                break  # sorted by their left edge: no later label can reach back over this one
+            assert not overlap(box, other_box), (name, box, other, other_box)
+
+
+@pytest.mark.parametrize("kind", ["process", "fleet", "busy"])
+def test_tables_stay_inside_their_sections_in_a_real_browser(browser, tmp_path, kind):
+    page = tmp_path / f"{kind}.html"
+    page.write_text(page_of(kind))
+    open_page(browser, page)
+    tables = browser.execute_script(TABLE_BOXES)  # every folded table unfolded first
+    assert len(tables) >= 5
+    for section, box, section_box, scrolls in tables:
+        assert section is not None, box
+        assert box[2] > box[0], (section, box)
+        assert inside(box, section_box), (section, box, section_box)
+        assert not scrolls, (section, box)  # nothing in it (a header's long word) sticks out either
+    # a window too narrow for a table: the table scrolls inside its section, the page never sideways
+    browser.set_window_size(760, 900)
+    assert browser.execute_script("return document.documentElement.scrollWidth <= document.documentElement.clientWidth")
 
 
 @pytest.mark.slow
