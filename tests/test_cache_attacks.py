@@ -297,6 +297,38 @@ def test_the_longest_names_a_filesystem_allows_are_pulled(store, tmp_path):
     assert tree(tmp_path / "node") == {**ARTIFACTS, **longest}
 
 
+@pytest.mark.parametrize(("last", "refused"), [(40, False), (41, True)], ids=["2048-bytes", "2049-bytes"])
+def test_a_whole_path_of_2048_bytes_is_the_longest_taken(store, tmp_path, last, refused):
+    """The limit on a whole path counts its names and the slashes between them, exactly."""
+    rel = "/".join(["d" * 250] * 8 + ["e" * last])  # 8 x 250 + 8 slashes + the last name
+    assert len(rel) == 2008 + last
+    body = second_generation(store, tmp_path)
+    shard = _shard_holding(store, {rel: b"code"})
+    body["files"][rel] = {"sha256": sync._sha256(b"code"), "size": 4, "shard": shard}
+    body["shards"][shard] = (Path(store.root) / sync._object_key(shard)).stat().st_size
+    write_signed(store, NS, body)
+    if refused:
+        with pytest.raises(IntegrityError, match="names a path longer than a filesystem allows"):
+            sync.verify(store, NS, TRUST, allow_unsigned=False)
+    else:
+        assert sync.verify(store, NS, TRUST, allow_unsigned=False).files[rel].size == 4
+
+
+def test_recovery_without_a_pull_finishes_what_a_killed_one_left(store, tmp_path):
+    """sync.recover, as a node is tidied after a job: the directory's own staging goes and a
+    directory moved aside by a swap comes back; a sibling's staging stays."""
+    node = tmp_path / "cache"
+    make_cache(tmp_path / f".previous-{node.name}", ARTIFACTS)
+    ours = tmp_path / f".incoming-{node.name}-0123abcd"
+    sibling = tmp_path / f".incoming-{node.name}-v2-0123abcd"
+    for staging in (ours, sibling):
+        (staging / "inductor").mkdir(parents=True)
+    sync.recover(node)
+    assert tree(node) == ARTIFACTS and not ours.exists() and sibling.is_dir()
+    assert not (tmp_path / f".previous-{node.name}").exists() and not (tmp_path / f".{node.name}.pull-lock").exists()
+    sync.recover(tmp_path / "nowhere" / "cache")  # a directory whose parent is not there: nothing to do
+
+
 # --- the manifest's own size and depth ----------------------------------------------------------------
 
 
