@@ -42,9 +42,12 @@ class _Bars:
             self._bars.stop()
 
     def line(self, text: str) -> None:
-        """Wrapped at word boundaries to the terminal's width (80 where there is none), above the
-        live bars: a terminal left to wrap it breaks words."""
-        self.console.print(text, markup=False, highlight=False, overflow="fold")
+        """On a terminal, wrapped at word boundaries to its width, above the live bars (a terminal
+        left to wrap it breaks words); in a log, one line per event, whole, for grep."""
+        if self.live:
+            self.console.print(text, markup=False, highlight=False, overflow="fold")
+        else:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 class BucketProgress(_Bars):
