@@ -259,6 +259,16 @@ def _shard_holding(store, members: dict[str, bytes]) -> str:
     return sha
 
 
+def _second_generation_adding(store, tmp_path, members: dict[str, bytes]) -> None:
+    """Publish, signed, a second generation that adds `members` in one shard of their own."""
+    body = second_generation(store, tmp_path)
+    shard = _shard_holding(store, members)
+    for rel, data in members.items():
+        body["files"][rel] = {"sha256": sync._sha256(data), "size": len(data), "shard": shard}
+    body["shards"][shard] = (Path(store.root) / sync._object_key(shard)).stat().st_size
+    write_signed(store, NS, body)
+
+
 @pytest.mark.parametrize(
     "rel",
     [
@@ -270,11 +280,7 @@ def _shard_holding(store, members: dict[str, bytes]) -> str:
 )
 def test_a_path_longer_than_a_filesystem_allows_is_refused_when_parsed(store, tmp_path, rel):
     """A shard can hold such a member and verify; only writing it fails (ENAMETOOLONG)."""
-    body = second_generation(store, tmp_path)
-    shard = _shard_holding(store, {rel: b"code"})
-    body["files"][rel] = {"sha256": sync._sha256(b"code"), "size": 4, "shard": shard}
-    body["shards"][shard] = (Path(store.root) / sync._object_key(shard)).stat().st_size
-    write_signed(store, NS, body)
+    _second_generation_adding(store, tmp_path, {rel: b"code"})
     message = re.escape(f"names a path longer than a filesystem allows (255 bytes a name, 2048 in all): {rel[:100]!r}")
     node = tmp_path / "node"
     with pytest.raises(IntegrityError, match=message) as info:
@@ -286,13 +292,8 @@ def test_a_path_longer_than_a_filesystem_allows_is_refused_when_parsed(store, tm
 
 
 def test_the_longest_names_a_filesystem_allows_are_pulled(store, tmp_path):
-    body = second_generation(store, tmp_path)
     longest = {"inductor/" + "a" * 255: b"one", "inductor/" + "\u00e9" * 127 + "b": b"two"}
-    shard = _shard_holding(store, longest)
-    for rel, data in longest.items():
-        body["files"][rel] = {"sha256": sync._sha256(data), "size": len(data), "shard": shard}
-    body["shards"][shard] = (Path(store.root) / sync._object_key(shard)).stat().st_size
-    write_signed(store, NS, body)
+    _second_generation_adding(store, tmp_path, longest)
     sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
     assert tree(tmp_path / "node") == {**ARTIFACTS, **longest}
 
@@ -302,11 +303,7 @@ def test_a_whole_path_of_2048_bytes_is_the_longest_taken(store, tmp_path, last, 
     """The limit on a whole path counts its names and the slashes between them, exactly."""
     rel = "/".join(["d" * 250] * 8 + ["e" * last])  # 8 x 250 + 8 slashes + the last name
     assert len(rel) == 2008 + last
-    body = second_generation(store, tmp_path)
-    shard = _shard_holding(store, {rel: b"code"})
-    body["files"][rel] = {"sha256": sync._sha256(b"code"), "size": 4, "shard": shard}
-    body["shards"][shard] = (Path(store.root) / sync._object_key(shard)).stat().st_size
-    write_signed(store, NS, body)
+    _second_generation_adding(store, tmp_path, {rel: b"code"})
     if refused:
         with pytest.raises(IntegrityError, match="names a path longer than a filesystem allows"):
             sync.verify(store, NS, TRUST, allow_unsigned=False)
