@@ -9,10 +9,12 @@ Per bucket, in this order, each timed on its own:
   2. first compiled call: Dynamo trace + Inductor compile or cache load  -> compile_seconds
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
   4. compiled outputs (first call and a replay) against eager's, through orchestrator.jobs.gate
-  5. on CUDA, the serving variants captured whole in a CUDA graph of our own (`graphed`: the
-     config's compile with CUDA graphs off; `eager-graphed`), and the `aot` function (compiled
-     ahead of time, or found in the namespace), each through the same gate; one that cannot be built or captured is
-     recorded as unavailable with its reason, the bucket does not fail
+  5. the `aot` function (found in the namespace, or compiled ahead of time: by a child process
+     while this one compiles, where the process asked for one, see Session.build_ahead), then
+     on CUDA the variants captured whole in a CUDA graph of our own (`eager-graphed`; `graphed`,
+     the config's compile with CUDA graphs off, only where aot is not built: it is aot's twin),
+     each through the same gate; one that cannot be built or captured is recorded as unavailable
+     with its reason, the bucket does not fail
   6. interleaved latency of eager, compiled and every built variant -> eager_ms, compiled_ms,
      speedup, variants; the fastest correct variant is chosen to serve (orchestrator.jobs.variants)
      and written into the namespace as the bucket's serving plan
@@ -41,6 +43,7 @@ from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import Store, StoreError, open_store
 from orchestrator.jobs import aot
 from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds
 from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
 from orchestrator.jobs.gate import Gate, Outputs, snapshot
 from orchestrator.jobs.graphs import CaptureError, GraphedCall
@@ -63,6 +66,7 @@ from orchestrator.jobs.variants import (
     serving_candidates,
     settle,
     spread,
+    twin_built,
     write_plan,
 )
 
@@ -129,13 +133,30 @@ def run_warmup(
 ) -> WarmupRun:
     """Pull, compile, warm and benchmark every bucket of `spec`, then publish what compiled.
 
+    Every bucket's config compile comes first, then every bucket's serving variants, then every
+    benchmark: the aot builder (a child process) has the whole of this process's compiles to
+    build its functions in, and the benchmarks run on a machine where no compile, this
+    process's or the child's, takes cores from the calls they time.
+
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
     read or is not trusted (before anything touched the local cache)."""
     session = Session(
         spec, cache_root, fresh=fresh, rank=rank, remote=remote, progress=progress, profile_dir=profile_dir
     )
-    for bucket in spec.buckets:
-        session.warm(bucket, benchmark=benchmark)
+    try:
+        session.build_ahead(spec.buckets)
+        for bucket in spec.buckets:
+            session.compile(bucket, variants=False)
+        for bucket in spec.buckets:
+            session.build_variants(bucket)
+        session.close()
+        for bucket in spec.buckets:
+            if benchmark:
+                session.benchmark(bucket)
+            else:
+                session.finish(bucket)
+    finally:
+        session.close()
     if publish:
         session.publish()
     return session.run()
@@ -231,6 +252,23 @@ class Session:
         self._quarantined: list[str] = []
         # serving plans and aot functions this process wrote, relative to the namespace directory
         self.serving_files: list[str] = []
+        self.ahead: Optional[AheadBuilds] = None
+
+    def build_ahead(self, buckets: list[int]) -> None:
+        """Compile the aot functions of those `buckets` the namespace does not hold yet in a child
+        process, beside this one's compiles (jobs/aot_builds.py): for a process that compiles
+        (warmup, a compile unit), not one that loads what the compile wave published."""
+        missing = [b for b in buckets if _existing_function(self.local.path, b) is None]
+        if "aot" in self.candidates and missing and self.ahead is None:
+            twin = self.uncaptured is not None and self.uncaptured is not self.compiled
+            self.ahead = AheadBuilds(self.spec, missing, self.local.root, twin=twin)
+            self.event("aot builds started")
+
+    def close(self) -> None:
+        """Stop the aot builder, if it still runs (every bucket that wanted its function took it)."""
+        if self.ahead is not None:
+            self.ahead.close()
+            self.ahead = None
 
     def pull(self) -> Optional[sync.Transfer]:
         """Bring the local directory up to the store's newest generation (None: not published yet,
@@ -273,15 +311,34 @@ class Session:
 
     def warm(self, bucket: int, benchmark: bool = True) -> BucketResult:
         """Compile (or load) the bucket, record its CUDA graphs, check it and, if asked, benchmark it."""
+        self.compile(bucket)
+        if benchmark:
+            return self.benchmark(bucket)
+        return self.finish(bucket)
+
+    def compile(self, bucket: int, variants: bool = True) -> BucketResult:
+        """Compile (or load) the bucket, record its CUDA graphs, check them and, with `variants`,
+        build its serving variants: all but the benchmark, and the bucket is not finished yet."""
         work = self._bucket(bucket)
         self.reference(bucket)
         if work.result.status == "ok" and not work.compiled:
             self._guard(work, work.compile)
             if work.result.status == "ok":
                 self.event(f"{'loaded' if work.result.cache_state == 'hit' else 'compiled'} bucket {bucket}")
-        if benchmark:
-            return self.benchmark(bucket)
-        return self._finished(work)
+        if variants:
+            self.build_variants(bucket)
+        return work.result
+
+    def build_variants(self, bucket: int) -> BucketResult:
+        """The bucket's serving variants (aot, the graphed ones), once it compiled."""
+        work = self._bucket(bucket)
+        if work.result.status == "ok" and work.compiled and not work.variants_built:
+            self._guard(work, work.build_variants)
+        return work.result
+
+    def finish(self, bucket: int) -> BucketResult:
+        """The bucket is done without a benchmark."""
+        return self._finished(self._bucket(bucket))
 
     def benchmark(self, bucket: int) -> BucketResult:
         work = self._bucket(bucket)
@@ -484,6 +541,7 @@ class _BucketWork:
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
         self.compiled = False
+        self.variants_built = False
         # the serving variants built beside the compiled one (graphed, eager-graphed, aot), ready to call
         self.graphed: dict[str, Callable[..., Any]] = {}
         self.artifacts: dict[str, dict[str, Any]] = {}  # a variant's files: aot's function and its platform
@@ -562,11 +620,18 @@ class _BucketWork:
         if self.reference is None:
             raise RuntimeError("the eager reference call has not run")
         _check(result, self.gate, self.reference, {"first call": first, "replay": replay})
-        self.build_graphed_variants()
-        if "aot" in self.session.candidates:
-            self.build_aot()
         result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
         self.compiled = True
+        self.pause()
+
+    def build_variants(self) -> None:
+        """The serving variants beside the compiled one: aot first, as `graphed` is built only
+        where aot is not (variants.twin_built)."""
+        if "aot" in self.session.candidates:
+            self.build_aot()
+        self.build_graphed_variants()
+        self.result.peak_memory_bytes, self.result.peak_memory_kind = _peak_memory(self.device)
+        self.variants_built = True
         self.pause()
 
     def build_graphed_variants(self) -> None:
@@ -579,6 +644,10 @@ class _BucketWork:
         self.enter("graph variants")
         args, kwargs = self.inputs
         for name in graphed:
+            twin = twin_built(name, self.result.variants)
+            if twin is not None:
+                self.result.variants[name] = VariantMeasure(ok=False, reason=twin)
+                continue
             fn = self.model if name == "eager-graphed" else self.session.uncaptured
             directory = self.session.local.path
             before = set(sync.scan(directory))
@@ -608,8 +677,12 @@ class _BucketWork:
         directory = session.local.path
         started = time.perf_counter()
         try:
-            rel = _existing_function(directory, bucket)
-            if rel is None:
+            rel, compiled_s = _existing_function(directory, bucket), 0.0
+            if rel is None and session.ahead is not None and bucket in session.ahead.buckets:
+                rel, compiled_s = session.ahead.take(bucket, directory)
+                session.serving_files.append(rel)
+                started = time.perf_counter() - compiled_s  # its build: the child's compile, then the load here
+            elif rel is None:
                 options = self.spec.compile
                 compile_options = aot.compile_kwargs(options.mode, options.options, options.backend, self.device.type)
                 rel = aot.build(self.model, args, kwargs, directory, bucket, compile_options)
@@ -622,7 +695,8 @@ class _BucketWork:
             for label, outputs in (("first call", first), ("second call", replay)):
                 self.gate.compare(self.reference or [], outputs, call=f"aot {label}")
         except Exception as exc:  # unavailable: never a failed bucket
-            reason = str(exc) if isinstance(exc, (aot.Unexportable, CaptureError, OutputMismatch)) else brief(exc)
+            known = (aot.Unexportable, CaptureError, OutputMismatch, AheadBuildError)
+            reason = str(exc) if isinstance(exc, known) else brief(exc)
             self.result.variants["aot"] = VariantMeasure(ok=False, reason=reason)
             return
         self.graphed["aot"] = call

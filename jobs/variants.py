@@ -225,6 +225,25 @@ def serving_candidates(spec: WarmupSpec, device_type: str) -> tuple[list[Variant
     return [name for name in VARIANTS if name in wanted], unavailable
 
 
+# Variants that serve the same compiled code captured the same way: where the first is built, the
+# second cannot serve (equal speed, and ties go to the one a replica starts faster), so it is not
+# built. `aot` is the config's compile without Inductor's CUDA graphs, saved, in a CUDA graph of
+# our own: exactly `graphed`, without the Dynamo trace a replica pays to load `graphed`.
+TWINS: dict[str, str] = {"graphed": "aot"}
+
+
+def twin_built(name: str, built: Mapping[str, VariantMeasure]) -> Optional[str]:
+    """Why `name` is not built, where its twin is built and correct; else None."""
+    twin = TWINS.get(name)
+    measure = built.get(twin) if twin else None
+    if measure is None or not measure.ok:
+        return None
+    return (
+        f"not built: {twin} is the same compiled code captured the same way, and a replica starts it "
+        f"faster, so {name} cannot serve"
+    )
+
+
 def graphed_compile(mode: Optional[str], options: Mapping[str, Any]) -> tuple[Optional[str], dict[str, Any]]:
     """The config's compile with CUDA graphs off: the mode that does the same without them, and
     the options without `triton.cudagraphs`."""

@@ -142,10 +142,14 @@ class CompileWorker:
                 remote=self.job.remote,
                 earlier_events=(("worker up", self._up),),
             )
+            self._session.build_ahead([bucket])
             self._session.warm(bucket, benchmark=False)
+            self._session.close()
             self._session.publish()
             return answer(self._session.run(), self.job.locate())
         finally:
+            if self._session is not None:
+                self._session.close()
             shutil.rmtree(root, ignore_errors=True)
 
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,10 +24,12 @@ from orchestrator.cache.namespace import Platform
 from orchestrator.config import load_spec
 from orchestrator.jobs import aot
 from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds, remove_stale
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.variants import read_plans, write_plan
 
 MODELS = """
+import os, sys, time
 import torch
 
 class Deep(torch.nn.Module):
@@ -53,6 +56,13 @@ class Branchy(torch.nn.Module):
         return y - 1
 
 def deep():
+    if os.environ.get("MODEL_BUILDS"):  # which processes build the model
+        with open(os.environ["MODEL_BUILDS"], "a") as builds:
+            builds.write(f"{os.getpid()}\\n")
+    if "aot_builds" in sys.argv[0] and os.environ.get("AOT_BUILDER") == "fails":
+        raise RuntimeError("this model does not build in the aot builder")
+    if "aot_builds" in sys.argv[0] and os.environ.get("AOT_BUILDER") == "slow":
+        time.sleep(120)
     return Deep()
 
 def branchy():
@@ -126,7 +136,7 @@ def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles
         store,
         "--json",
         cache_dir=tmp_path / "warm",
-        env={"ORCHESTRATE_CACHE_SIGNING_KEY": KEY},
+        env={"ORCHESTRATE_CACHE_SIGNING_KEY": KEY, "MODEL_BUILDS": str(tmp_path / "builds")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = json.loads(proc.stdout)["results"]
@@ -134,6 +144,11 @@ def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles
     assert list(result["variants"]) == ["eager", "compiled", "aot"]
     built = result["variants"]["aot"]
     assert built["ok"] and built["ms"] > 0 and built["build_seconds"] > 0, built
+    # the function was compiled by a second process, beside the warmup's own compile, whose
+    # staging directory is gone with it
+    builders = (tmp_path / "builds").read_text().split()
+    assert len(builders) == 2 and len(set(builders)) == 2, builders
+    assert not list((tmp_path / "warm").glob(".aot-build-*"))
 
     public = tmp_path / "publisher.pub"  # the replica holds only the public half
     public.write_text(SigningKey.from_text(KEY.encode(), "test key").public.pem())
@@ -333,3 +348,69 @@ def test_a_function_whose_code_names_modules_and_builtins_loads_in_a_fresh_proce
     assert proc.returncode == 0, proc.stderr[-3000:]
     kind, error = proc.stdout.split()
     assert kind == "Out" and float(error) < 1e-5
+
+
+def test_the_aot_builder_reports_why_it_built_nothing_and_leaves_nothing_staged(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOT_BUILDER", "fails")
+    spec = load_spec(config(tmp_path, "deep"))
+    builds = AheadBuilds(spec, [4], tmp_path / "cache")
+    staging = builds.staging
+    try:
+        with pytest.raises(AheadBuildError, match="the aot build process exited with code 1"):
+            builds.take(4, tmp_path / "cache" / "ns")
+    finally:
+        builds.close()
+    assert not staging.exists()
+    assert not (tmp_path / "cache" / "ns").exists()
+
+
+def test_the_aot_builder_dies_with_the_process_that_started_it(tmp_path):
+    cfg = config(tmp_path, "deep")
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, pathlib\n"
+            "from orchestrator.config import load_spec\n"
+            "from orchestrator.jobs.aot_builds import AheadBuilds\n"
+            "builds = AheadBuilds(load_spec(sys.argv[1]), [4], pathlib.Path(sys.argv[2]))\n"
+            "print(builds._child.pid, flush=True)\n"
+            "time.sleep(300)\n",
+            str(cfg),
+            str(tmp_path / "cache"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "AOT_BUILDER": "slow", "MODEL_BUILDS": str(tmp_path / "builds")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and str(child) not in _read(tmp_path / "builds"):
+        time.sleep(0.2)  # until the child is inside the model's factory, torch imported
+    assert str(child) in _read(tmp_path / "builds")
+    parent.kill()  # no clean-up of its own: SIGKILL
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(child), "the aot builder outlived the process that started it"
+    # what it staged is removed by the next builder on that cache directory
+    (stale,) = (tmp_path / "cache").glob(".aot-build-*")
+    mine = tmp_path / "cache" / f".aot-build-{os.getpid()}-kept"
+    mine.mkdir()
+    remove_stale(tmp_path / "cache")
+    assert not stale.exists() and mine.exists()
+
+
+def _read(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing

@@ -22,6 +22,7 @@ from orchestrator.jobs.variants import (
     replays_into_buffers,
     serving_candidates,
     spread,
+    twin_built,
     write_plan,
 )
 
@@ -294,3 +295,14 @@ def test_the_published_choice_holds_unless_another_is_clearly_faster_now():
     failed = {**measured, "compiled": m(None, ok=False, reason="capture")}
     assert choose(failed, incumbent="compiled") == Choice("eager")
     assert choose(measured, incumbent="eager-graphed") == Choice("eager")  # not measured here: the rule decides
+
+
+def test_graphed_is_not_built_where_aot_its_twin_is_built_and_correct():
+    built = {"aot": VariantMeasure(ok=True, build_seconds=4.0)}
+    reason = twin_built("graphed", built)
+    assert reason is not None and reason.startswith("not built: aot is the same compiled code")
+    # aot unavailable or wrong: graphed is the one that captures the config's compile whole
+    assert twin_built("graphed", {"aot": VariantMeasure(ok=False, reason="graph break")}) is None
+    assert twin_built("graphed", {}) is None
+    # no other variant has a twin
+    assert all(twin_built(name, built) is None for name in ("eager", "compiled", "eager-graphed", "aot"))
