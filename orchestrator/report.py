@@ -417,7 +417,12 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
         for reason in r.cudagraph_skip_reasons:
             skipped.setdefault(reason, set()).add(r.bucket)
     for (name, reason), buckets in unavailable.items():
-        _line(console, f"variant {name} not served for bucket {_buckets(buckets)}: {reason}", "yellow")
+        # a variant left out by design (variants.twin_built) is no warning
+        style = None if reason.startswith("not built:") else "yellow"
+        _line(console, f"variant {name} not served for bucket {_buckets(buckets)}: {reason}", style)
+    built = _build_seconds(records)
+    if built:
+        _line(console, f"serving variants built in (all buckets{', all ranks' if fleet else ''}): {built}")
     for reason, buckets in skipped.items():
         _line(console, f"no CUDA graphs for bucket {_buckets(buckets)}: {reason}", "yellow")
     s = report["summary"]
@@ -728,6 +733,17 @@ def _order(r: BucketResult) -> tuple[int, int, int]:
 
 def _buckets(buckets: set[int]) -> str:
     return ", ".join(map(str, sorted(buckets)))
+
+
+def _build_seconds(records: list[BucketResult]) -> str:
+    """Each built variant's build seconds, summed: its compile (or the wait for its child process
+    and the load), capture and check."""
+    seconds: dict[str, float] = {}
+    for r in records:
+        for name, measure in r.variants.items():
+            if measure.ok and measure.build_seconds is not None:
+                seconds[name] = seconds.get(name, 0.0) + measure.build_seconds
+    return ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items())
 
 
 def _line(console: Console, text: str, style: Optional[str] = None) -> None:

@@ -398,3 +398,21 @@ def test_no_ray_store_lines_use_the_same_words():
     refused = replace(process_run(remote=True), pull=pulled, publish=None, publish_error="AccessDenied")
     text = rendered(build_report(spec(), refused, STARTED))
     assert facts(text, "publish error: AccessDenied") and "published" not in text
+
+
+def test_each_built_variants_build_seconds_are_summed_and_a_twin_left_out_is_no_warning():
+    def bucket(n: int) -> BucketResult:
+        record = measured(n, eager_ms=2.0, served="aot")
+        record.variants["aot"] = replace(record.variants["aot"], build_seconds=4.25)
+        record.variants["eager-graphed"] = replace(record.variants["eager-graphed"], build_seconds=0.5)
+        record.variants["graphed"] = VariantMeasure(ok=False, reason="not built: aot is the same compiled code")
+        return record
+
+    console = Console(width=80, record=True, file=io.StringIO(), force_terminal=True)
+    render_table(process_report([bucket(1), bucket(8)]), console)
+    text = prose(console.export_text(clear=False))
+    assert "serving variants built in (all buckets): eager-graphed 1.0 s, aot 8.5 s" in text
+    assert "variant graphed not served for bucket 1, 8: not built: aot is the same compiled code" in text
+    styled = console.export_text(styles=True)
+    twin_line = next(line for line in styled.splitlines() if "not built" in line)
+    assert "\x1b[33m" not in twin_line  # yellow is for what went wrong
