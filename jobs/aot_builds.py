@@ -188,7 +188,9 @@ def _twin(spec: WarmupSpec, model: Any) -> Any:
     options = spec.compile
     mode, graph_options = graphed_compile(options.mode, options.options)
     ti.allow_recompiles(len(spec.buckets))
-    return torch.compile(model, **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options))
+    return torch.compile(
+        model, **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options)
+    )
 
 
 def _fill_caches(twin: Any, args: Any, kwargs: Any) -> None:
