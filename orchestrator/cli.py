@@ -608,7 +608,10 @@ def serve(
         )
         if loading:
             state += f"; buckets {', '.join(loading)} switch to their plans as they load (GET /info)"
-        say(f"orchestrate: serving {spec.label} at {url} ({info['device']}; {variants}; {state}); Ctrl-C stops")
+        v2 = url.rsplit("/predict", 1)[0] + "/v2"  # the Open Inference Protocol, beside /predict
+        say(
+            f"orchestrate: serving {spec.label} at {url} and {v2} ({info['device']}; {variants}; {state}); Ctrl-C stops"
+        )
 
     try:
         # Ray's and Serve's own lines (a task retried while Serve shuts down, a replica's start)

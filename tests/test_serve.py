@@ -71,6 +71,7 @@ class Server:
             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
         self.url = ""
+        self.ready_line = ""
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_SECONDS
@@ -78,6 +79,7 @@ class Server:
             for line in self.log.read_text().splitlines():
                 if line.startswith(READY):
                     self.url = line[len(READY) :].split()[0]
+                    self.ready_line = line
                     return
             if self.process.poll() is not None:
                 pytest.fail(f"orchestrate serve exited {self.process.returncode}:\n{self.log.read_text()}")
@@ -157,6 +159,13 @@ def assert_answers(status: int, answer: dict, x: torch.Tensor, eager) -> None:
     expected = eager(x)
     assert outputs.shape == expected.shape
     torch.testing.assert_close(outputs, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_ready_line_names_both_protocols(server):
+    base = server.url.rsplit("/predict", 1)[0]
+    assert server.url == f"{base}/predict" and f" and {base}/v2 (" in server.ready_line, server.ready_line
+    with urllib.request.urlopen(f"{base}/v2/health/live", timeout=30) as response:
+        assert response.status == 200
 
 
 def test_the_server_reports_what_it_loaded(server):
