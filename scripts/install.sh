@@ -4,6 +4,7 @@
 #   scripts/install.sh --tests    # also the test extras, and the tests' system packages (tests/setup-system.sh)
 #   TORCH_VERSION=2.11.0 scripts/install.sh
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/install.sh   # CPU wheels from PyTorch's index
+#   INSTALL_WITH_PIP=1 scripts/install.sh   # pip for every package, not uv (which pip installs first)
 # CPU torch where no NVIDIA GPU answers, else the default CUDA build. torch goes in first and by
 # itself: a plain `torch` requirement resolved from PyPI on a machine with no GPU would pull a
 # multi-GB CUDA build nobody uses.
@@ -13,7 +14,7 @@ tests=
 for arg in "$@"; do
   case $arg in
     --tests) tests=1 ;;
-    -h | --help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown option '$arg'; use --tests to set up the test suite too" >&2; exit 2 ;;
   esac
 done
@@ -32,29 +33,75 @@ step "venv .venv ($("$python" --version 2>&1))"
 # pip talks on stdout; here everything it says is progress, so it goes to stderr with the rest
 pip() { .venv/bin/python -m pip install --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2) >&2; }
 
-if .venv/bin/python -c "import torch" 2>/dev/null; then
-  step "torch $(.venv/bin/python -c 'import torch; print(torch.__version__)') (already installed)"
-elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  step "torch ${TORCH_VERSION:-latest} (cuda): a multi-GB download"
-  pip --progress-bar on "torch${TORCH_VERSION:+==$TORCH_VERSION}"
+# uv installs the same packages from the same sources in seconds where pip takes minutes (it
+# downloads and unpacks in parallel); where it cannot be had (no index serves it), pip does it all
+uv=
+if [ -z "${INSTALL_WITH_PIP:-}" ] && .venv/bin/python -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 \
+  && [ -x .venv/bin/uv ]; then
+  uv=.venv/bin/uv
+  step "installer: uv $("$uv" --version 2>/dev/null | cut -d' ' -f2)"
 else
-  step "torch ${TORCH_VERSION:-2.13.0} (cpu)"
-  pip --progress-bar on "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  step "installer: pip"
 fi
-# an import hook for the one package `orchestrator` (setuptools' default editable mode), not the
-# checkout on sys.path: its other folders (cache/, jobs/, tests/) are no import names of ours
-step "package + extras: -e .${extras:+[$extras]}"
-# pip's own account, cut to one line per package it collects, per build step and when it installs:
-# the step takes tens of seconds, and the downloads' and builds' own output is noise here
+# pip's own settings (pip.conf and PIP_* variables: indexes, local wheels, pins, certificates) as
+# uv's variables, so that both installers see the same packages; a variable beats a file, as for pip
+uv_settings() {
+  local key value
+  while IFS='=' read -r key value; do
+    value=${value#\'}; value=${value%\'}
+    case ${key##*.} in
+      index-url) echo "UV_DEFAULT_INDEX=$value" ;;
+      extra-index-url) echo "UV_EXTRA_INDEX_URL=$value" ;;
+      find-links) echo "UV_FIND_LINKS=${value// /,}" ;;
+      constraint) echo "UV_CONSTRAINT=$value" ;;
+      cert) echo "SSL_CERT_FILE=$value" ;;
+    esac
+  done < <(
+    settings=$(.venv/bin/python -m pip config list 2>/dev/null)
+    for scope in global user site :env:; do grep "^$scope\." <<<"$settings" || true; done
+  )
+  echo "UV_INDEX_STRATEGY=unsafe-best-match"  # pip's choice: the best version across every index
+}
+# install PACKAGES...: with uv where it is here, else pip with its progress bar
+install() {
+  if [ -n "$uv" ]; then
+    local settings
+    mapfile -t settings < <(uv_settings)
+    env "${settings[@]}" "$uv" pip install --python .venv/bin/python "$@" 2>&1 | narrate
+  else
+    pip --progress-bar on "$@"
+  fi
+}
+# what uv and pip say while they install, cut to one line per package pip collects, per build step
+# and per stage of uv's: the download and build noise is dropped
 narrate() {
   while IFS= read -r line; do
     case $line in
       "Collecting "*) line=${line#Collecting }; echo "install:   collecting ${line%% (*}" ;;
       *": started") line=${line#"${line%%[! ]*}"}; echo "install:   ${line%: started}" ;;  # a build step
       "Installing collected packages: "*) echo "install:   installing what was collected" ;;
+      "Resolved "* | "Prepared "* | "Installed "* | "Audited "*) echo "install:   ${line,}" ;;  # uv's stages
+      "error:"* | "  × "* | "  ╰─▶ "* | "      "*) echo "$line" ;;  # why uv failed
     esac
   done >&2
 }
-.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off numpy -e ".${extras:+[$extras]}" \
-  2> >(grep -v "is ignored: it is neither" >&2) | narrate
+
+if .venv/bin/python -c "import torch" 2>/dev/null; then
+  step "torch $(.venv/bin/python -c 'import torch; print(torch.__version__)') (already installed)"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  step "torch ${TORCH_VERSION:-latest} (cuda): a multi-GB download"
+  install "torch${TORCH_VERSION:+==$TORCH_VERSION}"
+else
+  step "torch ${TORCH_VERSION:-2.13.0} (cpu)"
+  install "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+fi
+# an import hook for the one package `orchestrator` (setuptools' default editable mode), not the
+# checkout on sys.path: its other folders (cache/, jobs/, tests/) are no import names of ours
+step "package + extras: -e .${extras:+[$extras]}"
+if [ -n "$uv" ]; then
+  install numpy -e ".${extras:+[$extras]}"
+else
+  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off numpy -e ".${extras:+[$extras]}" \
+    2> >(grep -v "is ignored: it is neither" >&2) | narrate
+fi
 step "done: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), .venv/bin/orchestrate"

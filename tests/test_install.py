@@ -1,7 +1,8 @@
 """scripts/install.sh, run for real against a throwaway copy of the scripts, with recording
-stand-ins for the two programs it must not run here: `apt-get` (root-only, slow) and the venv's
-Python (a reinstall of torch). The main job's set-up never touches apt; `--tests` installs the
-test-only Debian packages with their services kept from starting; every step says so on stderr."""
+stand-ins for the programs it must not run here: `apt-get` (root-only, slow), the venv's Python
+(a reinstall of torch) and uv. The main job's set-up never touches apt; it installs with uv, given
+pip's own sources and pins, or with pip where uv cannot be had; `--tests` installs the test-only
+Debian packages with their services kept from starting; every step says so on stderr."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_PACKAGES = ["iproute2", "procps", "prometheus", "prometheus-pushgateway", "chromium", "chromium-driver"]
 # what the scripts call besides the stand-ins; a test PATH holds these alone, so that none of the
 # test packages' commands (ip, pgrep, prometheus, chromium, ...) nor nvidia-smi is found
-TOOLS = ["bash", "sh", "dirname", "sed", "grep", "rm", "chmod", "cat", "env", "tail", "touch"]
+TOOLS = ["bash", "sh", "dirname", "sed", "grep", "rm", "chmod", "cat", "env", "tail", "touch", "cut"]
 
 APT_GET = """#!/bin/sh
 # records each call, and whether policy-rc.d forbade services meanwhile
@@ -28,13 +29,28 @@ ID = """#!/bin/sh
 echo 0
 """
 PYTHON = """#!/bin/sh
-# the venv's python: records pip calls; `import torch` works once pip installed it
+# the venv's python: records pip calls; `import torch` works once pip (or uv) installed it; pip
+# installs uv unless NO_UV is set; `pip config list` says PIP_CONFIG
 echo "python $*" >> "$RECORD"
+here=$(dirname "$0")
 case "$*" in
-  *"-m pip install"*torch==*) touch "$(dirname "$0")/torch-installed" ;;
+  *"-m pip install"*torch==*) touch "$here/torch-installed" ;;
+  *"-m pip install"*" uv")
+    [ -z "$NO_UV" ] || exit 1
+    printf '%s\\n' '#!/bin/sh' "$UV" > "$here/uv"; chmod +x "$here/uv" ;;
+  *"-m pip config list") [ -z "$PIP_CONFIG" ] || printf '%s\\n' "$PIP_CONFIG" ;;
   "--version") echo "Python 3.11.0" ;;
-  "-c import torch") [ -e "$(dirname "$0")/torch-installed" ] || exit 1 ;;
+  "-c import torch") [ -e "$here/torch-installed" ] || exit 1 ;;
   *"print("*) echo "torch 2.13.0" ;;
+esac
+"""
+UV = """
+# uv: records each call with the settings it was given, and says what uv says
+echo "uv $* | $UV_DEFAULT_INDEX | $UV_EXTRA_INDEX_URL | $UV_FIND_LINKS | $UV_CONSTRAINT | $UV_INDEX_STRATEGY" >> "$RECORD"
+case "$*" in
+  --version) echo "uv 0.13.9" ;;
+  *torch==*) touch "$(dirname "$0")/torch-installed"; echo "Resolved 10 packages in 436ms" >&2; echo " + torch==2.13.0" >&2 ;;
+  *) echo "Resolved 91 packages in 1.62s" >&2; echo "Installed 81 packages in 219ms" >&2 ;;
 esac
 """
 
@@ -62,7 +78,7 @@ def checkout(tmp_path: Path) -> Path:
     return repo
 
 
-def install(repo: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def install(repo: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
     record = repo.parent / "record"
     env = {
         "PATH": str(repo.parent / "bin"),
@@ -70,6 +86,8 @@ def install(repo: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[s
         "POLICY_RC_D": str(repo.parent / "policy-rc.d"),
         "PYTHON": str(repo / ".venv" / "bin" / "python"),
         "HOME": str(repo.parent),
+        "UV": UV,
+        **(env or {}),
     }
     proc = subprocess.run(
         [str(repo / "scripts" / "install.sh"), *args], env=env, capture_output=True, text=True, timeout=60
@@ -82,17 +100,53 @@ def test_the_main_jobs_install_never_calls_apt_and_says_each_step(checkout):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     assert not [call for call in calls if call.startswith("apt-get")]
-    pips = [call for call in calls if "-m pip install" in call]
+    uvs = [call.split(" | ")[0] for call in calls if call.startswith("uv pip install")]
+    assert len(uvs) == 2 and uvs[0].endswith("torch==2.13.0")
+    assert uvs[1].endswith("numpy -e .[serve]")  # the runtime dependencies and Ray Serve, no test extras
+    assert all("--python .venv/bin/python" in call for call in uvs)
+    # the steps, without the installers' own lines under them ("install:   ...")
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("install: ") and line[9] != " "]
+    assert [step.split(" ")[1] for step in steps] == ["venv", "installer:", "torch", "package", "done:"]
+    assert "install: installer: uv 0.13.9" in steps and "install: torch 2.13.0 (cpu)" in steps
+    # uv's own account: a line per stage, none per package
+    assert "install:   resolved 10 packages in 436ms" in proc.stderr.splitlines()
+    assert "torch==2.13.0" not in proc.stderr.replace("torch 2.13.0", "")
+
+
+def test_uv_is_given_pips_own_sources_and_pins_a_variable_beating_a_file(checkout):
+    pip_config = "\n".join(
+        [
+            ":env:.find-links='/opt/wheels /srv/more'",
+            "global.constraint='/etc/xdg/pip/constraints.txt'",
+            "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'",
+            "global.find-links='/ignored/by/the/variable'",
+            "global.index-url='https://mirror.example/simple'",
+        ]
+    )
+    proc, calls = install(checkout, env={"PIP_CONFIG": pip_config})
+    assert proc.returncode == 0, proc.stderr
+    (torch_call,) = [call for call in calls if call.startswith("uv pip install") and "torch==" in call]
+    default, extra, links, constraint, strategy = torch_call.split(" | ")[1:]
+    assert default == "https://mirror.example/simple"
+    assert extra == "file:///opt/pypi/simple file:///opt/pypi-more/simple"
+    assert links == "/opt/wheels,/srv/more"  # PIP_FIND_LINKS, not the file's; comma-separated for uv
+    assert constraint == "/etc/xdg/pip/constraints.txt"
+    assert strategy == "unsafe-best-match"  # as pip: the best version across every index
+
+
+def test_where_uv_cannot_be_had_pip_installs_everything(checkout):
+    proc, calls = install(checkout, env={"NO_UV": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert not [call for call in calls if call.startswith("uv ")]
+    pips = [call for call in calls if "-m pip install" in call and not call.endswith(" uv")]
     assert len(pips) == 2 and "torch==2.13.0" in pips[0]
-    assert pips[1].endswith("numpy -e .[serve]")  # the runtime dependencies and Ray Serve, no test extras
-    steps = [line for line in proc.stderr.splitlines() if line.startswith("install: ")]
-    assert [step.split(" ")[1] for step in steps] == ["venv", "torch", "package", "done:"]
-    assert "install: torch 2.13.0 (cpu)" in steps
+    assert pips[1].endswith("numpy -e .[serve]")
+    assert "install: installer: pip" in proc.stderr.splitlines()
 
 
 def test_pips_account_of_the_package_step_is_one_line_per_package_and_build_step():
-    """What pip prints while it installs the package, through the install's own filter: the
-    packages it collects and its build steps, none of its download or build noise."""
+    """What pip and uv print while they install the package, through the install's own filter:
+    the packages pip collects, its build steps and uv's stages, none of the download or build noise."""
     script = (ROOT / "scripts" / "install.sh").read_text()
     narrate = script[script.index("narrate() {") : script.index("\n}\n", script.index("narrate() {")) + 3]
     pip_says = (
@@ -104,6 +158,11 @@ def test_pips_account_of_the_package_step_is_one_line_per_package_and_build_step
         "Requirement already satisfied: numpy in ./.venv/lib/python3.11/site-packages (2.3.4)\n"
         "Installing collected packages: ray, torch-warmup-orchestrator\n"
         "Successfully installed ray-2.60.0 torch-warmup-orchestrator-0.1.0\n"
+        # uv's
+        "Resolved 91 packages in 1.62s\n"
+        "Prepared 1 package in 1.65s\n"
+        " + ray==2.60.0\n"
+        "Installed 81 packages in 219ms\n"
     )
     proc = subprocess.run(
         ["bash", "-c", f"{narrate}\nnarrate"], input=pip_says, capture_output=True, text=True, timeout=30
@@ -113,6 +172,9 @@ def test_pips_account_of_the_package_step_is_one_line_per_package_and_build_step
         "install:   collecting ray[default]>=2.40",
         "install:   Installing build dependencies",
         "install:   installing what was collected",
+        "install:   resolved 91 packages in 1.62s",
+        "install:   prepared 1 package in 1.65s",
+        "install:   installed 81 packages in 219ms",
     ]
 
 
@@ -126,7 +188,9 @@ def test_tests_install_the_system_packages_with_services_kept_from_starting(chec
     assert all(call.endswith("policy: exit 101") for call in apt)  # services were forbidden meanwhile
     assert not policy.exists()  # and allowed again afterwards
     assert "install: system packages for tests: " + " ".join(TEST_PACKAGES) + " (apt-get)" in proc.stderr
-    assert [call for call in calls if "-m pip install" in call][-1].endswith("numpy -e .[serve,dev]")
+    assert [call.split(" | ")[0] for call in calls if call.startswith("uv pip install")][-1].endswith(
+        "numpy -e .[serve,dev]"
+    )
 
 
 def test_an_existing_policy_is_left_as_it_was(checkout):
