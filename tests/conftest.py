@@ -14,6 +14,27 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests talk to loopback only: never let boto3 look for credentials on the instance-metadata address.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
+# With pytest-xdist (pyproject's addopts), each module's tests run on one worker, so that its
+# module-scoped fixtures (a real warmup, a cluster) run once. These modules share a worker, one
+# after another: they start `ray start --head` clusters (whose dashboard and client ports are
+# fixed), network namespaces of fixed names, or use this session's profiled warmups.
+ONE_WORKER = {
+    "test_html_report",
+    "test_job_env",
+    "test_profile",
+    "test_quiet",
+    "test_ray_classes",
+    "test_ray_cluster",
+    "test_ray_gpus",
+    "test_submit",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("one-worker" if module in ONE_WORKER else module))
+
 
 def orchestrate(
     *args: str, cache_dir: Path | None = None, timeout: int = 900, env: dict[str, str] | None = None
