@@ -120,6 +120,7 @@ class CompileWorker:
     def __init__(self, job: FleetJob) -> None:
         self.job = job
         self._up = time.time()  # the cluster's part of this process's start is over; torch is not imported yet
+        self._session: Optional[Session] = None
         threads_as_a_plain_process()
 
     def compile(self, bucket: int, compile_threads: int, fresh: bool) -> WorkerAnswer:
