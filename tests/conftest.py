@@ -30,10 +30,18 @@ ONE_WORKER = {
 }
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.path.stem
-        item.add_marker(pytest.mark.xdist_group("one-worker" if module in ONE_WORKER else module))
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown where it is not installed
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """A module is a unit of work; the ONE_WORKER modules are one unit together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "one-worker" if Path(module).stem in ONE_WORKER else module
+
+    return ModuleScheduling(config, log)
 
 
 def orchestrate(
