@@ -14,35 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests talk to loopback only: never let boto3 look for credentials on the instance-metadata address.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
-# With pytest-xdist (pyproject's addopts), each module's tests run on one worker, so that its
-# module-scoped fixtures (a real warmup, a cluster) run once. These modules share a worker, one
-# after another: they start `ray start --head` clusters (whose dashboard and client ports are
-# fixed), network namespaces of fixed names, or use this session's profiled warmups.
-ONE_WORKER = {
-    "test_html_report",
-    "test_job_env",
-    "test_profile",
-    "test_quiet",
-    "test_ray_classes",
-    "test_ray_cluster",
-    "test_ray_gpus",
-    "test_submit",
-}
-
-
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown where it is not installed
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModuleScheduling(LoadScopeScheduling):
-        """A module is a unit of work; the ONE_WORKER modules are one unit together."""
-
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "one-worker" if Path(module).stem in ONE_WORKER else module
-
-    return ModuleScheduling(config, log)
-
 
 def orchestrate(
     *args: str, cache_dir: Path | None = None, timeout: int = 900, env: dict[str, str] | None = None
