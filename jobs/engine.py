@@ -133,10 +133,7 @@ def run_warmup(
 ) -> WarmupRun:
     """Pull, compile, warm and benchmark every bucket of `spec`, then publish what compiled.
 
-    Every bucket's config compile comes first, then every bucket's serving variants, then every
-    benchmark: the aot builder (a child process) has the whole of this process's compiles to
-    build its functions in, and the benchmarks run on a machine where no compile, this
-    process's or the child's, takes cores from the calls they time.
+    A child process compiles the buckets' aot functions meanwhile (Session.build_ahead).
 
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
     read or is not trusted (before anything touched the local cache)."""
@@ -146,15 +143,7 @@ def run_warmup(
     try:
         session.build_ahead(spec.buckets)
         for bucket in spec.buckets:
-            session.compile(bucket, variants=False)
-        for bucket in spec.buckets:
-            session.build_variants(bucket)
-        session.close()
-        for bucket in spec.buckets:
-            if benchmark:
-                session.benchmark(bucket)
-            else:
-                session.finish(bucket)
+            session.warm(bucket, benchmark=benchmark)
     finally:
         session.close()
     if publish:
