@@ -300,34 +300,15 @@ class Session:
 
     def warm(self, bucket: int, benchmark: bool = True) -> BucketResult:
         """Compile (or load) the bucket, record its CUDA graphs, check it and, if asked, benchmark it."""
-        self.compile(bucket)
-        if benchmark:
-            return self.benchmark(bucket)
-        return self.finish(bucket)
-
-    def compile(self, bucket: int, variants: bool = True) -> BucketResult:
-        """Compile (or load) the bucket, record its CUDA graphs, check them and, with `variants`,
-        build its serving variants: all but the benchmark, and the bucket is not finished yet."""
         work = self._bucket(bucket)
         self.reference(bucket)
         if work.result.status == "ok" and not work.compiled:
             self._guard(work, work.compile)
             if work.result.status == "ok":
                 self.event(f"{'loaded' if work.result.cache_state == 'hit' else 'compiled'} bucket {bucket}")
-        if variants:
-            self.build_variants(bucket)
-        return work.result
-
-    def build_variants(self, bucket: int) -> BucketResult:
-        """The bucket's serving variants (aot, the graphed ones), once it compiled."""
-        work = self._bucket(bucket)
-        if work.result.status == "ok" and work.compiled and not work.variants_built:
-            self._guard(work, work.build_variants)
-        return work.result
-
-    def finish(self, bucket: int) -> BucketResult:
-        """The bucket is done without a benchmark."""
-        return self._finished(self._bucket(bucket))
+        if benchmark:
+            return self.benchmark(bucket)
+        return self._finished(work)
 
     def benchmark(self, bucket: int) -> BucketResult:
         work = self._bucket(bucket)
@@ -530,7 +511,6 @@ class _BucketWork:
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
         self.compiled = False
-        self.variants_built = False
         # the serving variants built beside the compiled one (graphed, eager-graphed, aot), ready to call
         self.graphed: dict[str, Callable[..., Any]] = {}
         self.artifacts: dict[str, dict[str, Any]] = {}  # a variant's files: aot's function and its platform
@@ -609,18 +589,11 @@ class _BucketWork:
         if self.reference is None:
             raise RuntimeError("the eager reference call has not run")
         _check(result, self.gate, self.reference, {"first call": first, "replay": replay})
-        result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
-        self.compiled = True
-        self.pause()
-
-    def build_variants(self) -> None:
-        """The serving variants beside the compiled one: aot first, as `graphed` is built only
-        where aot is not (variants.twin_built)."""
-        if "aot" in self.session.candidates:
+        if "aot" in self.session.candidates:  # first: `graphed` is built only where aot is not (twin_built)
             self.build_aot()
         self.build_graphed_variants()
-        self.result.peak_memory_bytes, self.result.peak_memory_kind = _peak_memory(self.device)
-        self.variants_built = True
+        result.peak_memory_bytes, result.peak_memory_kind = _peak_memory(self.device)
+        self.compiled = True
         self.pause()
 
     def build_graphed_variants(self) -> None:
@@ -666,7 +639,7 @@ class _BucketWork:
         directory = session.local.path
         started = time.perf_counter()
         try:
-            rel, compiled_s = _existing_function(directory, bucket), 0.0
+            rel = _existing_function(directory, bucket)
             if rel is None and session.ahead is not None and bucket in session.ahead.buckets:
                 rel, compiled_s = session.ahead.take(bucket, directory)
                 session.serving_files.append(rel)
