@@ -1,5 +1,5 @@
-"""The `aot` functions of a process's buckets, compiled ahead of time in a child process while the
-process itself compiles the config's variant.
+"""The `aot` functions of a process's buckets, each compiled ahead of time in a fresh child process
+of its own while the process itself compiles the config's variant.
 
 On torch 2.11 to 2.13 an aot function cannot reuse the config's compile: it is compiled without
 Inductor's CUDA graphs, and `triton.cudagraphs` is part of Inductor's cache key
@@ -8,14 +8,19 @@ lowering are single-threaded Python, so a second compile in a second process cos
 little more than its own start while cores are free, and it shares the Triton kernels both
 compiles generate through the on-disk caches.
 
-The child builds the model from the spec (the function is bound to whatever module a process hands
-it at load, so its own random weights do not matter), compiles each bucket in order and saves its
-function into a staging directory of its own beside the namespace. The parent takes each bucket's
-file when it reaches that bucket, moving it into the namespace: the namespace changes only inside
-the parent's own steps, so what a failed step quarantines is always its own. Closing kills the
-child if it still runs and removes the staging directory.
+A process per bucket, because one process's second ahead-of-time compile of a Hugging Face model
+fails where a fresh process's succeeds (torch 2.11: "ID_MATCH guard cannot be serialized" for
+every bucket after the first); the buckets' builds then also run side by side where the host has
+the cores and the GPU the memory for more than one model (`allow`).
 
-    python -m orchestrator.jobs.aot_builds STAGING PARENT_PID   (spec and buckets pickled on stdin)
+Each child builds the model from the spec (the function is bound to whatever module a process
+hands it at load, so its own random weights do not matter), compiles its bucket and saves the
+function into the staging directory beside the namespace. The parent takes each bucket's file when
+it reaches that bucket, moving it into the namespace: the namespace changes only inside the
+parent's own steps, so what a failed step quarantines is always its own. Closing kills the
+children still running and removes the staging directory.
+
+    python -m orchestrator.jobs.aot_builds STAGING PARENT_PID   (spec, bucket, twin pickled on stdin)
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +46,8 @@ from orchestrator.jobs.spec import WarmupSpec
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/: the child imports it from here
 STAGING_PREFIX = ".aot-build-"  # + the parent's pid: a directory whose parent is gone is stale
 NAMESPACE = "ns"  # the staging directory's stand-in for the namespace directory
+CORES_PER_BUILD = 4
+BUILD_OVERHEAD_BYTES = 2 << 30  # a child's CUDA context and compile beside its model's weights
 
 
 class AheadBuildError(RuntimeError):
@@ -48,7 +56,7 @@ class AheadBuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Built:
-    """One bucket's function, as the child reported it: the file relative to the namespace
+    """One bucket's function, as its child reported it: the file relative to the namespace
     directory, and its compile's seconds; or the reason there is none."""
 
     bucket: int
@@ -58,50 +66,88 @@ class Built:
 
 
 class AheadBuilds:
-    """A child process compiling the aot functions of `buckets`, in that order. With `twin`, where
-    a bucket has no function the child compiles the `graphed` variant's compile there before it
-    says so: the parent builds `graphed` in aot's place (variants.twin_built), and then finds it in
-    the on-disk caches."""
+    """The aot functions of `buckets`, each compiled by a child process of its own, started in
+    that order with at most `processes` running at once. With `twin`, where a bucket has no
+    function its child compiles the `graphed` variant's compile there before it says so: the parent
+    builds `graphed` in aot's place (variants.twin_built), and then finds it in the on-disk
+    caches."""
 
-    def __init__(self, spec: WarmupSpec, buckets: Sequence[int], root: Path, *, twin: bool = False) -> None:
+    def __init__(
+        self, spec: WarmupSpec, buckets: Sequence[int], root: Path, *, twin: bool = False, processes: int = 1
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         remove_stale(root)
         self.buckets = list(buckets)
         self.staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=root))
+        self._spec, self._twin = spec, twin
+        self._waiting = deque(self.buckets)
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._readers: list[threading.Thread] = []
         self._built: dict[int, Built] = {}
-        self._ended: Optional[str] = None  # why no more buckets will come
+        self._processes = max(1, processes)
+        self._closed = False
         self._changed = threading.Condition()
+        with self._changed:
+            self._start_waiting()
+
+    @property
+    def processes(self) -> int:
+        """How many children may run at once."""
+        return self._processes
+
+    def running(self) -> list[int]:
+        """The pids of the children running now."""
+        with self._changed:
+            return [child.pid for child in self._children.values()]
+
+    def allow(self, processes: int) -> None:
+        """Let up to `processes` children run at once from now on (never fewer than before)."""
+        with self._changed:
+            self._processes = max(self._processes, processes)
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start the next waiting buckets' children while there is room. Holds the lock."""
+        while self._waiting and not self._closed and len(self._children) < self._processes:
+            self._start(self._waiting.popleft())
+
+    def _start(self, bucket: int) -> None:
         path = [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
         # stderr is the parent's: torch's and the compilers' output lands in the same run log
-        self._child = subprocess.Popen(
+        child = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.jobs.aot_builds", str(self.staging), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
         )
-        assert self._child.stdin is not None
+        assert child.stdin is not None
         try:
-            self._child.stdin.write(pickle.dumps((spec, self.buckets, twin)))
-            self._child.stdin.close()
-        except OSError:  # the child died at once: its exit is read below, as any other
+            child.stdin.write(pickle.dumps((self._spec, bucket, self._twin)))
+            child.stdin.close()
+        except OSError:  # the child died at once: its exit is read by its reader, as any other
             pass
-        self._reader = threading.Thread(target=self._read, name="aot-builds", daemon=True)
-        self._reader.start()
+        self._children[bucket] = child
+        reader = threading.Thread(target=self._read, args=(bucket, child), name=f"aot-build-{bucket}", daemon=True)
+        self._readers.append(reader)
+        reader.start()
 
-    def _read(self) -> None:
-        assert self._child.stdout is not None
-        for line in self._child.stdout:
+    def _read(self, bucket: int, child: subprocess.Popen[bytes]) -> None:
+        assert child.stdout is not None
+        built: Optional[Built] = None
+        for line in child.stdout:
             try:
                 built = Built(**json.loads(line))
             except (ValueError, TypeError):
                 continue
-            with self._changed:
-                self._built[built.bucket] = built
-                self._changed.notify_all()
-        code = self._child.wait()
+        code = child.wait()
+        if built is None or built.bucket != bucket:
+            why = f"the aot build process exited with code {code} (its output is in the run log)"
+            built = Built(bucket=bucket, error=why)
         with self._changed:
-            self._ended = f"the aot build process exited with code {code} (its output is in the run log)"
+            self._built[bucket] = built
+            self._children.pop(bucket, None)
+            self._start_waiting()
             self._changed.notify_all()
 
     def take(self, bucket: int, directory: Path) -> tuple[str, float]:
@@ -109,10 +155,10 @@ class AheadBuilds:
         relative to it and the seconds its compile took. Raises AheadBuildError with the child's
         reason where it has none."""
         with self._changed:
-            self._changed.wait_for(lambda: bucket in self._built or self._ended is not None)
+            self._changed.wait_for(lambda: bucket in self._built or self._closed)
             built = self._built.get(bucket)
         if built is None:
-            raise AheadBuildError(self._ended or "the aot build process did not build this bucket")
+            raise AheadBuildError("the aot builds were stopped before this bucket's was done")
         if built.error is not None or built.path is None:
             raise AheadBuildError(built.error or "the aot build process named no file")
         target = directory / built.path
@@ -121,12 +167,34 @@ class AheadBuilds:
         return built.path, built.seconds
 
     def close(self) -> None:
-        """Stop the child if it still runs and remove what it staged."""
-        if self._child.poll() is None:
-            self._child.kill()
-        self._child.wait()
-        self._reader.join(timeout=5)
+        """Stop the children still running and remove what they staged."""
+        with self._changed:
+            self._closed = True
+            self._waiting.clear()
+            running = list(self._children.values())
+            self._changed.notify_all()
+        for child in running:
+            if child.poll() is None:
+                child.kill()
+        for reader in self._readers:
+            reader.join(timeout=5)
         shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def processes_for(model: Any, device: Any, buckets: int) -> int:
+    """How many builds may run at once beside this process's own compile. Each keeps a core busy
+    with Python and bursts onto more for its Triton or C++ kernel builds: one per four cores leaves
+    the parent's compile and those bursts room. On a GPU each holds a copy of the model's weights,
+    its CUDA context and its compile's working memory: all of them together within half of what is
+    free once the parent's model is built."""
+    import torch
+
+    allowed = min(buckets, max(1, len(os.sched_getaffinity(0)) // CORES_PER_BUILD))
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        allowed = min(allowed, max(1, (free // 2) // (weights + BUILD_OVERHEAD_BYTES)))
+    return allowed
 
 
 def remove_stale(root: Path) -> None:
@@ -151,10 +219,10 @@ def main(staging: Path, parent: int) -> int:
     # the parent stops this process (Ctrl-C included); one killed outright takes it along
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    # results go to the pipe the parent reads; anything torch or a compiler prints goes to stderr
+    # the result goes to the pipe the parent reads; anything torch or a compiler prints to stderr
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    spec, buckets, with_twin = pickle.load(sys.stdin.buffer)
+    spec, bucket, with_twin = pickle.load(sys.stdin.buffer)
 
     from orchestrator.jobs import aot
     from orchestrator.jobs.model import build_model, make_inputs, resolve_device
@@ -163,18 +231,16 @@ def main(staging: Path, parent: int) -> int:
     model = build_model(spec, device)
     options = spec.compile
     compile_options = aot.compile_kwargs(options.mode, options.options, options.backend, device.type)
-    twin = _twin(spec, model) if with_twin else None
-    for bucket in buckets:
-        started = time.perf_counter()
-        args, kwargs = make_inputs(spec, bucket, device)
-        try:
-            rel = aot.build(model, args, kwargs, staging / NAMESPACE, bucket, compile_options)
-            line = {"bucket": bucket, "path": rel, "seconds": time.perf_counter() - started}
-        except aot.Unexportable as exc:
-            line = {"bucket": bucket, "error": str(exc)}
-            if twin is not None:
-                _fill_caches(twin, args, kwargs)
-        results.write(json.dumps(line) + "\n")
+    started = time.perf_counter()
+    args, kwargs = make_inputs(spec, bucket, device)
+    try:
+        rel = aot.build(model, args, kwargs, staging / NAMESPACE, bucket, compile_options)
+        line = {"bucket": bucket, "path": rel, "seconds": time.perf_counter() - started}
+    except aot.Unexportable as exc:
+        line = {"bucket": bucket, "error": str(exc)}
+        if with_twin:
+            _fill_caches(_twin(spec, model), args, kwargs)
+    results.write(json.dumps(line) + "\n")
     return 0
 
 
@@ -187,7 +253,6 @@ def _twin(spec: WarmupSpec, model: Any) -> Any:
 
     options = spec.compile
     mode, graph_options = graphed_compile(options.mode, options.options)
-    ti.allow_recompiles(len(spec.buckets))
     return torch.compile(
         model, **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options)
     )

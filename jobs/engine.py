@@ -10,7 +10,7 @@ Per bucket, in this order, each timed on its own:
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
   4. compiled outputs (first call and a replay) against eager's, through orchestrator.jobs.gate
   5. the `aot` function (found in the namespace, or compiled ahead of time: by a child process
-     while this one compiles, where the process asked for one, see Session.build_ahead), then
+     while this one compiles, where the process asked for them: Session's build_ahead), then
      on CUDA the variants captured whole in a CUDA graph of our own (`eager-graphed`; `graphed`,
      the config's compile with CUDA graphs off, only where aot is not built: it is aot's twin),
      each through the same gate; one that cannot be built or captured is recorded as unavailable
@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
@@ -43,7 +43,7 @@ from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import Store, StoreError, open_store
 from orchestrator.jobs import aot
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds
+from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds, processes_for
 from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
 from orchestrator.jobs.gate import Gate, Outputs, snapshot
 from orchestrator.jobs.graphs import CaptureError, GraphedCall
@@ -133,15 +133,21 @@ def run_warmup(
 ) -> WarmupRun:
     """Pull, compile, warm and benchmark every bucket of `spec`, then publish what compiled.
 
-    A child process compiles the buckets' aot functions meanwhile (Session.build_ahead).
+    Child processes compile the buckets' aot functions meanwhile (Session's build_ahead).
 
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
     read or is not trusted (before anything touched the local cache)."""
     session = Session(
-        spec, cache_root, fresh=fresh, rank=rank, remote=remote, progress=progress, profile_dir=profile_dir
+        spec,
+        cache_root,
+        fresh=fresh,
+        rank=rank,
+        remote=remote,
+        progress=progress,
+        profile_dir=profile_dir,
+        build_ahead=spec.buckets,
     )
     try:
-        session.build_ahead(spec.buckets)
         for bucket in spec.buckets:
             session.warm(bucket, benchmark=benchmark)
     finally:
@@ -169,7 +175,11 @@ class Session:
         earlier_events: tuple[tuple[str, float], ...] = (),
         profile_dir: Optional[Path] = None,
         profile_prefix: Optional[str] = None,
+        build_ahead: Sequence[int] = (),
     ) -> None:
+        """build_ahead: buckets whose aot functions child processes compile beside this one's
+        compiles (jobs/aot_builds.py), started before the model is built here: for a process that
+        compiles (warmup, a compile unit), not one that loads what the compile wave published."""
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
         # `warmup --profile DIR`: each benchmarked bucket's variants profiled into DIR, trace
         # files named `<profile_prefix>-b<bucket>-<variant>.json.gz` (jobs/profiling.py)
@@ -182,6 +192,7 @@ class Session:
         self.platform = ti.current_platform(self.device)
         self.event("device ready")
         self.local = LocalCache(cache_root, namespace(spec.label, self.platform, spec.identity_hash()))
+        self.ahead: Optional[AheadBuilds] = None
         try:
             if fresh:
                 self.local.wipe()
@@ -189,12 +200,15 @@ class Session:
         except OSError as exc:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
         try:
-            self._set_up(spec, remote, fresh, trace_ahead)
+            self._set_up(spec, remote, fresh, trace_ahead, build_ahead)
         except BaseException:
+            self.close()
             self.local.remove_if_empty()  # a model that does not build leaves no empty namespace behind
             raise
 
-    def _set_up(self, spec: WarmupSpec, remote: Optional[Remote], fresh: bool, trace_ahead: bool) -> None:
+    def _set_up(
+        self, spec: WarmupSpec, remote: Optional[Remote], fresh: bool, trace_ahead: bool, build_ahead: Sequence[int]
+    ) -> None:
         self.store: Optional[Store] = open_store(remote.url) if remote else None
         self.key: Optional[SigningKey] = SigningKey.from_env(remote.key_file) if remote else None
         # a publisher trusts its own key: a worker pulls what it, or one like it, published
@@ -208,10 +222,18 @@ class Session:
         self.fresh = fresh
         if remote and not fresh:  # --fresh means a cold compile: the store must not warm us
             self.pull()
-        self.model = build_model(spec, self.device)
-        self.event("model built")
         options = spec.compile
         self.candidates, self.unavailable = serving_candidates(spec, self.device.type)
+        # `graphed` runs the config's compile with CUDA graphs off: the same compiled function
+        # where the config's mode has none, else a second compile (its own Dynamo cache entries)
+        uncaptured = graphed_compile(options.mode, options.options)
+        second = "graphed" in self.candidates and uncaptured != (options.mode, options.options)
+        # the children build their own models: started first, they build them beside this one
+        self._build_ahead(build_ahead, twin=second)
+        self.model = build_model(spec, self.device)
+        self.event("model built")
+        if self.ahead is not None:
+            self.ahead.allow(processes_for(self.model, self.device, len(self.ahead.buckets)))
         # the report's variants: eager and compiled always (the warmup's own comparison), then
         # the graphed candidates, then those asked for that cannot run here
         self.measured = [
@@ -222,39 +244,32 @@ class Session:
             ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend, options.options),
             trace_ahead=trace_ahead,
         )
-        # `graphed` runs the config's compile with CUDA graphs off: the same compiled function
-        # where the config's mode has none, else a second one (its own Dynamo cache entries)
         self.uncaptured: Any = None
-        if "graphed" in self.candidates:
-            mode, graph_options = graphed_compile(options.mode, options.options)
-            if (mode, graph_options) == (options.mode, options.options):
-                self.uncaptured = self.compiled
-            else:
-                self.uncaptured = torch.compile(
-                    self.model,
-                    **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options),
-                )
-        second = self.uncaptured is not None and self.uncaptured is not self.compiled
+        if second:
+            mode, graph_options = uncaptured
+            self.uncaptured = torch.compile(
+                self.model,
+                **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options),
+            )
+        elif "graphed" in self.candidates:
+            self.uncaptured = self.compiled
         ti.allow_recompiles(len(spec.buckets) * (2 if second else 1))
         self.setup_seconds = time.perf_counter() - self.started
         self._work: dict[int, _BucketWork] = {}
         self._quarantined: list[str] = []
         # serving plans and aot functions this process wrote, relative to the namespace directory
         self.serving_files: list[str] = []
-        self.ahead: Optional[AheadBuilds] = None
 
-    def build_ahead(self, buckets: list[int]) -> None:
-        """Compile the aot functions of those `buckets` the namespace does not hold yet in a child
-        process, beside this one's compiles (jobs/aot_builds.py): for a process that compiles
-        (warmup, a compile unit), not one that loads what the compile wave published."""
+    def _build_ahead(self, buckets: Sequence[int], *, twin: bool) -> None:
+        """Start compiling the aot functions of those `buckets` the namespace does not hold yet.
+        twin: where one cannot be built, its child compiles `graphed`'s compile for the parent."""
         missing = [b for b in buckets if _existing_function(self.local.path, b) is None]
-        if "aot" in self.candidates and missing and self.ahead is None:
-            twin = self.uncaptured is not None and self.uncaptured is not self.compiled
+        if "aot" in self.candidates and missing:
             self.ahead = AheadBuilds(self.spec, missing, self.local.root, twin=twin)
             self.event("aot builds started")
 
     def close(self) -> None:
-        """Stop the aot builder, if it still runs (every bucket that wanted its function took it)."""
+        """Stop the aot builds still running (every bucket that wanted its function took it)."""
         if self.ahead is not None:
             self.ahead.close()
             self.ahead = None

@@ -142,8 +142,8 @@ class CompileWorker:
                 fresh=fresh,
                 remote=self.job.remote,
                 earlier_events=(("worker up", self._up),),
+                build_ahead=[bucket],
             )
-            self._session.build_ahead([bucket])
             self._session.warm(bucket, benchmark=False)
             self._session.close()
             self._session.publish()

@@ -364,6 +364,36 @@ def test_the_aot_builder_reports_why_it_built_nothing_and_leaves_nothing_staged(
     assert not (tmp_path / "cache" / "ns").exists()
 
 
+def test_each_bucket_is_built_by_a_fresh_process_and_as_many_at_once_as_allowed(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODEL_BUILDS", str(tmp_path / "builds"))
+    monkeypatch.setenv("AOT_BUILDER", "fails")
+    spec = load_spec(config(tmp_path, "deep"))
+    builds = AheadBuilds(spec, [2, 4], tmp_path / "cache")
+    try:
+        for bucket in (2, 4):  # one at a time: the second starts once the first has ended
+            with pytest.raises(AheadBuildError, match="exited with code 1"):
+                builds.take(bucket, tmp_path / "cache" / "ns")
+    finally:
+        builds.close()
+    assert len(set(_read(tmp_path / "builds"))) == 2, "each bucket's build runs in a process of its own"
+
+    monkeypatch.setenv("AOT_BUILDER", "slow")
+    builds = AheadBuilds(spec, [1, 2, 4], tmp_path / "cache")
+    try:
+        assert len(builds.running()) == 1
+        builds.allow(2)  # the parent's model is built: room for one more
+        running = builds.running()
+        assert len(running) == 2
+    finally:
+        builds.close()
+    with pytest.raises(AheadBuildError, match="stopped before"):
+        builds.take(4, tmp_path / "cache" / "ns")
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in running) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(pid) for pid in running) and not builds.staging.exists()
+
+
 def test_the_aot_builder_dies_with_the_process_that_started_it(tmp_path):
     cfg = config(tmp_path, "deep")
     parent = subprocess.Popen(
@@ -374,7 +404,7 @@ def test_the_aot_builder_dies_with_the_process_that_started_it(tmp_path):
             "from orchestrator.config import load_spec\n"
             "from orchestrator.jobs.aot_builds import AheadBuilds\n"
             "builds = AheadBuilds(load_spec(sys.argv[1]), [4], pathlib.Path(sys.argv[2]))\n"
-            "print(builds._child.pid, flush=True)\n"
+            "print(*builds.running(), flush=True)\n"
             "time.sleep(300)\n",
             str(cfg),
             str(tmp_path / "cache"),
