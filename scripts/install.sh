@@ -67,7 +67,10 @@ install() {
   if [ -n "$uv" ]; then
     local settings
     mapfile -t settings < <(uv_settings)
-    env "${settings[@]}" "$uv" pip install --python .venv/bin/python "$@" 2>&1 | narrate
+    # bytecode compiled at install, as pip does: without it every process compiles what it imports
+    # again wherever .pyc files are not written (PYTHONDONTWRITEBYTECODE, a read-only image), which
+    # is seconds per process for torch alone
+    env "${settings[@]}" "$uv" pip install --python .venv/bin/python --compile-bytecode "$@" 2>&1 | narrate
   else
     pip --progress-bar on "$@"
   fi
@@ -80,7 +83,8 @@ narrate() {
       "Collecting "*) line=${line#Collecting }; echo "install:   collecting ${line%% (*}" ;;
       *": started") line=${line#"${line%%[! ]*}"}; echo "install:   ${line%: started}" ;;  # a build step
       "Installing collected packages: "*) echo "install:   installing what was collected" ;;
-      "Resolved "* | "Prepared "* | "Installed "* | "Audited "*) echo "install:   ${line,}" ;;  # uv's stages
+      # uv's stages
+      "Resolved "* | "Prepared "* | "Installed "* | "Audited "* | "Bytecode compiled "*) echo "install:   ${line,}" ;;
       "error:"* | "  × "* | "  ╰─▶ "* | "      "*) echo "$line" ;;  # why uv failed
     esac
   done >&2

@@ -13,6 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Tests talk to loopback only: never let boto3 look for credentials on the instance-metadata address.
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+# Inductor's CPU backend otherwise compiles and loads two probe programs into every fresh cache
+# directory to learn which vector instructions work (about 5 s of a 2-core machine): every process
+# that compiles or loads a test's model in a cache of its own would pay it. The CPU's own flags
+# decide the same instructions; it is set here, for the whole session, so that every process of a
+# test (CLI runs, Ray workers, replicas) and every plain-torch process beside them agree on it.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 
 def orchestrate(

@@ -104,6 +104,8 @@ def test_the_main_jobs_install_never_calls_apt_and_says_each_step(checkout):
     assert len(uvs) == 2 and uvs[0].endswith("torch==2.13.0")
     assert uvs[1].endswith("numpy -e .[serve]")  # the runtime dependencies and Ray Serve, no test extras
     assert all("--python .venv/bin/python" in call for call in uvs)
+    # bytecode compiled at install, as pip does: else every process compiles torch's sources again
+    assert all("--compile-bytecode" in call for call in uvs)
     # the steps, without the installers' own lines under them ("install:   ...")
     steps = [line for line in proc.stderr.splitlines() if line.startswith("install: ") and line[9] != " "]
     assert [step.split(" ")[1] for step in steps] == ["venv", "installer:", "torch", "package", "done:"]
@@ -163,6 +165,7 @@ def test_pips_account_of_the_package_step_is_one_line_per_package_and_build_step
         "Prepared 1 package in 1.65s\n"
         " + ray==2.60.0\n"
         "Installed 81 packages in 219ms\n"
+        "Bytecode compiled 24571 files in 41.2s\n"
     )
     proc = subprocess.run(
         ["bash", "-c", f"{narrate}\nnarrate"], input=pip_says, capture_output=True, text=True, timeout=30
@@ -175,6 +178,7 @@ def test_pips_account_of_the_package_step_is_one_line_per_package_and_build_step
         "install:   resolved 91 packages in 1.62s",
         "install:   prepared 1 package in 1.65s",
         "install:   installed 81 packages in 219ms",
+        "install:   bytecode compiled 24571 files in 41.2s",
     ]
 
 
