@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from s3fixtures import *  # noqa: F401,F403  moto_server, fault_proxy
+from served import eager, server  # noqa: F401  one served examples/mlp.yaml for the whole session
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,6 +20,13 @@ os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 # decide the same instructions; it is set here, for the whole session, so that every process of a
 # test (CLI runs, Ray workers, replicas) and every plain-torch process beside them agree on it.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# Inductor's compile workers: a pool of processes, each importing torch, started by every process
+# that compiles (about 7 s of a 2-core machine each), for models whose few kernels compile faster
+# in the process itself. The product's own choice of pools is tested in test_plan.py.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# examples/mlp.yaml, 2 layers deep: for tests that warm "mlp" for real but check nothing its depth
+# changes (the README's main job itself runs examples/mlp.yaml in test_ray_local.py)
+MLP = "tests/configs/mlp.yaml"
 
 
 def orchestrate(
@@ -64,7 +72,7 @@ def root() -> Path:
 
 @dataclass
 class ProfiledRun:
-    """One real warmup of examples/mlp.yaml on the CPU with `--profile`, which several test modules
+    """One real warmup of "mlp" (tests/configs/mlp.yaml) on the CPU with `--profile`, which several test modules
     read (the profile, the page, the screen): compiling it once per session keeps CI short."""
 
     run: subprocess.CompletedProcess
@@ -82,7 +90,7 @@ def profiled_warmup(tmp_path_factory) -> ProfiledRun:
     run = orchestrate(
         "warmup",
         "--no-ray",
-        *("--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu"),
+        *("--model", MLP, "--buckets", "1,2", "--device", "cpu"),
         *("--profile", str(traces), "--report", str(report), "--html", str(page)),
         cache_dir=where / "cache",
     )
@@ -97,10 +105,25 @@ def profiled_ray_warmup(tmp_path_factory) -> ProfiledRun:
     traces = where / "prof"
     run = orchestrate(
         "warmup",
-        *("--model", "examples/mlp.yaml", "--buckets", "1", "--device", "cpu", "--json"),
+        *("--model", MLP, "--buckets", "1", "--device", "cpu", "--json"),
         *("--profile", str(traces)),
         cache_dir=where / "cache",
         env={"RAY_USAGE_STATS_ENABLED": "0"},
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return ProfiledRun(run, json.loads(run.stdout), traces, where / "cache")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that ask the session's shared server run together, where the last of them was,
+    and the one that stops it (`stops_server`) right after them: no other module's Ray teardown
+    (`ray stop --force` stops every Ray instance on the machine) falls while it serves, and its
+    Ray instance stops as soon as no test needs it."""
+    stopping = [item for item in items if item.get_closest_marker("stops_server")]
+    users = [item for item in items if item not in stopping and "server" in getattr(item, "fixturenames", ())]
+    if not users:
+        return
+    last = items.index(users[-1])
+    rest = [item for item in items if item not in stopping and item not in users]
+    at = sum(1 for item in items[:last] if item in rest)
+    items[:] = [*rest[:at], *users, *stopping, *rest[at:]]

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, orchestrate
+from conftest import MLP, ROOT, orchestrate
 
 from orchestrator.cache.namespace import is_namespace
 from orchestrator.progress import RunLog
@@ -137,7 +137,7 @@ def test_a_ray_warmup_then_an_in_process_one_share_the_cache(profiled_ray_warmup
     """On Ray, stdout is the report alone and Ray's token-authentication banner and log lines are
     off the screen, in the file the run names; then `--no-ray` on the same cache root hits only."""
     cache, on_ray, report = profiled_ray_warmup.cache, profiled_ray_warmup.run, profiled_ray_warmup.report
-    common = ("--model", "examples/mlp.yaml", "--buckets", "1", "--device", "cpu", "--json")
+    common = ("--model", MLP, "--buckets", "1", "--device", "cpu", "--json")
     env = {"RAY_USAGE_STATS_ENABLED": "0"}
     assert report["executor"]["kind"] == "ray"
     assert "Token authentication" not in on_ray.stderr

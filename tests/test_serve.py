@@ -1,19 +1,12 @@
 """`orchestrate serve` for real: examples/mlp.yaml warmed on buckets 1 and 8, served by a subprocess
-on its own local Ray instance, asked over HTTP; every answer is checked against the model run
-eagerly on the same input."""
+on its own local Ray instance (tests/served.py), asked over HTTP; every answer is checked against
+the model run eagerly on the same input."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,143 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, orchestrate
-
-from orchestrator.config import load_spec
-from orchestrator.jobs.model import build_model
+from served import POD_USER, assert_answers, post, predict
 
 pytestmark = pytest.mark.slow
-
-CONFIG = "examples/mlp.yaml"
-READY = "orchestrate: serving mlp at "
-RESTRICTED_POD = ROOT / "tests" / "tools" / "restricted-pod"
-POD_USER = 1000  # orchestrator.k8s.RUN_AS
-START_SECONDS = 240  # Ray, Serve and a replica that loads both buckets from the cache
-STOP_SECONDS = 60
-
-
-class Server:
-    """The `orchestrate serve` subprocess: its own session, so that its Ray processes are its
-    group and can be ended with it, never anyone else's."""
-
-    def __init__(
-        self, cache: Path, log: Path, *, as_a_restricted_pod: bool = False, sigint_ignored: bool = False
-    ) -> None:
-        with socket.socket() as probe, socket.socket() as metrics:  # free ports, not Serve's default
-            probe.bind(("127.0.0.1", 0))
-            metrics.bind(("127.0.0.1", 0))
-            self.port, self.metrics_port = probe.getsockname()[1], metrics.getsockname()[1]
-        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-        env.pop("ORCHESTRATE_CACHE_DIR", None)
-        env.pop("RAY_ADDRESS", None)  # its own instance, whatever this shell points at
-        self.log, self.stdout = log, log.with_name(f"{log.name}.stdout")
-        self._stderr, self._stdout = log.open("w"), self.stdout.open("w")
-        command = [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8"]
-        command += ["--device", "cpu", "--cache-dir", str(cache), "--port", str(self.port)]
-        # planned: Serve routes nothing to the replica before every bucket is on warmup's choice
-        command += ["--metrics-port", str(self.metrics_port), "--ready", "planned"]
-        if as_a_restricted_pod:  # as the rendered serving container runs it
-            command = [str(RESTRICTED_POD), *command, "--require-warm"]
-        self.as_a_restricted_pod = as_a_restricted_pod
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=self._stdout,
-            stderr=self._stderr,
-            start_new_session=True,
-            # what `orchestrate serve &` in a script gives it: a shell starts background jobs so
-            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
-        )
-        self.url = ""
-        self.ready_line = ""
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            for line in self.log.read_text().splitlines():
-                if line.startswith(READY):
-                    self.url = line[len(READY) :].split()[0]
-                    self.ready_line = line
-                    return
-            if self.process.poll() is not None:
-                pytest.fail(f"orchestrate serve exited {self.process.returncode}:\n{self.log.read_text()}")
-            time.sleep(0.5)
-        pytest.fail(f"orchestrate serve not ready after {START_SECONDS} s:\n{self.log.read_text()}")
-
-    def stop(self, how: signal.Signals = signal.SIGTERM) -> int:
-        """SIGTERM, as a supervisor stops it, or `how`; the whole group is killed if it does not
-        stop in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(how)
-            try:
-                self.process.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._stderr.close()
-        self._stdout.close()
-        return self.process.returncode
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """Served as the rendered pod serves, where this machine can make one (tests/tools/restricted-pod:
-    uid 1000, no capabilities, read-only root): the cache lies outside pytest's root-only temporary
-    folder and belongs to the pod's user, as fsGroup makes a volume the pod's."""
-    restricted = subprocess.run([str(RESTRICTED_POD), "true"], capture_output=True).returncode == 0
-    base = Path(tempfile.mkdtemp(prefix="orchestrate-serve-"))
-    base.chmod(0o755)
-    cache = base / "cache"
-    try:
-        warm = orchestrate(
-            "warmup", "--no-ray", "--model", CONFIG, "--buckets", "1,8", "--device", "cpu", cache_dir=cache
-        )
-        assert warm.returncode == 0, warm.stderr
-        if restricted:
-            subprocess.run(["chown", "-R", f"{POD_USER}:{POD_USER}", str(cache)], check=True)
-        log = tmp_path_factory.mktemp("serve-log") / "serve.err"
-        running = Server(cache, log, as_a_restricted_pod=restricted, sigint_ignored=True)
-        try:
-            running.wait_ready()
-            yield running
-        finally:
-            running.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def eager():
-    model = build_model(load_spec(ROOT / CONFIG), torch.device("cpu"))
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return model(x)
-
-    return run
-
-
-def post(url: str, body: bytes | str) -> tuple[int, dict]:
-    data = body.encode() if isinstance(body, str) else body
-    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
-def predict(server: Server, x: torch.Tensor) -> tuple[int, dict]:
-    return post(server.url, json.dumps({"inputs": [x.tolist()]}))
-
-
-def assert_answers(status: int, answer: dict, x: torch.Tensor, eager) -> None:
-    assert status == 200, answer
-    outputs = torch.tensor(answer["outputs"])
-    expected = eager(x)
-    assert outputs.shape == expected.shape
-    torch.testing.assert_close(outputs, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_the_ready_line_names_both_protocols(server):
@@ -335,6 +194,7 @@ def test_the_replica_serves_its_metrics(server, eager):
     assert all(rows[b] + padded[b] == calls[b] * int(b) for b in calls)
 
 
+@pytest.mark.stops_server
 def test_sigint_stops_a_server_started_in_the_background_cleanly(server):
     """Started as a script's `orchestrate serve &` starts it, with SIGINT ignored: `kill -INT`
     (what a script's Ctrl-C sends its jobs) still stops it as Ctrl-C does."""

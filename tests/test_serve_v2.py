@@ -17,7 +17,6 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 import torch
-from test_serve import eager, server  # noqa: F401  the served examples/mlp.yaml, shared with test_serve
 from test_serve_fuzz import mutations
 
 from orchestrator.jobs.spec import WarmupSpec
@@ -619,7 +618,7 @@ def test_tritonclient_gets_every_output_in_binary_when_it_names_none(triton, cli
 @pytest.mark.slow
 def test_concurrent_v2_and_predict_requests_are_each_answered_right(triton, server, eager):
     """Sent together, so that they share batches: tritonclient's async requests and /predict's."""
-    from test_serve import assert_answers, predict
+    from served import assert_answers, predict
 
     generator = torch.Generator().manual_seed(17)
     v2_inputs = [torch.randn(size, ROWS, generator=generator) for size in (1, 4, 7, 2, 9, 3)]

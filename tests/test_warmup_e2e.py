@@ -1,10 +1,10 @@
-"""A real `orchestrate warmup` of examples/mlp.yaml on the CPU: cold, warm, then --fresh."""
+"""A real `orchestrate warmup` of "mlp" (tests/configs/mlp.yaml) on the CPU: cold, warm, then --fresh."""
 
 import json
 
 import jsonschema
 import pytest
-from conftest import assert_measured, orchestrate
+from conftest import MLP, assert_measured, orchestrate
 
 from orchestrator.schemas import report_schema
 
@@ -36,7 +36,7 @@ def warmup(cache_dir, *extra):
         "warmup",
         "--no-ray",
         "--model",
-        "examples/mlp.yaml",
+        MLP,
         "--buckets",
         "1,2",
         "--device",
