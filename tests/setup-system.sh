@@ -4,6 +4,7 @@
 #   procps                          tests find worker processes with pgrep
 #   prometheus, prometheus-pushgateway   the metrics tests run a real Prometheus and Pushgateway on loopback
 #   chromium, chromium-driver       the HTML report's browser test
+#   curl                            the README's request, run as written
 # Installed where we may (root with apt-get); elsewhere the missing ones are named, and the tests
 # that need them say so when they run.
 set -euo pipefail
@@ -18,6 +19,7 @@ need prometheus prometheus
 need prometheus-pushgateway prometheus-pushgateway
 need chromium chromium
 need chromedriver chromium-driver
+need curl curl
 if [ ${#missing[@]} -eq 0 ]; then
   step "system packages for tests: all there"
   exit 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_PACKAGES = ["iproute2", "procps", "prometheus", "prometheus-pushgateway", "chromium", "chromium-driver"]
+TEST_PACKAGES = ["iproute2", "procps", "prometheus", "prometheus-pushgateway", "chromium", "chromium-driver", "curl"]
 # what the scripts call besides the stand-ins; a test PATH holds these alone, so that none of the
 # test packages' commands (ip, pgrep, prometheus, chromium, ...) nor nvidia-smi is found
 TOOLS = ["bash", "sh", "dirname", "sed", "grep", "rm", "chmod", "cat", "env", "tail", "touch", "cut"]

@@ -72,18 +72,24 @@ class ApiServer:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
 
+def kubeconfig(server: str) -> str:
+    """A kubeconfig whose one context is the API server at `server`, with a bearer token."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": server}}],
+            "users": [{"name": "u", "user": {"token": TOKEN}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        }
+    )
+
+
 @pytest.fixture
 def api(tmp_path):
     server = ApiServer()
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server.url}}],
-        "users": [{"name": "u", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    (tmp_path / "kubeconfig").write_text(kubeconfig(server.url))
     server.env = {"KUBECONFIG": str(tmp_path / "kubeconfig")}
     yield server
     server.httpd.shutdown()

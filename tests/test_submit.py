@@ -187,3 +187,28 @@ def test_no_secret_reaches_rays_job_records(ray_head, tmp_path):
 
 def secrets_hex() -> str:
     return secrets.token_hex(8)
+
+
+def test_the_readmes_cluster_commands_run_as_written(ray_head, tmp_path):
+    """README's "On a Ray cluster or Kubernetes", taken from the Markdown (test_docs_examples.py):
+    submitted to this Ray head's Jobs API, rendered, and applied to a recording API server."""
+    from test_docs_examples import block, shell
+    from test_k8s_apply import ApiServer, kubeconfig
+
+    image = "example.com/orchestrate:1"
+    cfg = config(tmp_path, "models.py:tiny")
+    cfg.rename(tmp_path / "cfg.yaml")
+    api = ApiServer()
+    try:
+        (tmp_path / "kubeconfig").write_text(kubeconfig(api.url))
+        commands = block("README.md", "orchestrate render k8s").text
+        script = commands.replace("IMAGE:TAG", image).replace("http://head:8265", ray_head["address"])
+        ran = shell(script, {**ray_head["env"], "KUBECONFIG": str(tmp_path / "kubeconfig")}, tmp_path)
+        assert ran.returncode == 0, ran.stderr[-4000:]
+    finally:
+        api.httpd.shutdown()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["summary"]["buckets_ok"] == 2 and report["summary"]["buckets_failed"] == 0
+    rendered = (tmp_path / "model.yaml").read_text()
+    assert image in rendered and "s3://bucket/compile-cache" in rendered and "NVIDIA-H200" in rendered  # a label value
+    assert {"RayJob", "Deployment"} <= {request["body"]["kind"] for request in api.requests}
