@@ -4,7 +4,7 @@ import json
 import shutil
 
 import pytest
-from conftest import MLP, orchestrate
+from conftest import orchestrate
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def fleet(tmp_path_factory):
         "warmup",
         "--no-ray",
         "--model",
-        MLP,
+        "examples/mlp.yaml",
         "--buckets",
         "1,2",
         "--device",
@@ -65,7 +65,7 @@ def test_init_container_pull_then_server_starts_warm(fleet):
     pulled = orchestrate(
         "pull",
         "--model",
-        MLP,
+        "examples/mlp.yaml",
         "--device",
         "cpu",
         "--to",
@@ -82,7 +82,7 @@ def test_init_container_pull_then_server_starts_warm(fleet):
         "warmup",
         "--no-ray",
         "--model",
-        MLP,
+        "examples/mlp.yaml",
         "--buckets",
         "1,2",
         "--device",
@@ -98,7 +98,7 @@ def test_pull_refuses_without_the_key(fleet, tmp_path):
     proc = orchestrate(
         "pull",
         "--model",
-        MLP,
+        "examples/mlp.yaml",
         "--device",
         "cpu",
         "--to",
@@ -143,7 +143,7 @@ def test_unreachable_store_fails_fast_with_one_line(tmp_path):
     proc = orchestrate(
         "pull",
         "--model",
-        MLP,
+        "examples/mlp.yaml",
         "--device",
         "cpu",
         "--to",
@@ -180,7 +180,7 @@ def test_a_damaged_store_is_refused_with_exit_4_and_repaired(fleet, tmp_path):
         shard.write_bytes(shard.read_bytes()[:-1] + b"!")
         return f"v1/objects/{shard.name[:2]}/{shard.name}"
 
-    warm = ["warmup", "--no-ray", "--model", MLP, "--buckets", "1,2", "--device", "cpu"]
+    warm = ["warmup", "--no-ray", "--model", "examples/mlp.yaml", "--buckets", "1,2", "--device", "cpu"]
     damaged = damage()
     refused = orchestrate(*warm, "--remote", remote, cache_dir=tmp_path / "node-c", env=SIGNED)
     assert refused.returncode == 4, refused.stderr
