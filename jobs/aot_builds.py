@@ -90,11 +90,6 @@ class AheadBuilds:
         with self._changed:
             self._start_waiting()
 
-    @property
-    def processes(self) -> int:
-        """How many children may run at once."""
-        return self._processes
-
     def running(self) -> list[int]:
         """The pids of the children running now."""
         with self._changed:
