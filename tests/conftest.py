@@ -1,12 +1,15 @@
+import contextlib
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ray_heads import HEADS
 from s3fixtures import *  # noqa: F401,F403  moto_server, fault_proxy
 from served import eager, server  # noqa: F401  one served examples/mlp.yaml for the whole session
 
@@ -65,6 +68,16 @@ def assert_measured(record: dict, *, benchmarked: bool = True) -> None:
         assert speedup == pytest.approx(eager / compiled), record
 
 
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports: every socket stays bound until all are chosen, so the kernel cannot
+    hand the same port out twice (one released at once can come straight back)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT
@@ -114,11 +127,21 @@ def profiled_ray_warmup(tmp_path_factory) -> ProfiledRun:
     return ProfiledRun(run, json.loads(run.stdout), traces, where / "cache")
 
 
+# The session's expensive fixtures: every module that asks for one of them runs in the same
+# pytest-xdist worker, so that each is made once.
+SHARED_FIXTURES = ("server", "profiled_warmup", "profiled_ray_warmup")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    serve_in_one_stretch(items)
+    group_for_workers(items)
+
+
+def serve_in_one_stretch(items: list[pytest.Item]) -> None:
     """The tests that ask the session's shared server run together, where the last of them was,
-    and the one that stops it (`stops_server`) right after them: no other module's Ray teardown
-    (`ray stop --force` stops every Ray instance on the machine) falls while it serves, and its
-    Ray instance stops as soon as no test needs it."""
+    and the one that stops it (`stops_server`) right after them: its Ray instance stops as soon
+    as no test needs it."""
     stopping = [item for item in items if item.get_closest_marker("stops_server")]
     users = [item for item in items if item not in stopping and "server" in getattr(item, "fixturenames", ())]
     if not users:
@@ -127,3 +150,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rest = [item for item in items if item not in stopping and item not in users]
     at = sum(1 for item in items[:last] if item in rest)
     items[:] = [*rest[:at], *users, *stopping, *rest[at:]]
+
+
+def group_for_workers(items: list[pytest.Item]) -> None:
+    """The unit `-n 2 --dist loadgroup` (pyproject.toml) hands a worker: a whole module, so that
+    its module fixtures are made once; modules that share a session fixture (SHARED_FIXTURES) join
+    one group; a module that names its own group (`xdist_group`, as the Ray heads do) keeps it.
+    The groups that compile (`slow`) go first, the heads' group before them, so that the quick
+    modules fill the end and both workers finish together."""
+    module_of = {item: item.nodeid.split("::", 1)[0] for item in items}
+    named = {module_of[item]: mark.args[0] for item in items if (mark := item.get_closest_marker("xdist_group"))}
+    group = {module: Path(module).stem for module in module_of.values()}
+    for fixture in SHARED_FIXTURES:
+        sharing = {module_of[item] for item in items if fixture in getattr(item, "fixturenames", ())} - set(named)
+        joined = {group[module] for module in sharing}
+        name = "+".join(sorted(joined))
+        for module, current in group.items():
+            if current in joined:
+                group[module] = name
+    group.update(named)
+    slow = {group[module_of[item]] for item in items if item.get_closest_marker("slow")}
+    for item in items:
+        if module_of[item] not in named:
+            item.add_marker(pytest.mark.xdist_group(group[module_of[item]]))
+
+    def rank(item: pytest.Item) -> int:
+        name = group[module_of[item]]
+        return 0 if name == HEADS else 1 if name in slow else 2
+
+    items.sort(key=rank)  # stable: the order within a group stays

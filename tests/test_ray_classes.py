@@ -9,9 +9,10 @@ import textwrap
 
 import pytest
 from conftest import assert_measured
+from ray_heads import HEADS
 from test_ray_cluster import netns_cluster, warmup
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEADS)]
 
 PORT = 6392
 A10G_IP, H200_IP = "10.201.0.2", "10.201.0.3"

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, assert_measured, orchestrate
+from ray_heads import HEADS, cluster_pids, stop_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEADS)]
 
 NETNS_HOSTS = ROOT / "tests" / "tools" / "netns-hosts"  # vendored: see tests/tools/README.md
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -117,7 +118,7 @@ def netns_cluster(port: int, workers: list[tuple[str, dict[str, str]]]):
             )
         yield {**env, "address": f"{HEAD_IP}:{port}"}
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=full_env, capture_output=True, timeout=120)
+        stop_cluster(f"{HEAD_IP}:{port}")
         subprocess.run(["bash", str(NETNS_HOSTS), "down"], capture_output=True)
 
 
@@ -134,15 +135,17 @@ def warmup(cluster: dict, cfg: Path, cache: Path, *extra: str) -> subprocess.Com
     )
 
 
-def _pids(pattern: str) -> set[int]:
-    return {int(pid) for pid in subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()}
+def _pids(pattern: str, cluster: dict) -> set[int]:
+    """The cluster's processes matching `pattern`: a test beside this one may run its own."""
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    return {int(pid) for pid in found} & cluster_pids(cluster["address"])
 
 
-def _kill_one(pattern: str, driver: subprocess.Popen, earlier: set[int], settle: float) -> int | None:
+def _kill_one(pattern: str, cluster: dict, driver: subprocess.Popen, earlier: set[int], settle: float) -> int | None:
     """SIGKILL one process of this job matching `pattern`, `settle` seconds after it appeared."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and driver.poll() is None:
-        for pid in sorted(_pids(pattern) - earlier):
+        for pid in sorted(_pids(pattern, cluster) - earlier):
             time.sleep(settle)
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -219,9 +222,9 @@ def test_a_rank_killed_mid_job_is_restarted_and_finishes(cluster, tmp_path):
         "--cache-dir",
         str(tmp_path / "cache"),
     ]
-    earlier = _pids("ray::RankWorker")  # a previous job's ranks may still be dying
+    earlier = _pids("ray::RankWorker", cluster)  # a previous job's ranks may still be dying
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = _kill_one("ray::RankWorker", driver, earlier, settle=2.0)  # into its set-up or its first load
+    killed = _kill_one("ray::RankWorker", cluster, driver, earlier, settle=2.0)  # into its set-up or its first load
     out, err = driver.communicate(timeout=600)
     assert killed is not None, "never saw a rank running"
     assert driver.returncode == 0, err
@@ -247,9 +250,9 @@ def test_a_worker_killed_mid_compile_is_retried(cluster, tmp_path):
         "--cache-dir",
         str(tmp_path / "cache"),
     ]
-    earlier = _pids("ray::CompileWorker")
+    earlier = _pids("ray::CompileWorker", cluster)
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = _kill_one("ray::CompileWorker", driver, earlier, settle=1.0)  # let it get into the compile
+    killed = _kill_one("ray::CompileWorker", cluster, driver, earlier, settle=1.0)  # let it get into the compile
     out, err = driver.communicate(timeout=600)
     assert killed is not None, "never saw a compile task running"
     assert driver.returncode == 0, err
@@ -385,7 +388,7 @@ def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
     driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and driver.poll() is None:
-        if subprocess.run(["pgrep", "-f", "ray::CompileWorker"], capture_output=True).returncode == 0:
+        if _pids("ray::CompileWorker", cluster):
             break
         time.sleep(0.1)
     time.sleep(1.0)
@@ -395,7 +398,7 @@ def test_ctrl_c_stops_the_job_cleanly(cluster, tmp_path):
     assert "orchestrate: error: interrupted" in err
     # the cancelled compile tasks and the ranks are gone, and the store holds only whole, verifiable states
     for _ in range(100):
-        if subprocess.run(["pgrep", "-f", "ray::CompileWorker|ray::RankWorker"], capture_output=True).returncode != 0:
+        if not _pids("ray::CompileWorker|ray::RankWorker", cluster):
             break
         time.sleep(0.1)
     else:

@@ -14,8 +14,9 @@ import textwrap
 
 import pytest
 from conftest import orchestrate
+from ray_heads import HEADS, stop_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEADS)]
 
 PORT = 6391
 
@@ -56,7 +57,7 @@ def head():
     try:
         yield env
     finally:
-        subprocess.run([*ray, "stop", "--force"], env=full_env, capture_output=True, timeout=120)
+        stop_cluster(f"127.0.0.1:{PORT}")
 
 
 def test_two_ranks_on_one_node_get_a_gpu_each_beside_the_compile_units(head, tmp_path):

@@ -5,23 +5,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, orchestrate
+from conftest import ROOT, free_ports, orchestrate
+from ray_heads import HEADS, stop_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEADS)]
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +28,7 @@ def ray_head(tmp_path_factory):
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
     }
-    dashboard = free_port()
+    dashboard, gcs, agent = free_ports(3)
     subprocess.run(
         [
             str(BIN / "ray"),
@@ -43,13 +37,17 @@ def ray_head(tmp_path_factory):
             "--node-ip-address",
             "127.0.0.1",
             "--port",
-            str(free_port()),
+            str(gcs),
             "--include-dashboard",
             "true",
             "--dashboard-host",
             "127.0.0.1",
             "--dashboard-port",
             str(dashboard),
+            # jobs are submitted through this agent: Ray's default port may be held by a local
+            # instance of a test running beside this one
+            "--dashboard-agent-listen-port",
+            str(agent),
             "--num-cpus",
             "2",
         ],
@@ -61,7 +59,7 @@ def ray_head(tmp_path_factory):
     try:
         yield {"address": f"http://127.0.0.1:{dashboard}", "env": env}
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop_cluster(f"127.0.0.1:{gcs}")
 
 
 def config(tmp_path: Path, factory: str) -> Path:
