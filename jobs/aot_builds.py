@@ -20,7 +20,7 @@ it reaches that bucket, moving it into the namespace: the namespace changes only
 parent's own steps, so what a failed step quarantines is always its own. Closing kills the
 children still running and removes the staging directory.
 
-    python -m orchestrator.jobs.aot_builds STAGING PARENT_PID   (spec, bucket, twin pickled on stdin)
+    python -m orchestrator.jobs.aot_builds PARENT_PID   (staging, spec, bucket, twin pickled on stdin)
 """
 
 from __future__ import annotations
@@ -107,18 +107,11 @@ class AheadBuilds:
             self._start(self._waiting.popleft())
 
     def _start(self, bucket: int) -> None:
-        path = [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
-        # stderr is the parent's: torch's and the compilers' output lands in the same run log
-        child = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.jobs.aot_builds", str(self.staging), str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
+        child = _take_spare() or _spawn()
         assert child.stdin is not None
         try:
-            child.stdin.write(pickle.dumps((self._spec, bucket, self._twin)))
+            where = {name: os.environ.get(name) for name in CACHE_ENV}
+            child.stdin.write(pickle.dumps((self.staging, self._spec, bucket, self._twin, where)))
             child.stdin.close()
         except OSError:  # the child died at once: its exit is read by its reader, as any other
             pass
@@ -176,6 +169,62 @@ class AheadBuilds:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
+# Torch reads these at every cache access, so a child already running takes them with its job;
+# any other variable a child reads at its start.
+CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+_spare: Optional[subprocess.Popen[bytes]] = None
+_spare_env: dict[str, str] = {}
+_spare_lock = threading.Lock()
+
+
+def prestart(spec: WarmupSpec) -> Optional[int]:
+    """Start the process the first bucket's build will use, now, where `spec` will likely want
+    aot functions here: called before this process imports torch, the child's interpreter start
+    and torch's import (seconds) run beside this process's own instead of before the first
+    bucket's build. A spare that no build takes exits when this process does: its stdin closes
+    empty. Whether torch sees a GPU is guessed from the NVIDIA device node, without importing it.
+    Returns the spare's pid, if there is one."""
+    from orchestrator.jobs.variants import serving_candidates
+
+    global _spare, _spare_env
+    gpu = spec.device != "cpu" and (spec.device == "cuda" or os.path.exists("/dev/nvidiactl"))
+    candidates, _ = serving_candidates(spec, "cuda" if gpu else "cpu")
+    with _spare_lock:
+        if _spare is None and "aot" in candidates:
+            _spare, _spare_env = _spawn(), _start_env()
+        return _spare.pid if _spare is not None else None
+
+
+def _take_spare() -> Optional[subprocess.Popen[bytes]]:
+    """The prestarted child, if it still runs and started with the environment a new one would."""
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is None or spare.poll() is not None:
+        return None
+    if _start_env() != _spare_env:
+        spare.kill()
+        spare.wait()
+        return None
+    return spare
+
+
+def _start_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name not in CACHE_ENV}
+
+
+def _spawn() -> subprocess.Popen[bytes]:
+    path = [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
+    # stderr is the parent's: torch's and the compilers' output lands in the same run log
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.jobs.aot_builds", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+
+
 def processes_for(model: Any, device: Any, buckets: int) -> int:
     """How many builds may run at once beside this process's own compile. Each keeps a core busy
     with Python and bursts onto more for its Triton or C++ kernel builds: one per four cores leaves
@@ -210,17 +259,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def main(staging: Path, parent: int) -> int:
+def main(parent: int) -> int:
     # the parent stops this process (Ctrl-C included); one killed outright takes it along
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     # the result goes to the pipe the parent reads; anything torch or a compiler prints to stderr
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    spec, bucket, with_twin = pickle.load(sys.stdin.buffer)
-
+    # imported before the job is read: a spare (prestart) has torch loaded by the time it comes
     from orchestrator.jobs import aot
     from orchestrator.jobs.model import build_model, make_inputs, resolve_device
+
+    job = sys.stdin.buffer.read()
+    if not job:  # a spare no build took
+        return 0
+    staging, spec, bucket, with_twin, where = pickle.loads(job)
+    for name, value in where.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
     device = resolve_device(spec.device)
     model = build_model(spec, device)
@@ -273,4 +331,4 @@ def _exit_with(parent: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2])))
+    sys.exit(main(int(sys.argv[1])))

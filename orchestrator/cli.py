@@ -317,6 +317,10 @@ def _in_process(
     beside the cache, as on Ray: a Ray warmup's ranks pull into their node's directory, not into
     the namespace directory this process compiles in, so the store is where the two meet (either
     one run after the other hits the cache)."""
+    from orchestrator.jobs import aot_builds
+
+    aot_builds.prestart(spec)  # before torch's import here, which the child then makes beside it
+
     from orchestrator.jobs.engine import run_warmup
     from orchestrator.progress import BucketProgress
     from orchestrator.report import build_report

@@ -22,7 +22,7 @@ from conftest import ROOT, orchestrate
 from orchestrator.cache.manifest import SigningKey
 from orchestrator.cache.namespace import Platform
 from orchestrator.config import load_spec
-from orchestrator.jobs import aot
+from orchestrator.jobs import aot, aot_builds
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds, remove_stale
 from orchestrator.jobs.records import BucketResult, VariantMeasure
@@ -59,6 +59,9 @@ def deep():
     if os.environ.get("MODEL_BUILDS"):  # which processes build the model
         with open(os.environ["MODEL_BUILDS"], "a") as builds:
             builds.write(f"{os.getpid()}\\n")
+    if os.environ.get("MODEL_CACHES"):  # and in which Inductor cache
+        with open(os.environ["MODEL_CACHES"], "a") as caches:
+            caches.write(f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR')}\\n")
     if "aot_builds" in sys.argv[0] and os.environ.get("AOT_BUILDER") == "fails":
         raise RuntimeError("this model does not build in the aot builder")
     if "aot_builds" in sys.argv[0] and os.environ.get("AOT_BUILDER") == "slow":
@@ -298,7 +301,7 @@ FRESH_LOAD = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 import named_output
-from orchestrator.jobs import aot
+from orchestrator.jobs import aot, aot_builds
 torch.manual_seed(0)
 model = named_output.Named().eval()
 x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
@@ -392,6 +395,68 @@ def test_each_bucket_is_built_by_a_fresh_process_and_as_many_at_once_as_allowed(
     while any(_running(pid) for pid in running) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_running(pid) for pid in running) and not builds.staging.exists()
+
+
+def test_a_prestarted_builder_takes_the_first_bucket_with_the_cache_chosen_after_it_started(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODEL_BUILDS", str(tmp_path / "builds"))
+    monkeypatch.setenv("MODEL_CACHES", str(tmp_path / "caches"))
+    monkeypatch.setenv("AOT_BUILDER", "fails")
+    spec = load_spec(config(tmp_path, "deep"))
+    spare = aot_builds.prestart(spec)
+    assert spare is not None and aot_builds.prestart(spec) == spare, "one spare at a time"
+    # the parent points the caches at its namespace after the spare started (engine.point_caches_at)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "namespace-inductor"))
+    builds = AheadBuilds(spec, [2, 4], tmp_path / "cache")
+    try:
+        assert builds.running() == [spare]
+        for bucket in (2, 4):
+            with pytest.raises(AheadBuildError, match="exited with code 1"):
+                builds.take(bucket, tmp_path / "cache" / "ns")
+    finally:
+        builds.close()
+    first, second = _read(tmp_path / "builds")
+    assert first == str(spare) and second != first, "the spare built the first bucket, a new child the next"
+    assert _read(tmp_path / "caches") == [str(tmp_path / "namespace-inductor")] * 2
+
+
+def test_a_spare_started_in_another_environment_is_not_used_and_an_unused_one_exits(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOT_BUILDER", "fails")
+    spec = load_spec(config(tmp_path, "deep"))
+    spare = aot_builds.prestart(spec)
+    assert spare is not None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read at a child's start: the spare started without it
+    builds = AheadBuilds(spec, [4], tmp_path / "cache")
+    try:
+        assert spare not in builds.running() and not _running(spare)
+        with pytest.raises(AheadBuildError, match="exited with code 1"):
+            builds.take(4, tmp_path / "cache" / "ns")
+    finally:
+        builds.close()
+    # a process that prestarts a builder and ends without a build: the spare ends with it
+    parent = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from orchestrator.config import load_spec\n"
+            "from orchestrator.jobs import aot_builds\n"
+            "print(aot_builds.prestart(load_spec(sys.argv[1])))\n",
+            str(config(tmp_path, "deep")),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    unused = int(parent.stdout)
+    deadline = time.monotonic() + 60
+    while _running(unused) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(unused), "a spare no build took outlived its parent"
+    # on the CPU, aot is built only where the config asks for it: nothing to prestart
+    plain = spec.model_copy(update={"serve": spec.serve.model_copy(update={"variants": None})})
+    assert aot_builds.prestart(plain) is None
 
 
 def test_the_aot_builder_dies_with_the_process_that_started_it(tmp_path):
