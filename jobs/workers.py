@@ -28,6 +28,7 @@ from orchestrator.cache.local import LocalCache
 from orchestrator.cache.manifest import IntegrityError, KeyConfigError
 from orchestrator.cache.namespace import is_namespace, model_prefix
 from orchestrator.cache.store import StoreError
+from orchestrator.jobs import aot_builds
 from orchestrator.jobs.records import BucketResult, ProcessRun, Remote, WorkerAnswer
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -129,6 +130,8 @@ class CompileWorker:
         file (gcc writes its .so in place) and make it the namespace's permanent copy."""
         # read when torch is first imported, just below: this process is fresh
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads))
+        spec = self.job.spec.replaced(buckets=[bucket])
+        aot_builds.prestart(spec)  # the bucket's aot builder imports torch beside this process
         from orchestrator.jobs.engine import Session
 
         for earlier in self.job.compile_dirs(bucket):  # an attempt of this unit killed before its clean-up
@@ -137,7 +140,7 @@ class CompileWorker:
         try:
             # kept on the worker, so that freeing the compiled code and graphs is left to the kill
             self._session = Session(
-                self.job.spec.replaced(buckets=[bucket]),
+                spec,
                 root,
                 fresh=fresh,
                 remote=self.job.remote,
