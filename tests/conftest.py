@@ -138,6 +138,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     group_for_workers(items)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker of `--dist loadgroup` whose tests carry no group suffix would have its groups
+    split across workers (heads started twice on one port, session fixtures made twice): stop
+    before any test runs."""
+    if session.config.getvalue("loadgroup") and any("@" not in item.nodeid for item in session.items):
+        raise pytest.UsageError(
+            "pytest-xdist did not mark the tests' groups (--dist loadgroup with pytest 9.2 or newer, "
+            "pytest-xdist#1386): install the dev extra's pytest (pip install -e '.[dev]'), or run with -n 0"
+        )
+
+
 def serve_in_one_stretch(items: list[pytest.Item]) -> None:
     """The tests that ask the session's shared server run together, where the last of them was,
     and the one that stops it (`stops_server`) right after them: its Ray instance stops as soon

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -29,11 +31,17 @@ def ray_head(tmp_path_factory):
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
     }
     dashboard, gcs, agent = free_ports(3)
+    # A job's driver joins "the cluster started last" (<temp dir>/ray_current_cluster, which every
+    # Ray instance on the machine writes): a temp dir of its own keeps that file this head's, with
+    # a test beside this one starting local instances. Short: Ray's sockets live under it.
+    temp = tempfile.mkdtemp(prefix="ray-head-", dir="/tmp")
     subprocess.run(
         [
             str(BIN / "ray"),
             "start",
             "--head",
+            "--temp-dir",
+            temp,
             "--node-ip-address",
             "127.0.0.1",
             "--port",
@@ -60,6 +68,7 @@ def ray_head(tmp_path_factory):
         yield {"address": f"http://127.0.0.1:{dashboard}", "env": env}
     finally:
         stop_cluster(f"127.0.0.1:{gcs}")
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def config(tmp_path: Path, factory: str) -> Path:
