@@ -142,7 +142,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """A worker of `--dist loadgroup` whose tests carry no group suffix would have its groups
     split across workers (heads started twice on one port, session fixtures made twice): stop
     before any test runs."""
-    if session.config.getvalue("loadgroup") and any("@" not in item.nodeid for item in session.items):
+    if getattr(session.config.option, "loadgroup", False) and any("@" not in item.nodeid for item in session.items):
         raise pytest.UsageError(
             "pytest-xdist did not mark the tests' groups (--dist loadgroup with pytest 9.2 or newer, "
             "pytest-xdist#1386): install the dev extra's pytest (pip install -e '.[dev]'), or run with -n 0"

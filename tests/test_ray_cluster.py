@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, assert_measured, orchestrate
-from ray_heads import HEADS, cluster_pids, stop_cluster
+from ray_heads import HEAD_OPTIONS, HEADS, cluster_pids, stop_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEADS)]
 
@@ -94,6 +94,7 @@ def netns_cluster(port: int, workers: list[tuple[str, dict[str, str]]]):
             "0",
             "--include-dashboard",
             "false",
+            *HEAD_OPTIONS,
             extra={},
         )
         for i, (gpu_class, extra) in enumerate(workers, start=1):

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 from conftest import orchestrate
-from ray_heads import HEADS, stop_cluster
+from ray_heads import HEAD_OPTIONS, HEADS, stop_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEADS)]
 
@@ -48,6 +48,7 @@ def head():
             '{"accelerator_type:H200": 1}',
             "--include-dashboard",
             "false",
+            *HEAD_OPTIONS,
         ],
         env=full_env,
         check=True,

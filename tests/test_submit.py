@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, free_ports, orchestrate
-from ray_heads import HEADS, stop_cluster
+from ray_heads import HEAD_OPTIONS, HEADS, stop_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(HEADS)]
 BIN = Path(sys.executable).parent
@@ -46,6 +46,7 @@ def ray_head(tmp_path_factory):
             "127.0.0.1",
             "--port",
             str(gcs),
+            *HEAD_OPTIONS,
             "--include-dashboard",
             "true",
             "--dashboard-host",
@@ -117,18 +118,33 @@ def submit(ray_head, cfg: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_job_runs_to_success_and_its_report_comes_back(ray_head, tmp_path):
-    cfg = config(tmp_path, "models.py:tiny")
-    proc = submit(ray_head, cfg, "--wait", "--report", str(tmp_path / "report.json"))
+@pytest.fixture(scope="module")
+def submitted(ray_head, tmp_path_factory):
+    """One job, run to its end (`submit --wait --report`), submitted from an environment holding
+    credentials that must stay with the submitter: the tests below read it from both sides."""
+    tmp = tmp_path_factory.mktemp("submitted")
+    withheld = {
+        "AWS_SECRET_ACCESS_KEY": "marker-aws-secret-" + secrets_hex(),
+        "AWS_SESSION_TOKEN": "marker-aws-session-" + secrets_hex(),
+        "ORCHESTRATE_CACHE_SIGNING_KEY": "marker-signing-key-" + secrets_hex(),
+    }
+    head = {**ray_head, "env": {**ray_head["env"], **withheld, "AWS_REGION": "eu-west-1"}}
+    cfg = config(tmp, "models.py:tiny")
+    proc = submit(head, cfg, "--wait", "--report", str(tmp / "report.json"))
+    return {"head": head, "config": cfg, "proc": proc, "report": tmp / "report.json", "withheld": withheld}
+
+
+def test_a_job_runs_to_success_and_its_report_comes_back(submitted):
+    proc = submitted["proc"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     outcome = json.loads(proc.stdout)
     assert outcome["status"] == "SUCCEEDED" and outcome["new"] is True
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads(submitted["report"].read_text())
     assert report["model"] == "submitted-tiny" and report["executor"]["kind"] == "ray"
     assert all(r["status"] == "ok" for r in report["results"])
     assert "[orchestrate-submitted-tiny-" in proc.stderr  # the job's logs were followed
 
-    again = submit(ray_head, cfg)
+    again = submit(submitted["head"], submitted["config"])
     assert again.returncode == 0, again.stderr
     second = json.loads(again.stdout)
     assert second["submission_id"] == outcome["submission_id"] and second["new"] is False
@@ -163,17 +179,10 @@ print(urllib.request.urlopen(request).read().decode())
 """
 
 
-def test_no_secret_reaches_rays_job_records(ray_head, tmp_path):
+def test_no_secret_reaches_rays_job_records(ray_head, submitted):
     """Ray shows a job's runtime_env and entrypoint to anyone who reaches its dashboard: the
     submitter's credentials stay with it, and the job still runs (its store's key is a file)."""
-    withheld = {
-        "AWS_SECRET_ACCESS_KEY": "marker-aws-secret-" + secrets_hex(),
-        "AWS_SESSION_TOKEN": "marker-aws-session-" + secrets_hex(),
-        "ORCHESTRATE_CACHE_SIGNING_KEY": "marker-signing-key-" + secrets_hex(),
-    }
-    cfg = config(tmp_path, "models.py:tiny")
-    cfg.write_text(cfg.read_text().replace("submitted-tiny", "submitted-secrets"))
-    proc = submit({**ray_head, "env": {**ray_head["env"], **withheld, "AWS_REGION": "eu-west-1"}}, cfg, "--wait")
+    proc, withheld = submitted["proc"], submitted["withheld"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     job_id = json.loads(proc.stdout)["submission_id"]
     notes = [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: note:")]
