@@ -15,7 +15,8 @@ import signal
 import time
 
 # A test starts heads with `--include-dashboard false` and still gets a dashboard process on
-# 8265, and the client server on 10001: heads never run two at a time (conftest.HEADS group).
+# 8265, and the client server on 10001: the modules that start heads share this xdist group,
+# so two never run at a time (conftest.group_for_workers).
 HEADS = "ray-heads"
 # For every `ray start --head` of the tests. Ray otherwise starts an idle worker per CPU for each
 # new driver, each importing Ray, and none is used (the product's units and ranks are actors, a
