@@ -506,6 +506,17 @@ def measure(args: argparse.Namespace, model: str, work: Path, buckets: list[int]
             f"| {seconds(ratios[name].on_plan)} |"
         )
     for name, run in runs.items():
+        # what a rank's load of a bucket is made of: the stages it timed, and each serving variant's build
+        print(f"\n{name} cluster, each rank's stages per bucket (s):")
+        for r in sorted(run["report"]["results"], key=lambda r: (r["phase"], r["rank"] or 0, r["bucket"])):
+            stages = ", ".join(f"{stage} {spent:.2f}" for stage, spent in r["stage_seconds"].items())
+            built = ", ".join(
+                f"{variant} {v['build_seconds']:.2f}" if v.get("ok") else f"{variant} unavailable"
+                for variant, v in (r.get("variants") or {}).items()
+                if v.get("build_seconds") is not None or not v.get("ok")
+            )
+            who = f"rank {r['rank']}" if r["phase"] == "warm" else "compile"
+            print(f"- {who} b{r['bucket']}: {stages}; variants built: {built or 'none'}")
         print(f"\n{name} cluster, timeline (s from the start of the waves):")
         for row in run["report"]["executor"]["timeline"]:
             who = f"rank {row['rank']}" if row["wave"] == "warm" else f"compile b{row['bucket']}"

@@ -5,7 +5,8 @@ published afterwards (a bucket that fails leaves no files behind).
 
 Per bucket, in this order, each timed on its own:
   1. eager reference call (also pays cuBLAS/cuDNN initialisation, so compile timing does not)
-     (a process that waits for another to compile may trace the bucket now: see Session.trace)
+     (a process that waits for another to compile may trace the bucket now, and set up its
+     convolutions in the layout the compiled graph will use: Session.trace, Session.warm_layouts)
   2. first compiled call: Dynamo trace + Inductor compile or cache load  -> compile_seconds
   3. two more calls: CUDA-graph warm-up run and recording under reduce-overhead -> graph_record_seconds
   4. compiled outputs (first call and a replay) against eager's, through orchestrator.jobs.gate
@@ -239,6 +240,7 @@ class Session:
         self.measured = [
             v for v in VARIANTS if v in ("eager", "compiled") or v in self.candidates or v in self.unavailable
         ]
+        self._layouts_ahead = ti.may_go_channels_last(self.model, self.device, options.backend, options.options)
         self.compiled, self._tracer = ti.compile_model(
             self.model,
             ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend, options.options),
@@ -312,6 +314,27 @@ class Session:
             if work.result.status == "ok":
                 self.event(f"traced bucket {bucket}")
         return work.result
+
+    def warm_layouts(self, buckets: Sequence[int]) -> None:
+        """Each bucket's eager call with its convolutions in channels-last layout, where Inductor may
+        lay them out so (ti.may_go_channels_last), for a process that waits for another to compile:
+        cuDNN sets up a convolution at its first call in a process and layout, seconds for a net of
+        many small ones, which the compiled graph's first call would otherwise pay after the
+        publish. The seconds count in the bucket's first call, as a trace ahead's do. A failure
+        costs only the head start: the event says why, and the buckets load as they would have."""
+        twin = None
+        try:
+            for bucket in buckets:
+                work = self._bucket(bucket)
+                self.reference(bucket)
+                if self._layouts_ahead and work.result.status == "ok" and not work.compiled and not work.layout_seconds:
+                    twin = twin if twin is not None else ti.channels_last_twin(self.model)
+                    work.warm_layouts(twin)
+        except Exception as exc:  # the head start only: the load sets everything up anyway
+            self.event(f"layouts not set up ahead: {brief(exc)}")
+            return
+        if twin is not None:
+            self.event("layouts set up")
 
     def warm(self, bucket: int, benchmark: bool = True) -> BucketResult:
         """Compile (or load) the bucket, record its CUDA graphs, check it and, if asked, benchmark it."""
@@ -525,6 +548,7 @@ class _BucketWork:
         self.reference: Optional[Outputs] = None
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
+        self.layout_seconds = 0.0  # its convolutions set up ahead in the compiled graph's layout
         self.compiled = False
         # the serving variants built beside the compiled one (graphed, eager-graphed, aot), ready to call
         self.graphed: dict[str, Callable[..., Any]] = {}
@@ -575,6 +599,15 @@ class _BucketWork:
             self.traced = window.stats()
         self.pause()
 
+    def warm_layouts(self, twin: torch.nn.Module) -> None:
+        self.enter("layouts ahead")
+        try:
+            args, kwargs = ti.channels_last_inputs(*self.inputs)
+            with torch.no_grad():
+                self.layout_seconds, _ = self.clock.wall(lambda: twin(*args, **kwargs))
+        finally:
+            self.pause()
+
     def compile(self) -> None:
         result = self.result
         if self.device.type == "cuda":
@@ -583,9 +616,10 @@ class _BucketWork:
             self.enter("compile")
             window = ti.CounterWindow()
             result.compile_seconds, first = self.clock.wall(self.run_compiled)
-            # a trace ahead is part of this bucket's first call, done earlier: what a replica pays
-            # to warm-start it is both, so both count (stage_seconds keeps them apart)
-            result.compile_seconds += self.trace_seconds
+            # a trace ahead and the layouts set up ahead are part of this bucket's first call, done
+            # earlier: what a replica pays to warm-start it is all of them, so all count
+            # (stage_seconds keeps them apart)
+            result.compile_seconds += self.trace_seconds + self.layout_seconds
             first = snapshot(first)
             stats = window.stats() if self.traced is None else self.traced + window.stats()
             _record_compile(result, stats, self.spec, self.device, skip_reasons)

@@ -5,6 +5,7 @@ releases (2.11 on the GPU fleet, 2.13 in CI) is fixed in one place.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -14,7 +15,7 @@ import sys
 import tempfile
 import types
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -230,6 +231,42 @@ class TraceAhead:
 
     def reset(self) -> None:  # torch._dynamo.reset(): drop the CUDA-graph trees as Inductor's would
         self.inductor.reset()
+
+
+def may_go_channels_last(
+    model: torch.nn.Module, device: torch.device, backend: str, options: Mapping[str, Any]
+) -> bool:
+    """Whether Inductor may give this model's 2-D convolutions the channels-last layout: its layout
+    optimization, on by default, decides per graph on a GPU (on the CPU its convolutions are
+    oneDNN's own). Where it keeps them as they are, the eager reference call has set them up."""
+    if device.type != "cuda" or backend != "inductor":
+        return False
+    from torch._inductor import config
+
+    if not options.get("layout_optimization", config.layout_optimization):
+        return False
+    return any(isinstance(module, torch.nn.Conv2d) for module in model.modules())
+
+
+def channels_last_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose 4-D parameters and buffers are channels-last, as Inductor lays out a
+    convolution's weight; the model itself is left as it is (the compiled graph reads it)."""
+    twin = copy.deepcopy(model)
+    for tensor in [*twin.parameters(), *twin.buffers()]:
+        if tensor.dim() == 4:
+            tensor.data = tensor.data.contiguous(memory_format=torch.channels_last)
+    return twin
+
+
+def channels_last_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's 4-D floating-point tensors in channels-last layout, everything else as it is."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+            return value.contiguous(memory_format=torch.channels_last)
+        return value
+
+    return tuple(convert(a) for a in args), {name: convert(v) for name, v in kwargs.items()}
 
 
 def portable_guards(entries: Any) -> list[bool]:

@@ -178,8 +178,9 @@ class RankWorker:
 
     def prepare(self) -> None:
         """Everything that needs no artifact: imports, CUDA, the model, the eager references and,
-        with a CPU to spare, each bucket's Dynamo trace and the compiler's own start, so that a
-        load after a publish is only a cache hit. Without one (a 2-core CI machine), this work
+        with a CPU to spare, each bucket's Dynamo trace, the compiler's own start and cuDNN's set-up
+        of the convolutions in the compiled graph's layout, so that a load after a publish is only
+        a cache hit. Without one (a 2-core CI machine), this work
         would slow down the compile units it shares the CPUs with, so the loads pay for it instead
         (docs/performance.md, "the 2-core CPU machine")."""
 
@@ -194,6 +195,7 @@ class RankWorker:
                     session.trace(bucket)
                 ti.prime_compiler(session.device)
                 session.event("compiler primed")
+                session.warm_layouts(self.job.spec.buckets)
 
         self._step(set_up)
 
