@@ -179,6 +179,7 @@ PHASES = (
     "imports + CUDA",
     "model",
     "traces ahead",
+    "layouts ahead",  # cuDNN's set-up of the convolutions in the compiled graph's layout
     "waiting for the compile wave, pulls included",
     "loads",
     "benchmarks",
@@ -200,6 +201,7 @@ def phase_of(event: str) -> str | None:
         return "model"
     for prefix, phase in (
         ("traced bucket", "traces ahead"),
+        ("layouts set up", "layouts ahead"),
         ("pulled generation", "waiting for the compile wave, pulls included"),
         ("loaded bucket", "loads"),
         ("compiled bucket", "loads"),
@@ -207,7 +209,7 @@ def phase_of(event: str) -> str | None:
     ):
         if event.startswith(prefix):
             return phase
-    return None  # aot builds started, profiles, publishes: "other"
+    return None  # aot builds started, the compiler primed, profiles, publishes: "other"
 
 
 def where_it_went(events: list[list], zero: float) -> dict[str, float | None]:
