@@ -302,13 +302,8 @@ def _twin(spec: WarmupSpec, model: Any) -> Any:
     import torch
 
     from orchestrator.jobs import torch_internals as ti
-    from orchestrator.jobs.variants import graphed_compile
 
-    options = spec.compile
-    mode, graph_options = graphed_compile(options.mode, options.options)
-    return torch.compile(
-        model, **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options)
-    )
+    return torch.compile(model, **ti.variant_compile_kwargs(spec.compile, "graphed"))
 
 
 def _fill_caches(twin: Any, args: Any, kwargs: Any) -> None:

@@ -243,16 +243,12 @@ class Session:
         self._layouts_ahead = ti.may_go_channels_last(self.model, self.device, options.backend, options.options)
         self.compiled, self._tracer = ti.compile_model(
             self.model,
-            ti.compile_kwargs(options.mode, options.dynamic, options.fullgraph, options.backend, options.options),
+            ti.variant_compile_kwargs(options, "compiled"),
             trace_ahead=trace_ahead,
         )
         self.uncaptured: Any = None
         if second:
-            mode, graph_options = uncaptured
-            self.uncaptured = torch.compile(
-                self.model,
-                **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, graph_options),
-            )
+            self.uncaptured = torch.compile(self.model, **ti.variant_compile_kwargs(options, "graphed"))
         elif "graphed" in self.candidates:
             self.uncaptured = self.compiled
         ti.allow_recompiles(len(spec.buckets) * (2 if second else 1))

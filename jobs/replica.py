@@ -52,7 +52,7 @@ from orchestrator.jobs.padding import RequestShaper, copy_out, output_bucket_dim
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.spec import READY_WHEN, ReadyWhen, WarmupSpec
 from orchestrator.jobs.timing import process_age_seconds
-from orchestrator.jobs.variants import graphed_compile, read_plans, replays_into_buffers
+from orchestrator.jobs.variants import read_plans, replays_into_buffers
 
 COMPILED_VARIANTS = ("compiled", "graphed", "aot")  # what needs Dynamo and Inductor in the replica
 
@@ -654,14 +654,6 @@ class _Loader:
 
     def _compile(self, variant: str) -> Any:
         if variant not in self._compiled:
-            options = self.spec.compile
-            mode, extra = (
-                (options.mode, options.options)
-                if variant == "compiled"
-                else graphed_compile(options.mode, options.options)
-            )
             ti.match_a_plain_process()
-            self._compiled[variant] = torch.compile(
-                self.model, **ti.compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, extra)
-            )
+            self._compiled[variant] = torch.compile(self.model, **ti.variant_compile_kwargs(self.spec.compile, variant))
         return self._compiled[variant]

@@ -23,6 +23,8 @@ import torch
 
 from orchestrator.cache.namespace import Platform
 from orchestrator.jobs.platform_probe import triton_version
+from orchestrator.jobs.spec import CompileOptions
+from orchestrator.jobs.variants import graphed_compile
 
 # Inductor logs why it refused CUDA graphs on this artifact logger (off by default: it does
 # not propagate, so a handler on it sees the messages without printing them).
@@ -101,6 +103,17 @@ def compile_kwargs(
     else:
         kwargs["mode"] = mode
     return kwargs
+
+
+def variant_compile_kwargs(options: CompileOptions, variant: str) -> dict[str, Any]:
+    """torch.compile's arguments for the config's compile (`compiled`) or for its `graphed` twin
+    (the same without CUDA graphs), spelled once for every process that compiles or loads them: a
+    warmup, an aot builder filling the caches for its parent, a replica. Their cache keys follow
+    from these arguments, so a difference would turn every load into a compile."""
+    mode, extra = (
+        (options.mode, options.options) if variant == "compiled" else graphed_compile(options.mode, options.options)
+    )
+    return compile_kwargs(mode, options.dynamic, options.fullgraph, options.backend, extra)
 
 
 def compile_model(
