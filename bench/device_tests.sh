@@ -12,7 +12,7 @@ pip install --quiet --no-deps --target /tmp/site .whl/*.whl >"$logs/pip.log" 2>&
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLED=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])'; } >"$logs/machine.txt" 2>&1
-timeout 480 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gate.py tests/test_gpu_e2e.py tests/test_gpu_serving.py \
+timeout 480 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gate.py tests/test_gpu_e2e.py tests/test_gpu_serving.py tests/test_layouts_ahead.py \
     >"$logs/pytest.txt" 2>&1
 echo "pytest: exit $?" >>"$logs/status.txt"
 examples=("$@"); [ ${#examples[@]} -gt 0 ] || examples=(mlp resnet18)

@@ -108,3 +108,19 @@ def test_no_layouts_are_set_up_where_inductor_keeps_them(config, tmp_path):
     session.close()
     assert not [what for what, _ in session.events if "layouts" in what]
     assert "layouts ahead" not in session._bucket(2).result.stage_seconds
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_conv_net_sets_up_its_layouts_and_still_loads_checked(config, tmp_path):
+    config.write_text(config.read_text().replace("device: cpu", "device: cuda").replace("default", "reduce-overhead"))
+    session = engine.Session(load_spec(config), tmp_path / "cache", trace_ahead=True)
+    session.trace(2)
+    session.warm_layouts([2])
+    result = session.warm(2, benchmark=False)
+    session.close()
+
+    assert result.status == "ok", result.error_detail  # the gate compared it with eager
+    assert "layouts set up" in [what for what, _ in session.events]
+    stages = result.stage_seconds
+    assert result.compile_seconds >= stages["trace ahead"] + stages["layouts ahead"]
