@@ -318,12 +318,14 @@ class Session:
         many small ones, which the compiled graph's first call would otherwise pay after the
         publish. The seconds count in the bucket's first call, as a trace ahead's do. A failure
         costs only the head start: the event says why, and the buckets load as they would have."""
+        if not self._layouts_ahead:
+            return
         twin = None
         try:
             for bucket in buckets:
                 work = self._bucket(bucket)
                 self.reference(bucket)
-                if self._layouts_ahead and work.result.status == "ok" and not work.compiled and not work.layout_seconds:
+                if work.result.status == "ok" and not work.compiled and not work.layout_seconds:
                     twin = twin if twin is not None else ti.channels_last_twin(self.model)
                     work.warm_layouts(twin)
         except Exception as exc:  # the head start only: the load sets everything up anyway
