@@ -47,12 +47,12 @@ def timed(name, fn):
 
 timed("eager first", lambda: model(*args, **kwargs))
 timed("eager second", lambda: model(*args, **kwargs))
-if setting == "channels_last":
-    import copy
-    twin = copy.deepcopy(model).to(memory_format=torch.channels_last)
-    last = [a.to(memory_format=torch.channels_last) if a.dim() == 4 else a for a in args]
-    timed("channels_last first", lambda: twin(*last, **kwargs))
-    timed("channels_last second", lambda: twin(*last, **kwargs))
+if setting == "channels_last":  # what a rank does ahead (engine.Session.warm_layouts)
+    from orchestrator.jobs import torch_internals as ti
+    twin = ti.channels_last_twin(model)
+    last, last_kwargs = ti.channels_last_inputs(tuple(args), kwargs)
+    timed("channels_last first", lambda: twin(*last, **last_kwargs))
+    timed("channels_last second", lambda: twin(*last, **last_kwargs))
     del twin
 compiled = torch.compile(model, mode=spec.compile.mode)
 timed("compiled first", lambda: compiled(*args, **kwargs))
