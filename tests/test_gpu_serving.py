@@ -48,6 +48,12 @@ def test_graphed_variants_match_eager_and_the_runtime_replays_the_chosen_one(tmp
     for result in report["results"]:
         variants = result["variants"]
         assert list(variants) == ["eager", "compiled", "graphed", "eager-graphed", "aot"]
+        # `graphed` is `aot`'s twin (the same code in the same graph, slower to start): built
+        # only where aot is not
+        assert variants["aot"]["ok"], variants["aot"]["reason"]
+        graphed = variants.pop("graphed")
+        assert not graphed["ok"] and graphed["reason"].startswith("not built: aot is the same compiled code")
+        assert result["variant"] != "graphed"
         for name, measure in variants.items():
             assert measure["ok"], (name, measure["reason"])
             assert measure["ms"] > 0 and measure["p90_ms"] >= measure["ms"] and measure["spread_ms"] >= 0
