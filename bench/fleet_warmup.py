@@ -141,7 +141,7 @@ def fleet(args: argparse.Namespace, model: str, work: Path, address: str | None)
     return {"ready": run.ready, "exited": run.exited, "report": json.loads(run.out), "stderr": run.err_lines}
 
 
-# The driver's line as it has planned the fleet (ray_driver.run_on_ray); the timeline's zero is
+# The driver's line as it has planned the fleet (orchestrator.fleet.driver.run_on_ray); the timeline's zero is
 # taken right after it
 PLANNED_LINE = re.compile(r"ray: \d+ nodes, \d+ ranks")
 

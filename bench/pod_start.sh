@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The serving pod's own command lines (orchestrator/k8s.py renders them) on a GPU machine, in
+# The serving pod's own command lines (orchestrator/deployment/k8s.py renders them) on a GPU machine, in
 # order, as Kubernetes would run them: a warmup publishes to a store, the init container's
 # `orchestrate pull --cache-dir`, then the server's `orchestrate serve --require-warm`, probed as
 # the kubelet probes it (/info for startup and readiness, /-/healthz for liveness), asked for one

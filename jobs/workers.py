@@ -1,5 +1,5 @@
 """What runs in a fleet's worker processes: a compile unit and a rank. Plain classes; the Ray
-driver (orchestrator.ray_driver) makes each one an actor, a process of its own, so this module
+driver (orchestrator.fleet.driver) makes each one an actor, a process of its own, so this module
 knows nothing of Ray. Where a worker runs (its node's address, its GPUs) comes from the `locate`
 function the driver hands it, asked inside the worker's process.
 

@@ -238,7 +238,7 @@ def warmup(
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
-    from orchestrator.report import render_profile, render_table, write_json
+    from orchestrator.reports.report import render_profile, render_table, write_json
 
     trusted = _trusted(trust, signing_key_file).pems()
     remote_store = Remote(store_url, allow_unsigned, signing_key_file, trusted) if store_url else None
@@ -323,7 +323,7 @@ def _in_process(
 
     from orchestrator.jobs.engine import run_warmup
     from orchestrator.progress import BucketProgress
-    from orchestrator.report import build_report
+    from orchestrator.reports.report import build_report
 
     remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with BucketProgress(err, on_result=observe) as progress:
@@ -347,9 +347,9 @@ def _on_ray(
     profile_dir: Optional[Path] = None,
 ):
     """Compile wave and warm wave on Ray; the store defaults to a signed directory beside the cache."""
+    from orchestrator.fleet.driver import run_on_ray
     from orchestrator.progress import FleetProgress
-    from orchestrator.ray_driver import run_on_ray
-    from orchestrator.report import build_fleet_report
+    from orchestrator.reports.report import build_fleet_report
 
     remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with FleetProgress(err, on_record=observe) as progress:
@@ -368,7 +368,7 @@ def _on_ray(
 
 
 def _metrics(spec, port: Optional[int]):
-    from orchestrator.metrics import WarmupMetrics
+    from orchestrator.reports.metrics import WarmupMetrics
 
     metrics = WarmupMetrics(spec.name, spec.compile.mode)
     if port:
@@ -580,9 +580,9 @@ def serve(
     store_url = remote or spec.remote
     _check_store(store_url)
     trusted = _trusted(trust).pems()
+    from orchestrator.fleet.driver import preflight
     from orchestrator.jobs.errors import SetupError
     from orchestrator.jobs.records import Remote
-    from orchestrator.ray_driver import preflight
     from orchestrator.serving.server import ServeFailed, block_until_signalled, check_port, run_server
 
     try:
@@ -752,14 +752,14 @@ def submit(
             raise UserError("--k8s needs --image (a container image with orchestrate, torch and ray)")
         documents = _k8s_documents(spec, Path(model_path), shape, remote, pushgateway)
         if apply:
-            from orchestrator.k8s import ApplyFailed, apply_manifests
+            from orchestrator.deployment.k8s import ApplyFailed, apply_manifests
 
             try:
                 apply_manifests(documents, log=lambda line: click.echo(line, err=True))
             except ApplyFailed as exc:
                 _fail(str(exc), EXIT_STORE)
         else:
-            from orchestrator.k8s import to_yaml
+            from orchestrator.deployment.k8s import to_yaml
 
             click.echo(to_yaml(documents), nl=False)
         return
@@ -769,8 +769,8 @@ def submit(
         raise UserError("submit needs --ray-address http://head:8265 (the Ray dashboard), or --k8s")
     if report_path:
         _check_writable(report_path)
-    from orchestrator.submit import exit_code_for
-    from orchestrator.submit import submit as submit_job
+    from orchestrator.deployment.submit import exit_code_for
+    from orchestrator.deployment.submit import submit as submit_job
 
     extra = (["--remote", remote] if remote else []) + (["--pushgateway", pushgateway] if pushgateway else [])
     outcome = submit_job(
@@ -782,7 +782,7 @@ def submit(
         log=lambda line: click.echo(line, err=True),
     )
     if report_path and outcome.report:
-        write_report = __import__("orchestrator.report", fromlist=["write_json"]).write_json
+        write_report = __import__("orchestrator.reports.report", fromlist=["write_json"]).write_json
         write_report(outcome.report, report_path)
     click.echo(
         json.dumps(
@@ -826,7 +826,7 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
         _write_html(report, html_path)
         click.echo(f"orchestrate: wrote {html_path}", err=True)
         return
-    from orchestrator.report import render_profile, render_table
+    from orchestrator.reports.report import render_profile, render_table
 
     console = _table_console(wide)
     try:
@@ -861,7 +861,7 @@ def _load_report(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: not JSON ({exc}); {hint}") from None
     if not isinstance(report, dict) or not {"schema_version", "results", "summary", "executor"} <= report.keys():
         raise UserError(f"{path}: not a warmup report (no schema_version, results, summary and executor); {hint}")
-    from orchestrator.report_records import SCHEMA_VERSION
+    from orchestrator.reports.records import SCHEMA_VERSION
 
     if report["schema_version"] != SCHEMA_VERSION:
         raise UserError(
@@ -896,7 +896,7 @@ def _check_html(path: Path) -> None:
 
 
 def _write_html(report: dict[str, Any], path: Path) -> None:
-    from orchestrator.html_report import write_html
+    from orchestrator.reports.html import write_html
 
     try:
         write_html(report, path)
@@ -937,7 +937,7 @@ def render_k8s(
         2  usage/config error
     """
     spec = load_spec_with_overrides(model_path, buckets=buckets)
-    from orchestrator.k8s import to_yaml
+    from orchestrator.deployment.k8s import to_yaml
 
     click.echo(to_yaml(_k8s_documents(spec, Path(model_path), shape, remote or spec.remote, pushgateway)), nl=False)
 
@@ -945,8 +945,8 @@ def render_k8s(
 def _k8s_documents(
     spec, config: Path, shape: dict[str, Any], remote: Optional[str], pushgateway: Optional[str]
 ) -> list[dict[str, Any]]:
-    from orchestrator.k8s import ClusterShape
-    from orchestrator.k8s import render as render_manifests
+    from orchestrator.deployment.k8s import ClusterShape
+    from orchestrator.deployment.k8s import render as render_manifests
 
     try:
         documents = render_manifests(

@@ -98,7 +98,7 @@ class BucketProgress(_Bars):
 
 
 class FleetProgress(_Bars):
-    """Implements orchestrator.ray_driver.FleetObserver. On a terminal, a bar per bucket that
+    """Implements orchestrator.fleet.driver.FleetObserver. On a terminal, a bar per bucket that
     counts its compile units, the ranks that loaded it and the ranks done with it (benchmarked or
     failed); a line per compile unit, load and rank always (the only output in logs)."""
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "tests/configs/mlp.yaml"  # examples/mlp.yaml, 2 layers deep
 READY = "orchestrate: serving mlp at "
 RESTRICTED_POD = ROOT / "tests" / "tools" / "restricted-pod"
-POD_USER = 1000  # orchestrator.k8s.RUN_AS
+POD_USER = 1000  # orchestrator.deployment.k8s.RUN_AS
 START_SECONDS = 240  # Ray, Serve and a replica that loads both buckets from the cache
 STOP_SECONDS = 60
 

@@ -8,7 +8,7 @@ import html
 from test_report_table import measured as bucket
 from test_report_table import process_report, prose, rendered
 
-from orchestrator.html_report import render_html
+from orchestrator.reports.html import render_html
 
 
 def test_the_reports_say_why_a_bucket_does_not_serve_its_fastest_variant():

@@ -1,4 +1,4 @@
-"""`orchestrate report` and the HTML page (orchestrator.html_report): reports built by the real
+"""`orchestrate report` and the HTML page (orchestrator.reports.html): reports built by the real
 report builders from synthetic records, drawn in a real headless Chromium (Debian's `chromium` and
 `chromium-driver`) through selenium, and one real `--no-ray` warmup with --html (slow)."""
 
@@ -25,8 +25,8 @@ from test_report_records import worker_account
 from orchestrator.cache.namespace import Platform
 from orchestrator.cache.sync import Transfer
 from orchestrator.config import load_spec
-from orchestrator.fleet import FleetRun, TaskRun
-from orchestrator.html_report import render_html, write_html
+from orchestrator.fleet.plan import CompileUnit, Node, Target
+from orchestrator.fleet.run import FleetRun, TaskRun
 from orchestrator.jobs.records import (
     BucketProfile,
     BucketResult,
@@ -34,8 +34,8 @@ from orchestrator.jobs.records import (
     VariantMeasure,
     VariantProfile,
 )
-from orchestrator.plan import CompileUnit, Node, Target
-from orchestrator.report import build_fleet_report, build_report, write_json
+from orchestrator.reports.html import render_html, write_html
+from orchestrator.reports.report import build_fleet_report, build_report, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -431,7 +431,7 @@ def test_profile_shows_where_the_time_goes():
 
 
 def test_profile_chart_draws_each_variant_split_by_kind():
-    from orchestrator.html_report import _profile_chart
+    from orchestrator.reports.html import _profile_chart
 
     report = process_report()
     bars = [
@@ -509,14 +509,14 @@ def test_reports_get_the_mode_of_any_new_file_not_a_private_one(tmp_path):
 
 
 def test_labels_start_at_their_markers_where_there_is_room():
-    from orchestrator.html_report import _place_labels
+    from orchestrator.reports.html import _place_labels
 
     placed = _place_labels([(0.0, [30.0, 20.0]), (50.0, [30.0, 20.0]), (100.0, [30.0])], 0.0, 200.0, lines=4)
     assert placed == [(0, 0, 0.0), (0, 0, 50.0), (0, 0, 100.0)]  # the whole text, the line nearest the bar
 
 
 def test_a_label_without_room_takes_another_line_then_a_shorter_text_then_none():
-    from orchestrator.html_report import _place_labels
+    from orchestrator.reports.html import _place_labels
 
     # five milestones at one instant: one on each of four lines, none for the fifth
     assert _place_labels([(10.0, [40.0, 20.0])] * 5, 0.0, 200.0, lines=4) == [
@@ -538,7 +538,7 @@ def test_a_label_without_room_takes_another_line_then_a_shorter_text_then_none()
 
 
 def test_labels_never_overlap_nor_leave_the_plot_nor_their_markers():
-    from orchestrator.html_report import _place_labels
+    from orchestrator.reports.html import _place_labels
 
     rng = random.Random(7)
     for _ in range(300):

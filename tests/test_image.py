@@ -13,7 +13,7 @@ from conftest import ROOT
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from orchestrator.k8s import RUN_AS
+from orchestrator.deployment.k8s import RUN_AS
 
 try:
     import tomllib

@@ -1,4 +1,4 @@
-"""The environment a job gets through Ray's runtime_env (orchestrator.job_env): what it passes,
+"""The environment a job gets through Ray's runtime_env (orchestrator.fleet.job_env): what it passes,
 what it never passes (secrets: Ray shows a runtime_env to anyone who reaches the cluster), and that
 `orchestrate warmup` on Ray, `orchestrate submit` and `orchestrate serve` pass the same. No Ray is
 started: the driver's ray.init is a fake that records its arguments."""
@@ -12,9 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import job_env, ray_driver, submit
+from orchestrator.deployment import submit
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.job_env import TORCH_THREADS_ENV, WITHHELD_PREFIXES, is_passed, job_env_vars, withheld
+from orchestrator.fleet import driver as fleet_driver
+from orchestrator.fleet import job_env
+from orchestrator.fleet.job_env import TORCH_THREADS_ENV, WITHHELD_PREFIXES, is_passed, job_env_vars, withheld
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -156,7 +158,7 @@ def drivers_runtime_env(monkeypatch) -> dict:
         {"name": "m", "model": {"factory": "json:loads"}, "inputs": [{"shape": ["batch"]}]}
     )
     with pytest.raises(ClusterUnreachable):
-        ray_driver.run_on_ray(spec, Path("/nonexistent"), Remote("file:///nonexistent", True))
+        fleet_driver.run_on_ray(spec, Path("/nonexistent"), Remote("file:///nonexistent", True))
     [call] = calls
     return call["runtime_env"]
 
@@ -227,12 +229,12 @@ def test_joining_a_cluster_says_what_its_workers_do_not_get(monkeypatch, capsys)
 
     fake = SimpleNamespace(is_initialized=lambda: False, init=init)
     with pytest.raises(ClusterUnreachable):
-        ray_driver._join(fake, "auto", job_env_vars())
+        fleet_driver._join(fake, "auto", job_env_vars())
     notes = [line for line in capsys.readouterr().err.splitlines() if "orchestrate: note:" in line]
     assert len(notes) == 1 and "AWS_SECRET_ACCESS_KEY" in notes[0] and "aws-secret-value" not in notes[0]
     with pytest.raises(ClusterUnreachable):  # a local instance of our own: its workers inherit, nothing to say
         monkeypatch.setattr(job_env, "_noted", set())
-        ray_driver._join(fake, None, job_env_vars())
+        fleet_driver._join(fake, None, job_env_vars())
     assert "orchestrate: note:" not in capsys.readouterr().err
 
 
@@ -254,7 +256,7 @@ def test_serves_replica_options_carry_no_secret(monkeypatch):
             options.append(kwargs)
             raise Stop
 
-    monkeypatch.setattr(ray_driver, "_join", lambda ray_, address, env: None)
+    monkeypatch.setattr(fleet_driver, "_join", lambda ray_, address, env: None)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(serve.serve, "start", lambda **kwargs: None)

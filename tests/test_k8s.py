@@ -237,7 +237,7 @@ def test_serving_has_its_own_config_and_rolls_when_it_changes(tmp_path):
 
 
 def test_serving_is_ready_when_the_runtime_is_and_has_time_to_load_every_bucket():
-    from orchestrator.k8s import START_SECONDS_PER_BUCKET
+    from orchestrator.deployment.k8s import START_SECONDS_PER_BUCKET
 
     documents = shipped("serving/serving-mlp.yaml")
     [server] = _serving_pod(documents)["spec"]["containers"]
@@ -299,7 +299,7 @@ def test_warmup_workers_and_serving_pods_are_pinned_to_the_warmed_gpu_class():
     ],
 )
 def test_gpu_names_become_the_labels_gpu_feature_discovery_sets(cuda_name, label):
-    from orchestrator.k8s import gpu_product
+    from orchestrator.deployment.k8s import gpu_product
 
     assert gpu_product(cuda_name) == label
 
@@ -338,7 +338,7 @@ def _containers(document):
 def test_no_secret_is_inline_in_any_manifest():
     """A manifest is read by anyone who can read the RayJob or Deployment: a credential comes from
     a Secret by reference, and an inline value is only ever one that job_env would pass to Ray."""
-    from orchestrator.job_env import is_passed
+    from orchestrator.fleet.job_env import is_passed
 
     secrets = {"ORCHESTRATE_CACHE_SIGNING_KEY": "marker-signing-5a1d", "AWS_SECRET_ACCESS_KEY": "marker-aws-77c0"}
     proc = render_mlp(env=secrets)

@@ -24,8 +24,8 @@ from test_report_records import STARTED, process_run, spec, store_fleet
 
 from orchestrator.cache.sync import Transfer
 from orchestrator.jobs.records import BucketResult
-from orchestrator.metrics import UNKNOWN_GPU, WarmupMetrics, exported_names
-from orchestrator.report import build_fleet_report, build_report
+from orchestrator.reports.metrics import UNKNOWN_GPU, WarmupMetrics, exported_names
+from orchestrator.reports.report import build_fleet_report, build_report
 
 pytestmark = pytest.mark.slow
 DASHBOARD = ROOT / "k8s" / "monitoring" / "grafana-dashboard.json"

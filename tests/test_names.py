@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.cache.namespace import Platform, namespace, slug
+from orchestrator.deployment.k8s import name_for
+from orchestrator.deployment.submit import submission_id
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.k8s import name_for
-from orchestrator.submit import submission_id
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from dataclasses import asdict
 
 import pytest
 
+from orchestrator.fleet.plan import RANK_GPU_SHARE, Node, compile_units, has_spare_cpu, nodes_from_ray, targets
 from orchestrator.jobs.records import BucketResult
-from orchestrator.plan import RANK_GPU_SHARE, Node, compile_units, has_spare_cpu, nodes_from_ray, targets
-from orchestrator.report import fleet_stats
+from orchestrator.reports.report import fleet_stats
 
 RAY_NODES = [
     {
@@ -144,8 +144,8 @@ def test_the_driver_of_a_ray_run_never_imports_torch():
     import sys
 
     code = (
-        "import sys, orchestrator.cli, orchestrator.ray_driver, orchestrator.report, orchestrator.progress, "
-        "orchestrator.metrics, orchestrator.jobs.records; print('torch' in sys.modules)"
+        "import sys, orchestrator.cli, orchestrator.fleet.driver, orchestrator.reports.report, orchestrator.progress, "
+        "orchestrator.reports.metrics, orchestrator.jobs.records; print('torch' in sys.modules)"
     )
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

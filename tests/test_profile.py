@@ -13,8 +13,8 @@ from rich.console import Console
 
 from orchestrator.jobs import profiling
 from orchestrator.jobs.profiling import Timed, account, classify, short_name
-from orchestrator.report import render_profile
-from orchestrator.schemas import report_schema
+from orchestrator.reports.report import render_profile
+from orchestrator.reports.schemas import report_schema
 
 # Kernel names as the profiler reports them: Inductor's Triton kernels, cuBLAS/cuBLASLt (Hopper's
 # xmma and nvjet families, Ampere's sgemm, gemv), CUTLASS, ATen's own CUDA kernels, copies.

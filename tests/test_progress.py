@@ -16,9 +16,9 @@ import pytest
 from conftest import ROOT
 from rich.console import Console
 
+from orchestrator.fleet.driver import FleetObserver
 from orchestrator.jobs.records import BucketResult
 from orchestrator.progress import FleetProgress
-from orchestrator.ray_driver import FleetObserver
 
 
 def warm(rank, bucket, status="ok"):

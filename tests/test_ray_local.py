@@ -117,12 +117,12 @@ def test_a_runtime_replica_serves_the_plan_the_fleet_published(fleet, tmp_path, 
     assert {b: i.variant for b, i in info.buckets.items()} == chosen
 
 
-# A local instance started as `orchestrate warmup` starts one (ray_driver._join, no address), with
+# A local instance started as `orchestrate warmup` starts one (orchestrator.fleet.driver._join, no address), with
 # a secret in this process's environment that job_env keeps out of the runtime_env.
 INHERITS = """
 import json, os, ray
-from orchestrator.job_env import job_env_vars
-from orchestrator.ray_driver import _join
+from orchestrator.fleet.job_env import job_env_vars
+from orchestrator.fleet.driver import _join
 assert "AWS_SECRET_ACCESS_KEY" not in job_env_vars()
 _join(ray, None, job_env_vars())
 

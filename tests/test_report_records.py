@@ -1,4 +1,4 @@
-"""The report is built from typed records (orchestrator.report_records): its JSON keys, their
+"""The report is built from typed records (orchestrator.reports.records): its JSON keys, their
 nesting and values are those of schema_version 1, for a process report and a Ray fleet report."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from orchestrator.cache.namespace import Platform
 from orchestrator.cache.sync import Transfer, combined
 from orchestrator.config import load_spec
-from orchestrator.fleet import FleetRun, TaskRun
+from orchestrator.fleet.plan import CompileUnit, Node, Target
+from orchestrator.fleet.run import FleetRun, TaskRun
 from orchestrator.jobs.records import BucketResult, ProcessRun
-from orchestrator.plan import CompileUnit, Node, Target
-from orchestrator.report import build_fleet_report, build_report
+from orchestrator.reports.report import build_fleet_report, build_report
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)

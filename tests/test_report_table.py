@@ -1,4 +1,4 @@
-"""The warmup table (orchestrator.report.render_table) and the speedup intervals behind it
+"""The warmup table (orchestrator.reports.report.render_table) and the speedup intervals behind it
 (orchestrator.jobs.stats): reports built from synthetic records, rendered into a recording
 console 80 columns wide, as a terminal shows them; no torch compile."""
 
@@ -13,11 +13,11 @@ from rich.console import Console
 from test_report_records import STARTED, fleet_run, process_run, spec, store_fleet
 
 from orchestrator.cache.sync import Transfer
-from orchestrator.fleet import TaskRun
+from orchestrator.fleet.plan import Target
+from orchestrator.fleet.run import TaskRun
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.stats import MIN_SAMPLES, NOISY_RELATIVE_HALF_WIDTH, is_noisy, ratio_interval
-from orchestrator.plan import Target
-from orchestrator.report import build_fleet_report, build_report, render_table
+from orchestrator.reports.report import build_fleet_report, build_report, render_table
 
 ALL_VARIANTS = ("eager", "compiled", "graphed", "eager-graphed", "aot")
 ALLOC_ERROR = (

@@ -1,5 +1,5 @@
 """docs/schemas/*.schema.json: generated from the config's pydantic model and the report's
-dataclasses (orchestrator.schemas), checked in, and what real configs and reports satisfy."""
+dataclasses (orchestrator.reports.schemas), checked in, and what real configs and reports satisfy."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from orchestrator.schemas import DIRECTORY, REGENERATE, config_schema, rendered, report_schema
+from orchestrator.reports.schemas import DIRECTORY, REGENERATE, config_schema, rendered, report_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_config_schema_rejects_what_the_model_rejects():
 def test_synthetic_reports_satisfy_the_report_schema():
     from test_report_records import STARTED, fleet_run, process_run, spec
 
-    from orchestrator.report import build_fleet_report, build_report
+    from orchestrator.reports.report import build_fleet_report, build_report
 
     check = validator(report_schema())
     for report in (

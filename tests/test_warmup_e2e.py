@@ -6,7 +6,7 @@ import jsonschema
 import pytest
 from conftest import MLP, assert_measured, orchestrate
 
-from orchestrator.schemas import report_schema
+from orchestrator.reports.schemas import report_schema
 
 pytestmark = pytest.mark.slow
 

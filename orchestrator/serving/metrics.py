@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from orchestrator.metrics import BUILD_INFO_LABELS, build_info_labels
+from orchestrator.reports.metrics import BUILD_INFO_LABELS, build_info_labels
 
 if TYPE_CHECKING:
     from orchestrator.jobs.replica import BucketedModel

@@ -231,13 +231,13 @@ def run_server(
     until: Callable[[], None] = lambda: None,
 ) -> None:
     """Start Ray (a local instance, or join `ray_address`), deploy the model (the caller checked that
-    its factory is there: ray_driver.preflight), call `on_ready` with
+    its factory is there: orchestrator.fleet.driver.preflight), call `on_ready` with
     the predict URL and the replica's info, then `until()` (the caller blocks there); on return or
     an exception, remove what this call started. ServeFailed when the application fails."""
     import ray
 
-    from orchestrator.job_env import job_env_vars
-    from orchestrator.ray_driver import _join, _probe
+    from orchestrator.fleet.driver import _join, _probe
+    from orchestrator.fleet.job_env import job_env_vars
 
     env = job_env_vars()
     owns_cluster = not ray.is_initialized() and ray_address is None

@@ -1,5 +1,5 @@
 """The environment a job's processes get through Ray's runtime_env: one rule for every way a job
-starts, `orchestrate warmup` on Ray (ray_driver: ray.init), `orchestrate submit` (the Jobs API)
+starts, `orchestrate warmup` on Ray (orchestrator.fleet.driver: ray.init), `orchestrate submit` (the Jobs API)
 and `orchestrate serve` (the replica's ray_actor_options).
 
 Ray keeps a runtime_env in its records: the Jobs API, the dashboard and `ray list jobs` show it

@@ -1,8 +1,8 @@
 """JSON Schemas of the model config and of the warmup report, generated from their one definition:
 the config's pydantic model (orchestrator.jobs.spec.WarmupSpec) and the report's dataclasses
-(orchestrator.report_records). Checked in under docs/schemas/; a test fails when they are stale.
+(orchestrator.reports.records). Checked in under docs/schemas/; a test fails when they are stale.
 
-Regenerate: python -m orchestrator.schemas
+Regenerate: python -m orchestrator.reports.schemas
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.report_records import SCHEMA_VERSION, Report
+from orchestrator.reports.records import SCHEMA_VERSION, Report
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"  # the draft pydantic generates
-DIRECTORY = Path(__file__).resolve().parents[1] / "docs" / "schemas"
-REGENERATE = "python -m orchestrator.schemas"
+DIRECTORY = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+REGENERATE = "python -m orchestrator.reports.schemas"
 
 
 def config_schema() -> dict[str, Any]:

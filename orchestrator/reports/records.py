@@ -1,7 +1,7 @@
 """The warmup report's fields, as typed records: the one definition of the JSON report.
 
-orchestrator.report builds these and writes `dataclasses.asdict` of them; the JSON Schema in
-docs/schemas/report.schema.json is generated from them (orchestrator.schemas). Field order is the
+orchestrator.reports.report builds these and writes `dataclasses.asdict` of them; the JSON Schema in
+docs/schemas/report.schema.json is generated from them (orchestrator.reports.schemas). Field order is the
 order of the keys in the JSON. Torch-free: the driver of a Ray run builds its report without torch.
 
 Typed all the way down except where a part is free-form on purpose (dict[str, Any]): `platform`

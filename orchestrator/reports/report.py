@@ -17,11 +17,11 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cache.sync import combined
-from orchestrator.fleet import FleetRun, TaskRun
+from orchestrator.fleet.run import FleetRun, TaskRun
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.jobs.stats import MIN_SAMPLES, NOISY_RELATIVE_HALF_WIDTH, is_noisy
-from orchestrator.report_records import (
+from orchestrator.reports.records import (
     SCHEMA_VERSION,
     BucketFleetStats,
     Deviation,

@@ -27,12 +27,8 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.fleet import FleetRun, TaskRun
-from orchestrator.job_env import job_env_vars, note_withheld
-from orchestrator.jobs.records import BucketResult, Remote, WorkerAnswer
-from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.jobs.workers import ENDS_THE_JOB, CompileWorker, FleetJob, Host, RankWorker, tidy_node
-from orchestrator.plan import (
+from orchestrator.fleet.job_env import job_env_vars, note_withheld
+from orchestrator.fleet.plan import (
     RANK_GPU_SHARE,
     CompileUnit,
     Node,
@@ -42,6 +38,10 @@ from orchestrator.plan import (
     nodes_from_ray,
     targets,
 )
+from orchestrator.fleet.run import FleetRun, TaskRun
+from orchestrator.jobs.records import BucketResult, Remote, WorkerAnswer
+from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.jobs.workers import ENDS_THE_JOB, CompileWorker, FleetJob, Host, RankWorker, tidy_node
 
 TASK_RETRIES = 2  # a worker that dies (OOM, preemption, kill) is restarted, and its call retried, this often
 # Every compile unit and every rank is an actor, a process of its own as a new replica's would be:

@@ -2,7 +2,7 @@
 tables beside them, no script, no stylesheet or font fetched from anywhere, so the file opens the
 same offline, from a laptop's downloads folder or as a CI artifact.
 
-Reads the JSON report (orchestrator.report_records) as a dict, and reads every field with
+Reads the JSON report (orchestrator.reports.records) as a dict, and reads every field with
 `.get`: a report written before a field existed still renders, without that part. Torch-free (the
 driver of a Ray run writes it) and matplotlib-only: imported when a page is asked for, so the
 `report` extra stays optional.
@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.report import as_record, served_speedup, write_atomic
+from orchestrator.reports.report import as_record, served_speedup, write_atomic
 
 EAGER_COLOR = "#8c8c8c"
 # the other variants in order of first appearance; colour-blind-safe (Okabe-Ito)
@@ -1034,7 +1034,7 @@ def _variants(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _served_speedup(r: dict[str, Any]) -> tuple[Optional[float], Optional[list[float]]]:
-    """Eager / served (orchestrator.report.served_speedup) with its interval, which a report from
+    """Eager / served (orchestrator.reports.report.served_speedup) with its interval, which a report from
     before intervals lacks."""
     return served_speedup(as_record(r)), r.get("served_speedup_interval")
 

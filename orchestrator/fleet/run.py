@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from orchestrator.fleet.plan import CompileUnit, Node, Target
 from orchestrator.jobs.records import BucketResult, ProcessRun
-from orchestrator.plan import CompileUnit, Node, Target
 
 
 @dataclass

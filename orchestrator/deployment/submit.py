@@ -21,7 +21,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from orchestrator.cache.namespace import slug
 from orchestrator.config import format_buckets
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.job_env import job_env_vars, note_withheld
+from orchestrator.fleet.job_env import job_env_vars, note_withheld
 from orchestrator.jobs.spec import WarmupSpec
 
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
