@@ -281,6 +281,33 @@ def ray_report(warm: list[BucketResult], compiled: list[BucketResult]) -> dict:
     )
 
 
+def test_one_cache_rule_for_a_bucket_a_wave_and_a_run():
+    """Records that disagree read "mixed" wherever they are summed up: the bucket's compile
+    wave cell, the wave's line and the run's summary (there: partial), never one side of it."""
+    hit, partly = (
+        dict(cache_state="hit", cache_hits=2, cache_misses=0),
+        dict(cache_state="mixed", cache_hits=1, cache_misses=1),
+    )
+    warm = [
+        measured(1, eager_ms=1, rank=0, phase="warm", compile_seconds=0.5, **hit),
+        measured(8, eager_ms=8, rank=0, phase="warm", compile_seconds=0.5, **partly),
+    ]
+    compiled = [
+        measured(1, eager_ms=1, rank=None, gpu="H200"),
+        measured(1, eager_ms=1, rank=None, gpu="A10G", **hit),
+        measured(8, eager_ms=8, rank=None, gpu="H200"),
+    ]
+    report = ray_report(warm, compiled)
+    text = rendered(report)
+    table = rows(text)
+    assert table["1"].split()[3:5] == ["12.50", "mixed"]  # one class compiled it, one loaded it
+    assert table["8"].split()[3:5] == ["12.50", "miss"]
+    assert "compile wave partial (2 hits, 4 misses); ranks' cache partial (3 hits, 1 misses)" in prose(text)
+    assert report["summary"]["cache_state"] == "partial"
+    buckets = report["summary"]["fleet"]["buckets"]
+    assert (buckets["1"]["cache_state"], buckets["8"]["cache_state"]) == ("hit", "mixed")
+
+
 def test_ray_one_row_per_bucket_from_the_warm_wave():
     eager = {0: 1.0, 1: 1.1, 2: 0.9, 3: 1.05}
     warm = [

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.reports.report import as_record, served_speedup, write_atomic
+from orchestrator.reports.report import as_record, cache_outcome, served_speedup, write_atomic
 
 EAGER_COLOR = "#8c8c8c"
 # the other variants in order of first appearance; colour-blind-safe (Okabe-Ito)
@@ -434,15 +434,15 @@ def _fleet_section(report: dict[str, Any]) -> str:
 def _first_call(report: dict[str, Any], bucket: str) -> str:
     """What the compile wave's first call of a bucket was: with a warm store it loads from the
     cache what an earlier run compiled, and the column's seconds are that load, not a compile."""
-    states = {
+    outcome = cache_outcome(
         r.get("cache_state")
         for r in report.get("results") or []
         if str(r.get("bucket")) == bucket and r.get("rank") is None and r.get("status", "ok") == "ok"
-    } - {None}
-    if not states:
+    )
+    if outcome is None:
         return ""
-    what = {"hit": "cache load", "miss": "compile"}.get(states.pop()) if len(states) == 1 else None
-    return f' <span class="what">{_e(what or "partly cached")}</span>'
+    what = {"hit": "cache load", "miss": "compile"}.get(outcome, "partly cached")
+    return f' <span class="what">{_e(what)}</span>'
 
 
 def _milestones(timeline: list[dict[str, Any]], unlabelled: int) -> str:

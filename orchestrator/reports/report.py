@@ -6,10 +6,11 @@ import json
 import os
 import statistics
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from rich import box
 from rich.console import Console
@@ -167,7 +168,7 @@ def fleet_stats(results: list[BucketResult], pull_seconds: list[float]) -> Fleet
             speedup=spread([r.speedup for r in ok_warm if r.speedup]),
             ranks_ok=len(ok_warm),
             ranks_failed=len(warm) - len(ok_warm),
-            cache_state=_cache_state([r.cache_state for r in ok_warm]),
+            cache_state=cache_outcome(r.cache_state for r in ok_warm),
             eager_ms=spread([r.eager_ms for r in ok_warm if r.eager_ms is not None]),
             served_ms=spread([ms for ms in map(_served_ms, ok_warm) if ms is not None]),
             served_speedup=spread(served_speedups),
@@ -209,9 +210,24 @@ def served_speedup(r: BucketResult) -> Optional[float]:
     return r.eager_ms / ms if r.eager_ms is not None and ms else None
 
 
-def _cache_state(states: list[Optional[str]]) -> Optional[str]:
+def cache_outcome(states: Iterable[Optional[str]]) -> Optional[str]:
+    """Records' cache states ("hit", "miss" or "mixed" each) as one: the state they share,
+    "mixed" where they differ, None where none is known. The one rule every view of a set of
+    records uses: a bucket across ranks, a compile wave, a whole run."""
     known = {s for s in states if s is not None}
     return None if not known else known.pop() if len(known) == 1 else "mixed"
+
+
+# The summary's words for a whole run's outcome; a run without a known state counts as partial.
+RUN_CACHE_STATE: dict[Optional[str], Literal["warm", "cold", "partial"]] = {
+    "hit": "warm",
+    "miss": "cold",
+    "mixed": "partial",
+}
+
+
+def run_cache_state(states: Iterable[Optional[str]]) -> Literal["warm", "cold", "partial"]:
+    return RUN_CACHE_STATE.get(cache_outcome(states), "partial")
 
 
 def _noisy_others(r: BucketResult) -> list[str]:
@@ -307,13 +323,12 @@ def _summary(
     wall_seconds: float,
 ) -> Summary:
     ok = [r for r in results if r.status == "ok"]
-    states = {r.cache_state for r in ok}
     speedups = [r.speedup for r in ok if r.speedup is not None]
     throughput = [r.throughput_speedup for r in ok if r.throughput_speedup is not None]
     return Summary(
         buckets_ok=len(ok),
         buckets_failed=len(results) - len(ok),
-        cache_state="warm" if states == {"hit"} else "cold" if states == {"miss"} else "partial",
+        cache_state=run_cache_state(r.cache_state for r in ok),
         cache_hits=sum(r.cache_hits or 0 for r in results),
         cache_misses=sum(r.cache_misses or 0 for r in results),
         compile_seconds_total=sum(r.compile_seconds or 0.0 for r in results),
@@ -445,7 +460,7 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
     if fleet:  # the ranks load what the compile wave published: their cache is warm on a cold run too
         wave = [r for r in records if r.phase == "compile" and r.status == "ok"]
         hits, misses = sum(r.cache_hits or 0 for r in wave), sum(r.cache_misses or 0 for r in wave)
-        state = "cold" if misses and not hits else "warm" if hits and not misses else "partial"
+        state = run_cache_state(r.cache_state for r in wave)
         cache = f"compile wave {state} ({hits} hits, {misses} misses); ranks' {cache}"
     # what "ready" measured: the first calls (compile or load) and graph recording, on Ray per rank
     # after its set-up, for the slowest rank
@@ -603,13 +618,12 @@ def _fleet_cells(
 
 
 def _compile_wave_cell(compiled: list[BucketResult]) -> str:
-    """The bucket's compile tasks (one per GPU class): the slowest first call and whether any
-    compiled (`miss`) or all loaded what the store held (`hit`)."""
+    """The bucket's compile tasks (one per GPU class): the slowest first call and whether all
+    compiled (`miss`), all loaded what the store held (`hit`), or not all alike (`mixed`)."""
     done = [r for r in compiled if r.status == "ok" and r.compile_seconds is not None]
     if not done:
         return "-"
-    states = {r.cache_state for r in done}
-    state = "miss" if "miss" in states else "hit" if states == {"hit"} else "partial"
+    state = cache_outcome(r.cache_state for r in done) or "-"
     return f"{max(r.compile_seconds or 0.0 for r in done):.2f} {state}"
 
 
