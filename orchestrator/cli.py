@@ -22,7 +22,7 @@ import click
 from rich.console import Console
 
 from orchestrator import __version__
-from orchestrator.cache.manifest import IntegrityError, KeyConfigError
+from orchestrator.cache.manifest import IntegrityError
 from orchestrator.cache.store import StoreError, UnsupportedStore, check_url
 from orchestrator.config import (
     cache_root,
@@ -41,6 +41,7 @@ from orchestrator.errors import (
     EXIT_USAGE,
     UserError,
     exit_code_named,
+    exit_code_of,
 )
 from orchestrator.jobs.spec import READY_WHEN, ReadyWhen
 
@@ -1351,16 +1352,11 @@ def main() -> None:
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "orchestrate"
         _fail(f"{exc.format_message()} (see '{command} --help')", EXIT_USAGE)
-    except UserError as exc:
-        _fail(str(exc), exc.exit_code)
-    except UnsupportedStore as exc:  # `cache` commands open the store directly
-        _fail(str(exc), EXIT_USAGE)
-    except KeyConfigError as exc:  # a trusted key configured wrong is a usage error, as a missing --trust file is
-        _fail(str(exc), EXIT_USAGE)
-    except StoreError as exc:
-        _fail(str(exc), EXIT_STORE)
-    except IntegrityError as exc:
-        _fail(str(exc), EXIT_UNTRUSTED)
+    except Exception as exc:
+        code = exit_code_of(exc)  # a user's problem, a store's or untrusted data: one line each
+        if code is None:
+            raise
+        _fail(str(exc), code)
     except KeyboardInterrupt:
         _fail("interrupted", EXIT_INTERRUPTED)
     sys.exit(EXIT_OK)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 EXIT_OK = 0
 EXIT_BUCKET_FAILED = 1  # the job ran; at least one bucket failed (the rest are reported)
 EXIT_USAGE = 2  # bad flag, bad config, unusable model, device, store URL, --report or key path: nothing ran
@@ -23,17 +25,41 @@ class ClusterUnreachable(UserError):
     exit_code = EXIT_CLUSTER
 
 
+def _families() -> tuple[tuple[type[Exception], int], ...]:
+    """The exceptions from below the CLI that it documents, with their exit codes; the first
+    that matches wins. A trusted key configured wrong and a store URL no backend serves are usage
+    errors, as a missing --trust file is."""
+    from orchestrator.cache import sync  # noqa: F401 (its subclasses, DiskFull and BadShard, are then known)
+    from orchestrator.cache.manifest import IntegrityError, KeyConfigError
+    from orchestrator.cache.store import StoreError, UnsupportedStore
+
+    return (
+        (UserError, EXIT_USAGE),  # or the subclass's own exit_code
+        (UnsupportedStore, EXIT_USAGE),
+        (KeyConfigError, EXIT_USAGE),
+        (StoreError, EXIT_STORE),
+        (IntegrityError, EXIT_UNTRUSTED),
+    )
+
+
+def exit_code_of(exc: BaseException) -> Optional[int]:
+    """The exit code the CLI documents for `exc`; None for an exception it does not know."""
+    for family, code in _families():
+        if isinstance(exc, family):
+            return getattr(exc, "exit_code", code)
+    return None
+
+
 def exit_code_named(kind: str) -> int:
     """The exit code of an exception known only by its class name, as one raised in a Serve
-    replica reaches the driver: a store's and a disk's (3), untrusted data's (4), else a setup
-    problem (2)."""
-    from orchestrator.cache import sync  # noqa: F401 (its subclasses, DiskFull and BadShard, are then known)
-    from orchestrator.cache.manifest import IntegrityError
-    from orchestrator.cache.store import StoreError
+    replica reaches the driver: the same as `exit_code_of` gives the exception itself, and a
+    setup problem's (2) for a name it does not know."""
+    from orchestrator import config  # noqa: F401 (ConfigError is then known)
 
-    for family, code in ((StoreError, EXIT_STORE), (IntegrityError, EXIT_UNTRUSTED)):
-        if kind in {cls.__name__ for cls in _with_subclasses(family)}:
-            return code
+    for family, code in _families():
+        for cls in _with_subclasses(family):
+            if cls.__name__ == kind:
+                return getattr(cls, "exit_code", code)
     return EXIT_USAGE
 
 

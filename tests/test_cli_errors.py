@@ -665,14 +665,24 @@ def test_serve_missing_factory_file(tmp_path):
         ("NotWarm", 2),
         ("SetupError", 2),
         ("KeyConfigError", 2),
+        ("UnsupportedStore", 2),
+        ("ConfigError", 2),
+        ("ClusterUnreachable", 6),
+        ("RuntimeError", 2),
     ],
 )
 def test_a_serve_replicas_exception_means_the_exit_code_of_its_family(kind, code):
     """A replica's exception reaches `orchestrate serve` as its class name alone; a subclass
-    (BadShard, DiskFull) ends the command as its family does."""
-    from orchestrator.errors import exit_code_named
+    (BadShard, DiskFull) ends the command as its family does, and as the exception itself would
+    end any other command."""
+    from orchestrator.errors import _families, _with_subclasses, exit_code_named, exit_code_of
 
     assert exit_code_named(kind) == code
+    known = {cls.__name__: cls for family, _ in _families() for cls in _with_subclasses(family)}
+    if kind in known:
+        assert exit_code_of(known[kind]("x")) == code
+    else:
+        assert exit_code_of(RuntimeError("x")) is None  # not ours: the CLI shows its traceback
 
 
 # A Python whose site-packages lack what the `serve` extra installs: the modules are reported
