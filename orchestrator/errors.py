@@ -54,8 +54,6 @@ def exit_code_named(kind: str) -> int:
     """The exit code of an exception known only by its class name, as one raised in a Serve
     replica reaches the driver: the same as `exit_code_of` gives the exception itself, and a
     setup problem's (2) for a name it does not know."""
-    from orchestrator import config  # noqa: F401 (ConfigError is then known)
-
     for family, code in _families():
         for cls in _with_subclasses(family):
             if cls.__name__ == kind:

@@ -675,9 +675,11 @@ def test_a_serve_replicas_exception_means_the_exit_code_of_its_family(kind, code
     """A replica's exception reaches `orchestrate serve` as its class name alone; a subclass
     (BadShard, DiskFull) ends the command as its family does, and as the exception itself would
     end any other command."""
+    from orchestrator.config import ConfigError
     from orchestrator.errors import _families, _with_subclasses, exit_code_named, exit_code_of
 
     assert exit_code_named(kind) == code
+    assert exit_code_of(ConfigError("x")) == 2
     known = {cls.__name__: cls for family, _ in _families() for cls in _with_subclasses(family)}
     if kind in known:
         assert exit_code_of(known[kind]("x")) == code
