@@ -5,7 +5,7 @@
 A replica of a single Linear (buckets 1 and 8) is loaded on the CPU with `runtime.load`; each
 bucket is timed at its own size (the exact-bucket path) two ways, in blocks of back-to-back calls
 interleaved with the order alternating: the runtime's call, and its runner called directly
-(plus `copy_out` where the variant replays into buffers, as the runtime returns it). `eager` is
+(plus its copy where the variant replays into buffers, as the runtime returns it). `eager` is
 the model as served; `replays` swaps in a stand-in runner flagged as replaying into buffers,
 so the copy-out path is timed too. The overhead is the runtime's block mean minus the direct
 one's in the same round: its median and spread (half the interquartile range), in µs per call.
@@ -120,7 +120,6 @@ def main() -> int:
 
     from orchestrator import runtime
     from orchestrator.jobs.model import make_inputs
-    from orchestrator.jobs.padding import copy_out
     from orchestrator.jobs.replica import BucketInfo
 
     torch.set_num_threads(1)
@@ -144,11 +143,11 @@ def main() -> int:
                             BucketInfo(bucket, "graphed", "graphed", None), _Replays(served.model, served.model(x)), 0
                         )
                     runner = served._routes[bucket].runner
-                    copies = served._routes[bucket].copies
+                    copy = served._routes[bucket].copy
 
-                    def direct(runner: Any = runner, copies: bool = copies, x: Any = x) -> Any:
+                    def direct(runner: Any = runner, copy: Any = copy, x: Any = x) -> Any:
                         outputs = runner(x)
-                        return copy_out(outputs) if copies else outputs
+                        return copy(outputs) if copy is not None else outputs
 
                     def through_runtime(x: Any = x) -> Any:
                         return served(x)

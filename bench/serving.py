@@ -46,7 +46,6 @@ from orchestrator.config import load_spec_with_overrides
 from orchestrator.jobs.model import build_model, make_inputs
 from orchestrator.jobs.timing import Clock, median, p90
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs.padding import copy_out
 from orchestrator.jobs.variants import spread
 
 config, cache, device_name = sys.argv[1:4]
@@ -69,10 +68,10 @@ with torch.no_grad():
             ti.mark_step()
             return plain(*args, **kwargs)
         route = served._routes[bucket]
-        runner, copies = route.runner, route.copies  # as the runtime calls it
+        runner, copy = route.runner, route.copy  # as the runtime calls it
         def variant_call():  # the chosen variant alone, as warmup timed it: what the report's figure is of
             outputs = runner(*args, **kwargs)
-            return copy_out(outputs) if copies else outputs
+            return copy(outputs) if copy is not None else outputs
         runtime_call = lambda: served(*args, **kwargs)
         variants = {"runtime": runtime_call, "alone": variant_call,
                     "eager": lambda: eager(*args, **kwargs), "reduce-overhead": plain_call}

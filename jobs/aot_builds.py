@@ -154,6 +154,14 @@ class AheadBuilds:
         os.replace(self.staging / NAMESPACE / built.path, target)
         return built.path, built.seconds
 
+    def wait_idle(self) -> bool:
+        """Wait until no child runs or waits to start (their functions stay ready to take);
+        whether any was running or waiting."""
+        with self._changed:
+            busy = bool(self._children or self._waiting)
+            self._changed.wait_for(lambda: self._closed or not (self._children or self._waiting))
+        return busy
+
     def close(self) -> None:
         """Stop the children still running and remove what they staged."""
         with self._changed:

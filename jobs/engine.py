@@ -16,9 +16,11 @@ Per bucket, in this order, each timed on its own:
      the config's compile with CUDA graphs off, only where aot is not built: it is aot's twin),
      each through the same gate; one that cannot be built or captured is recorded as unavailable
      with its reason, the bucket does not fail
-  6. interleaved latency of eager, compiled and every built variant -> eager_ms, compiled_ms,
-     speedup, variants; the fastest correct variant is chosen to serve (orchestrator.jobs.variants)
-     and written into the namespace as the bucket's serving plan
+  6. once no bucket compiles or builds any more: latency of eager, compiled and every built
+     variant, each timed in its steady state (orchestrator.jobs.timing: blocks of consecutive
+     calls, interleaved) -> eager_ms, compiled_ms, speedup, variants; the fastest correct variant
+     is chosen to serve (orchestrator.jobs.variants) and written into the namespace as the
+     bucket's serving plan
 """
 
 from __future__ import annotations
@@ -42,14 +44,13 @@ from orchestrator.cache.local import LocalCache
 from orchestrator.cache.manifest import IntegrityError, SigningKey, TrustedKeys
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import Store, StoreError, open_store
-from orchestrator.jobs import aot
+from orchestrator.jobs import aot, copies
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds, processes_for
 from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
 from orchestrator.jobs.gate import Gate, Outputs, snapshot
 from orchestrator.jobs.graphs import CaptureError, GraphedCall
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
-from orchestrator.jobs.padding import copy_out
 from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this module's interface)
     BucketProfile,
     BucketResult,
@@ -149,8 +150,13 @@ def run_warmup(
         build_ahead=spec.buckets,
     )
     try:
+        # every bucket compiled and its aot function taken before the first benchmark: a build
+        # beside a benchmark slows what it times (host-bound calls most), and a replica runs alone
         for bucket in spec.buckets:
-            session.warm(bucket, benchmark=benchmark)
+            session.warm(bucket, benchmark=False)
+        session.close()
+        for bucket in spec.buckets if benchmark else ():
+            session.benchmark(bucket)
     finally:
         session.close()
     if publish:
@@ -347,8 +353,12 @@ class Session:
         return self._finished(work)
 
     def benchmark(self, bucket: int) -> BucketResult:
+        """Time the bucket's variants (once), after the aot builds still running have finished:
+        nothing compiles beside a benchmark in this process or its children."""
         work = self._bucket(bucket)
         if work.result.status == "ok" and work.result.speedup is None:
+            if self.ahead is not None and self.ahead.wait_idle():
+                self.event("aot builds idle")
             self._guard(work, work.benchmark)
             if work.result.status == "ok":
                 plan = write_plan(self.local.path, self.spec, work.result, work.artifacts)
@@ -787,10 +797,13 @@ class _BucketWork:
         spec, device_type = self.spec, self.device.type
         calls: dict[str, Callable[[], Any]] = {
             "eager": self.eager,
-            "compiled": _served("compiled", self.run_compiled, spec, device_type),
+            "compiled": _served(
+                self.run_compiled, copies.copier(None, replays_into_buffers("compiled", spec, device_type))
+            ),
         }
         for name, call in self.graphed.items():
-            calls[name] = _served(name, functools.partial(call, *args, **kwargs), spec, device_type)
+            copier = copies.copier(call, replays_into_buffers(name, spec, device_type))
+            calls[name] = _served(functools.partial(call, *args, **kwargs), copier)
         return calls
 
     def profile_calls(self) -> dict[str, Callable[[], Any]]:
@@ -803,10 +816,11 @@ class _BucketWork:
         self.result.stage = "done"
 
 
-def _served(variant: str, call: Callable[[], Any], spec: WarmupSpec, device_type: str) -> Callable[[], Any]:
-    if not replays_into_buffers(variant, spec, device_type):
+def _served(call: Callable[[], Any], copier: Optional[copies.Copier]) -> Callable[[], Any]:
+    """`call` as the runtime makes it for its caller: outputs copied out of replay buffers."""
+    if copier is None:
         return call
-    return lambda: copy_out(call())
+    return lambda: copier(call())
 
 
 def _existing_function(directory: Path, bucket: int) -> Optional[str]:

@@ -40,6 +40,8 @@ class GraphedCall:
         self.fn = fn
         self.args = [_static(a) for a in args]
         self.kwargs = {k: _static(v) for k, v in kwargs.items()}
+        # a call's tensors, in order, are copied into these (non-tensor arguments were fixed at capture)
+        self._positional = [a for a in self.args if isinstance(a, torch.Tensor)]
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -62,21 +64,24 @@ class GraphedCall:
         return self.graph.pool()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for static, value in zip(self.args, args, strict=True):
-            _copy_in(static, value)
-        for name, value in kwargs.items():
-            _copy_in(self.kwargs[name], value)
+        values = [a for a in args if isinstance(a, torch.Tensor)]
+        if kwargs:
+            values += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+            statics = self._positional + [self.kwargs[k] for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        else:
+            statics = self._positional
+        if len(values) != len(statics):
+            raise TypeError(f"the graph was captured with {len(statics)} tensor inputs, not {len(values)}")
+        if len(values) == 1:
+            statics[0].copy_(values[0], non_blocking=True)
+        else:  # one launch for all inputs of a dtype, where a copy each would launch one each
+            torch._foreach_copy_(statics, values, non_blocking=True)
         self.graph.replay()
         return self.outputs
 
 
 def _static(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-def _copy_in(static: Any, value: Any) -> None:
-    if isinstance(static, torch.Tensor):
-        static.copy_(value, non_blocking=True)
 
 
 def _first_line(exc: BaseException) -> str:

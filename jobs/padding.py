@@ -19,7 +19,7 @@ joined again (`serve.oversize`). This module only shapes tensors; it never runs 
             m = shaper.size(chunk_args, chunk_kwargs)
             padded_args, padded_kwargs = shaper.pad(chunk_args, chunk_kwargs, shaper.bucket_for(m))
             outputs = shaper.unpad(model(*padded_args, **padded_kwargs), m, dims)
-            parts.append(copy_out(outputs))   # out of CUDA-graph buffers the next chunk reuses
+            parts.append(copy_out(outputs))   # jobs/copies.py: out of the buffers the next chunk reuses
         result = shaper.concat(parts, dims)
 
 Output trees are walked as the correctness gate walks them (orchestrator.jobs.trees): tuples,
@@ -344,14 +344,6 @@ def output_bucket_dims(outputs_by_bucket: Mapping[int, Any], input_dim: int) -> 
             )
         dims[path] = matches
     return dims
-
-
-def copy_out(outputs: Any) -> Any:
-    """`outputs` with every tensor copied: what a caller may keep while the next replay
-    overwrites the buffers (CUDA graphs) the outputs were read from."""
-    if type(outputs) is torch.Tensor:  # the usual single output, without walking a tree
-        return outputs.clone()
-    return trees.map_leaves(outputs, lambda _, leaf: leaf.clone() if isinstance(leaf, torch.Tensor) else leaf)
 
 
 def same_device(actual: torch.device, expected: torch.device) -> bool:

@@ -43,12 +43,13 @@ from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import open_store
 from orchestrator.jobs import aot
 from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.copies import copier
 from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.graphs import GraphedCall
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
-from orchestrator.jobs.padding import RequestShaper, copy_out, output_bucket_dims
+from orchestrator.jobs.padding import RequestShaper, output_bucket_dims
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.spec import READY_WHEN, ReadyWhen, WarmupSpec
 from orchestrator.jobs.timing import process_age_seconds
@@ -264,6 +265,17 @@ class BucketedModel:
         self._events = events  # the start's milestones, which the loader goes on adding to
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(args, kwargs, True)
+
+    def borrow(self, *args: Any, **kwargs: Any) -> Any:
+        """As a call, but where the bucket's variant replays a CUDA graph its outputs are the
+        graph's own buffers, not copies: valid until the next call of this model, from any
+        thread, overwrites them. For a caller that consumes them at once (encodes, reduces or
+        copies what it needs) and saves the copy of everything else; one that keeps them, or
+        shares the model between threads, calls the model instead."""
+        return self._call(args, kwargs, False)
+
+    def _call(self, args: Any, kwargs: dict[str, Any], copies: bool) -> Any:
         # A request of a bucket's own shapes (the usual one behind a batcher) costs one lookup,
         # the lock and a count besides its runner: what the runtime adds to every call. The lookup
         # depends on the request alone and runs before the lock; one try block restores both the
@@ -271,7 +283,7 @@ class BucketedModel:
         # costs more than all the rest).
         bucket = self._shaper.exact_bucket(args, kwargs)
         if bucket is None:  # checked, then padded or split: the lock is taken per model call
-            return self._shaped(args, kwargs)
+            return self._shaped(args, kwargs, copies)
         grad = _is_grad_enabled()
         lock = self._lock
         if not lock.acquire(False):
@@ -283,28 +295,30 @@ class BucketedModel:
             outputs = route.runner(*args, **kwargs)
             route.exact_calls += 1
             # copied before the lock is released: the next call's replay overwrites these buffers
-            return copy_out(outputs) if route.copies else outputs
+            copy = route.copy
+            return copy(outputs) if copy is not None and copies else outputs
         finally:
             lock.release()
             if grad:
                 _set_grad_enabled(True)
 
-    def _shaped(self, args: Any, kwargs: dict[str, Any]) -> Any:
+    def _shaped(self, args: Any, kwargs: dict[str, Any], copies: bool) -> Any:
         """Any other request: checked, then padded to its bucket, or run in chunks of the largest.
         Each chunk takes the lock on its own, and the calls that waited for it while a chunk ran
         go before the next: a long request holds up a short one by one chunk, not by all of them."""
         n = self._shaper.size(args, kwargs)  # BadRequest before anything runs
         with torch.no_grad():
             if n <= self.buckets[-1]:
-                return self._run(args, kwargs, n)
+                return self._run(args, kwargs, n, copies)
             parts = []
             for chunk_args, chunk_kwargs in self._shaper.chunks(args, kwargs):
                 for entered in list(self._waiting):
                     entered.wait()
-                parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs)))
+                # each chunk copied: the next one replays into the same buffers
+                parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs), True))
             return self._shaper.concat(parts, self._dims)
 
-    def _run(self, args: Any, kwargs: dict[str, Any], n: int) -> Any:
+    def _run(self, args: Any, kwargs: dict[str, Any], n: int, copies: bool) -> Any:
         if not self._lock.acquire(False):
             self._wait_for_lock()
         try:
@@ -317,7 +331,7 @@ class BucketedModel:
                 outputs = self._shaper.unpad(outputs, n, self._dims)
             # copied before the lock is released: the next call (another request's, or the next
             # chunk's) replays into the same buffers
-            return copy_out(outputs) if route.copies else outputs
+            return route.copy(outputs) if route.copy is not None and copies else outputs
         finally:
             self._lock.release()
 
@@ -370,10 +384,10 @@ class BucketedModel:
 
     def _switch(self, row: BucketInfo, runner: Callable[..., Any], seconds: float) -> None:
         """Serve the bucket on its planned variant from the next call on."""
-        copies = replays_into_buffers(row.variant, self.spec, self.device.type)
+        copy = copier(runner, replays_into_buffers(row.variant, self.spec, self.device.type))
         route = self._routes[row.bucket]
         with self._lock:  # after the call under way, before the next
-            route.runner, route.variant, route.copies = runner, row.variant, copies
+            route.runner, route.variant, route.copy = runner, row.variant, copy
         self._settle(row, seconds)
 
     def _settle(self, row: BucketInfo, seconds: Optional[float]) -> None:
@@ -401,12 +415,12 @@ class _Route:
     """How a call reaches a bucket's variant, and what the bucket has served; changed and counted
     under the call lock, read without it by `usage()` (a scrape must not wait for a model call)."""
 
-    __slots__ = ("copies", "exact_calls", "runner", "shaped", "variant")
+    __slots__ = ("copy", "exact_calls", "runner", "shaped", "variant")
 
     def __init__(self, model: Callable[..., Any]) -> None:
         self.runner, self.variant = model, "eager"
-        # replays write their outputs into the same buffers: the caller gets copies
-        self.copies = False
+        # replays write their outputs into the same buffers: the caller gets copies (jobs/copies.py)
+        self.copy: Optional[Callable[[Any], Any]] = None
         self.exact_calls = 0  # calls at the bucket's own size: `bucket` rows each, no padding
         self.shaped = BucketUsage()  # the calls that were checked and padded (chunks included)
 

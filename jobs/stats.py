@@ -2,8 +2,8 @@
 calls a figure too noisy to print as if it were clean. Stdlib only and torch-free, so the driver,
 the report, the serving choice (orchestrator.jobs.variants) and the tests use the same arithmetic.
 
-The samples are paired: Clock.interleaved times every variant once per iteration, so sample i of
-eager and sample i of a variant saw the same moment of the machine (clocks, other tenants). The
+The samples are paired: Clock.interleaved times every variant in the same blocks, so sample i of
+eager and sample i of a variant are the same round's same call, moments apart (clocks, other tenants). The
 bootstrap resamples iteration indices, keeping each pair together, and recomputes
 median(eager) / median(variant) each time: drift that hits both sides alike cancels, a burst
 that hit one side only widens the interval.

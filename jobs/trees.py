@@ -84,6 +84,17 @@ def map_leaves(node: Any, leaf_fn: Callable[[str, Any], Any], path: str = "outpu
     return split.rebuild([map_leaves(child, leaf_fn, path_of(path, key)) for key, child in split.items])
 
 
+def rebuilder(node: Any) -> Callable[[Iterator[Any]], Any]:
+    """A function that rebuilds `node`'s shape from new leaves, taken in `leaves` order from an
+    iterator: the walk done once, for a caller that rebuilds one structure on every call."""
+    split = children(node)
+    if split is None:
+        return next
+    parts = [rebuilder(child) for _, child in split.items]
+    rebuild = split.rebuild
+    return lambda new: rebuild([part(new) for part in parts])
+
+
 def type_name(node: Any) -> str:
     return type(node).__qualname__
 

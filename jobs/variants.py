@@ -2,7 +2,7 @@
 the runtime and the tests apply the same rule to the same numbers.
 
 A variant displaces another only when the 95% interval of their latency ratio lies wholly above
-1 + MARGIN. The samples are paired (Clock.interleaved times every variant once per iteration),
+1 + MARGIN. The samples are paired (Clock.interleaved times every variant in blocks of one plan),
 and the paired bootstrap of the ratio of medians (orchestrator.jobs.stats) says how far the
 measured difference can be trusted; the spread of single calls does not, since a median of a
 hundred calls is far tighter than any one call. The base is in place first: the variant of the

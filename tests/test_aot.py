@@ -509,3 +509,18 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+def test_a_benchmark_waits_until_no_aot_build_runs_and_their_functions_stay_to_take(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOT_BUILDER", "fails")
+    spec = load_spec(config(tmp_path, "deep"))
+    builds = AheadBuilds(spec, [2, 4], tmp_path / "cache")
+    try:
+        assert builds.wait_idle() is True  # one ran, one waited to start: both have ended now
+        assert builds.running() == []
+        assert builds.wait_idle() is False  # nothing left to wait for
+        for bucket in (2, 4):  # each child's outcome is kept for its bucket, as before the wait
+            with pytest.raises(AheadBuildError, match="exited with code 1"):
+                builds.take(bucket, tmp_path / "cache" / "ns")
+    finally:
+        builds.close()

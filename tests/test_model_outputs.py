@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from orchestrator.jobs import trees
+from orchestrator.jobs.copies import copy_out
 from orchestrator.jobs.errors import OutputMismatch, SetupError
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.model import ConfiguredCall, build_model
-from orchestrator.jobs.padding import RequestShaper, copy_out
+from orchestrator.jobs.padding import RequestShaper
 from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.serving.codec import to_json
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ from conftest import ROOT
 from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs.timing import Clock, median, p90
+from orchestrator.jobs.timing import LEAD_CALLS, Clock, block_plan, median, p90
 
 PLATFORM = Platform(
     torch_version="2.11.0+cu130",
@@ -32,21 +33,54 @@ def test_median_and_p90():
     assert p90([3.0]) == 3.0
 
 
-def test_interleaved_alternates_order_and_counts_calls():
+def test_interleaved_times_blocks_in_alternating_order():
     calls = []
     clock = Clock(torch.device("cpu"))
     samples = clock.interleaved(
         {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, iterations=4, warmup=1
     )
-    assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b", "b", "a"]
+    # warm-up, then a block per variant per round (2 untimed lead calls + 1 timed), order reversed each round
+    assert block_plan(4) == [1, 1, 1, 1]
+    block = lambda v: [v] * (LEAD_CALLS + 1)  # noqa: E731
+    assert calls == ["a", "b"] + block("a") + block("b") + block("b") + block("a") + block("a") + block("b") + block(
+        "b"
+    ) + block("a")
     assert len(samples["a"]) == len(samples["b"]) == 4
     assert all(s >= 0 for s in samples["a"] + samples["b"])
+
+
+def test_block_plan_keeps_five_rounds_and_the_count():
+    assert block_plan(100) == [20] * 5
+    assert block_plan(50) == [10] * 5
+    assert block_plan(7) == [1] * 7
+    assert block_plan(403) == [20] * 20 + [3]
+    assert sum(block_plan(1)) == 1
+
+
+def test_a_variant_timed_after_another_is_not_charged_for_the_switch():
+    """Recorded timings: the tiny model's eager call took 0.079 ms after itself and 0.126 ms right
+    after the reduce-overhead call (the switch). A replica serves one variant, so eager's figure
+    must be 0.079, whatever ran before its block."""
+    now = [0.0]
+    last = [None]
+
+    def call(name: str, steady_ms: float) -> Callable[[], None]:
+        def run() -> None:
+            now[0] += (0.126 if name == "eager" and last[0] == "compiled" else steady_ms) / 1e3
+            last[0] = name
+
+        return run
+
+    clock = Clock(torch.device("cpu"), timer=lambda: now[0])
+    samples = clock.interleaved({"eager": call("eager", 0.079), "compiled": call("compiled", 0.050)}, 100, 5)
+    assert max(samples["eager"]) == pytest.approx(0.079)
+    assert median(samples["compiled"]) == pytest.approx(0.050)
 
 
 def test_back_to_back_times_blocks_of_calls():
     calls = []
     samples = Clock(torch.device("cpu")).back_to_back({"a": lambda: calls.append(1)}, rounds=3, calls=5)
-    assert len(calls) == 15 and len(samples["a"]) == 3
+    assert len(calls) == 3 * (1 + 5) and len(samples["a"]) == 3  # each round: one untimed call, five timed
 
 
 def test_compile_kwargs_folds_mode_into_options():

@@ -1,0 +1,252 @@
+"""Do the warmup report's figures hold up? Each model is warmed as the zoo warms it, then a fresh
+process re-times it by a method of its own and prints every report figure against that timing.
+
+    python bench/fidelity.py OUT_DIR [--only NAME[,NAME]] [--budget SECONDS] [zoo.py's options]
+
+Per model (bench/zoo.py's configs, settings and cold `warmup --no-ray`), a fresh process loads the
+replica with `runtime.load(ready="planned")`, then per bucket builds the functions to time:
+  - eager: the replica's own module;
+  - every variant the report measured that this process can rebuild from the warm cache:
+    `compiled` (outputs copied where they replay into buffers, as warmup times it), `graphed` and
+    `eager-graphed` (captured whole), `aot` where the replica serves it;
+  - runtime: the replica's call; borrowed: `borrow()`, the graph's buffers themselves;
+  - hand replay: the served variant's own CUDA graph, inputs copied in and `replay()`, nothing
+    copied out: the floor a runtime can reach.
+Each is timed in blocks of 40 consecutive calls, 5 rounds interleaved with the order reversed each
+round, a CUDA event pair around each call after a synchronize, after 3 untimed calls; the figure
+is the median. This timer is written here on purpose, apart from orchestrator.jobs.timing: it is
+the check on that one.
+
+Output: OUT_DIR/fidelity.json and OUT_DIR/fidelity.md (also printed): per model and bucket, each
+report figure over its independent timing (eager, every variant, served, speedup), and the
+runtime's and borrow's cost over the hand replay, in µs and %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import zoo  # noqa: E402  (bench/zoo.py: configs, settings and the warmup process)
+
+BLOCK, ROUNDS, UNTIMED = 40, 5, 3
+
+# argv: config, cache dir, report. One JSON line on stdout.
+PROBE = r"""
+import json, os, statistics, sys
+import torch
+from orchestrator import runtime
+from orchestrator.jobs import copies, torch_internals as ti
+from orchestrator.jobs.model import make_inputs
+from orchestrator.jobs.graphs import GraphedCall
+from orchestrator.jobs.variants import replays_into_buffers
+
+BLOCK, ROUNDS, UNTIMED = (int(v) for v in sys.argv[4:7])
+config, cache, report = sys.argv[1:4]
+records = {r["bucket"]: r for r in json.load(open(report))["results"] if r.get("status") == "ok"}
+served = runtime.load(config, cache_dir=cache, device="cuda", ready="planned")
+spec, model, device = served.spec, served.model, served.device
+stream = torch.cuda.current_stream()
+
+def timed(fns):
+    for fn in fns.values():
+        for _ in range(UNTIMED):
+            fn()
+    samples = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(ROUNDS):
+        for name in names if r % 2 == 0 else names[::-1]:
+            fn = fns[name]
+            for _ in range(BLOCK):
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                fn()
+                end.record(stream)
+                end.synchronize()
+                samples[name].append(start.elapsed_time(end))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+def hand_replay(graphed, args, kwargs):
+    # the captured graph itself: its static inputs filled one copy each, replayed, nothing copied out
+    statics = [a for a in graphed.args if isinstance(a, torch.Tensor)] + [v for v in graphed.kwargs.values() if isinstance(v, torch.Tensor)]
+    values = [a for a in args if isinstance(a, torch.Tensor)] + [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    graph = graphed.graph
+    def run():
+        for s, v in zip(statics, values):
+            s.copy_(v, non_blocking=True)
+        graph.replay()
+    return run
+
+out = {"buckets": {}}
+compiled_fns = {}
+def compiled_fn(variant):
+    if variant not in compiled_fns:
+        ti.match_a_plain_process()
+        compiled_fns[variant] = torch.compile(model, **ti.variant_compile_kwargs(spec.compile, variant))
+    return compiled_fns[variant]
+
+with torch.no_grad():
+    for bucket, record in sorted(records.items()):
+        args, kwargs = make_inputs(spec, bucket, device)
+        route = served._routes[bucket]
+        fns = {"eager": lambda: model(*args, **kwargs)}
+        skipped = {}
+        for name, measure in (record.get("variants") or {}).items():
+            if name == "eager" or not measure.get("ok") or measure.get("ms") is None:
+                continue
+            try:
+                if name == "compiled":
+                    fn = compiled_fn("compiled")
+                    fn(*args, **kwargs)
+                    copy = copies.copier(None, replays_into_buffers("compiled", spec, "cuda"))
+                    fns[name] = (lambda fn=fn, copy=copy: copy(fn(*args, **kwargs))) if copy else (lambda fn=fn: fn(*args, **kwargs))
+                elif name in ("graphed", "eager-graphed"):
+                    fn = model if name == "eager-graphed" else compiled_fn("graphed")
+                    call = GraphedCall(fn, args, kwargs)
+                    copy = copies.copier(call, True)
+                    fns[name] = lambda call=call, copy=copy: copy(call(*args, **kwargs))
+                elif name == "aot" and route.variant == "aot":
+                    copy = route.copy
+                    fns[name] = (lambda r=route.runner, copy=copy: copy(r(*args, **kwargs))) if copy else (lambda r=route.runner: r(*args, **kwargs))
+                else:
+                    skipped[name] = "not rebuilt here (only where it serves)"
+            except Exception as exc:
+                skipped[name] = f"{type(exc).__name__}: {exc}"[:300]
+        fns["runtime"] = lambda: served(*args, **kwargs)
+        fns["borrowed"] = lambda: served.borrow(*args, **kwargs)
+        if isinstance(route.runner, GraphedCall):
+            fns["hand replay"] = hand_replay(route.runner, args, kwargs)
+        out["buckets"][bucket] = {"served": route.variant, "ms": timed(fns), "skipped": skipped}
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+def probe(model: zoo.Model, config: Path, cache: Path, report: Path, out_dir: Path, timeout: float) -> dict:
+    log = out_dir / "logs" / f"probe-{model.name}.log"
+    argv = [sys.executable, "-c", PROBE, str(config), str(cache), str(report), str(BLOCK), str(ROUNDS), str(UNTIMED)]
+    done = zoo.run(argv, log, timeout, capture=True)
+    line = next((x for x in reversed(done["stdout"].splitlines()) if x.startswith("{")), None)
+    if line is None:
+        return {"error": f"probe exit {done['exit']}: {zoo.last_line(log)}"}
+    return json.loads(line)
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def compare(record: dict, timing: dict) -> dict:
+    """Every report figure over its independent timing, and the runtime's cost over the floor."""
+    ms = timing["ms"]
+    row: dict[str, Any] = {
+        "bucket": record["bucket"],
+        "served": record.get("variant"),
+        "runtime_serves": timing["served"],
+    }
+    row["eager"] = ratio(record.get("eager_ms"), ms.get("eager"))
+    row["variants"] = {
+        name: ratio((record["variants"].get(name) or {}).get("ms"), ms[name])
+        for name in ms
+        if name in (record.get("variants") or {}) and name != "eager"
+    }
+    row["served_vs_runtime"] = ratio(record.get("served_ms"), ms.get("runtime"))
+    row["speedup"] = ratio(record.get("served_speedup"), ratio(ms.get("eager"), ms.get("runtime")))
+    row["ms"] = ms
+    floor = ms.get("hand replay")
+    if floor:
+        for name in ("runtime", "borrowed"):
+            row[f"{name}_over_floor_us"] = (ms[name] - floor) * 1e3
+            row[f"{name}_over_floor"] = ms[name] / floor - 1
+    return row
+
+
+def within(value: Optional[float], eager_ms: float) -> str:
+    if value is None:
+        return "-"
+    limit = 0.10 if eager_ms < 0.1 else 0.05
+    return f"{value:.3f}" + ("" if abs(value - 1) <= limit else " ✗")
+
+
+def render(rows: list[dict]) -> str:
+    head = (
+        "| model | bucket | served | eager ms (indep.) | report/indep.: eager | variants | served/runtime | speedup "
+        "| runtime − hand replay | borrowed − hand replay |\n|---|---:|---|---:|---:|---|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | |")
+            continue
+        eager_ms = row["ms"]["eager"]
+        variants = ", ".join(f"{k} {within(v, row['ms'].get(k, 1))}" for k, v in row["variants"].items())
+
+        def over(name: str) -> str:
+            if f"{name}_over_floor_us" not in row:
+                return "-"
+            return f"{row[f'{name}_over_floor_us']:+.1f} µs ({row[f'{name}_over_floor'] * 100:+.1f}%)"
+
+        lines.append(
+            f"| {row['model']} | {row['bucket']} | {row['runtime_serves']} | {eager_ms:.3f} | "
+            f"{within(row['eager'], eager_ms)} | {variants} | {within(row['served_vs_runtime'], row['ms']['runtime'])} | "
+            f"{within(row['speedup'], eager_ms)} | {over('runtime')} | {over('borrowed')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--only", type=lambda s: [t for t in s.split(",") if t], default=[])
+    parser.add_argument("--budget", type=float)
+    parser.add_argument("--buckets", type=zoo.parse_buckets)
+    parser.add_argument("--set", action="append", type=zoo.parse_set, default=[], metavar="KEY=VALUE")
+    parser.add_argument("--cache-root", type=Path)
+    args = parser.parse_args()
+    args.device, args.reuse_cache = "cuda", False
+    out_dir = args.out_dir.resolve()
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (out_dir / "configs").mkdir(exist_ok=True)
+    cache_root = (args.cache_root or out_dir / "cache").resolve()
+    budget = zoo.Budget(args.budget)
+    rows: list[dict] = []
+    for model in zoo.select(args.only):
+        started = time.perf_counter()
+        if not budget.fits():
+            rows.append({"model": model.name, "error": f"skipped: {budget.left():.0f} s of the budget left"})
+            continue
+        config, _ = zoo.effective_config(model, args, out_dir)
+        cache = cache_root / model.name
+        cache.mkdir(parents=True, exist_ok=True)
+        warmed = zoo.warm(model, config, cache, out_dir, "cuda", budget.timeout(zoo.WARMUP_TIMEOUT))
+        if "error" in warmed:
+            rows.append({"model": model.name, "error": warmed["error"]})
+        else:
+            report = out_dir / warmed["report"]
+            timing = probe(model, config, cache, report, out_dir, budget.timeout(zoo.REPLICA_TIMEOUT))
+            if "error" in timing:
+                rows.append({"model": model.name, "error": timing["error"]})
+            else:
+                records = {r["bucket"]: r for r in json.loads(report.read_text())["results"]}
+                for bucket, measured in timing["buckets"].items():
+                    rows.append({"model": model.name, **compare(records[int(bucket)], measured)})
+        budget.longest = max(budget.longest, time.perf_counter() - started)
+        (out_dir / "fidelity.json").write_text(json.dumps(rows, indent=1))
+        print(f"fidelity: {model.name} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    table = render(rows)
+    (out_dir / "fidelity.md").write_text(table)
+    sys.stdout.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Outputs copied out of replay buffers: equal to the buffers, independent of them, one copy per
+tensor however often a tree names it, and the tree's own types rebuilt."""
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+import torch
+
+from orchestrator.jobs.copies import StaticCopy, copier, copy_out
+
+
+class Pair(NamedTuple):
+    logits: torch.Tensor
+    cache: list
+
+
+def buffers() -> Pair:
+    shared = torch.arange(6.0).reshape(2, 3)
+    return Pair(
+        logits=torch.randn(2, 5),
+        cache=[
+            OrderedDict(keys=torch.randn(2, 4), values=torch.randn(2, 4), ids=torch.arange(4)),
+            shared,
+            shared,  # the same tensor twice
+            torch.randn(4, 2).t(),  # not contiguous: copied with its strides
+            7,
+            None,
+        ],
+    )
+
+
+def leaves(tree: Pair) -> list:
+    keys = tree.cache[0]
+    return [tree.logits, keys["keys"], keys["values"], keys["ids"], *tree.cache[1:4]]
+
+
+def check_copies(original: Pair, copied: Pair) -> None:
+    assert type(copied) is Pair and type(copied.cache[0]) is OrderedDict
+    assert copied.cache[4:] == [7, None]
+    for a, b in zip(leaves(original), leaves(copied), strict=True):
+        assert torch.equal(a, b) and a.dtype == b.dtype and a.stride() == b.stride()
+        assert a.data_ptr() != b.data_ptr()
+    assert copied.cache[1] is copied.cache[2]
+    before = [t.clone() for t in leaves(copied)]
+    for t in leaves(original):  # the next replay writes its buffers: the caller's copies keep their values
+        t.fill_(-1)
+    assert all(torch.equal(a, b) for a, b in zip(before, leaves(copied), strict=True))
+
+
+def test_a_static_copy_copies_every_tensor_of_the_tree_and_rebuilds_it():
+    outputs = buffers()
+    copy = StaticCopy(outputs)
+    first = copy(outputs)
+    second = copy(outputs)
+    assert first.logits.data_ptr() != second.logits.data_ptr()  # a new copy at every call
+    check_copies(outputs, first)
+
+
+def test_outputs_that_are_not_the_captured_ones_take_the_general_copy():
+    outputs = buffers()
+    copy = StaticCopy(outputs)
+    sliced = Pair(outputs.logits[:1], outputs.cache)  # a padded request's rows, say
+    copied = copy(sliced)
+    assert torch.equal(copied.logits, outputs.logits[:1]) and copied.logits.data_ptr() != outputs.logits.data_ptr()
+    check_copies(buffers_like := outputs, copy_out(buffers_like))
+
+
+def test_a_runner_whose_outputs_are_its_own_is_not_copied():
+    assert copier(object(), replays=False) is None
+    assert copier(object(), replays=True) is copy_out
+
+    class Graph:
+        outputs = torch.ones(2)
+
+    assert isinstance(copier(Graph(), replays=True), StaticCopy)
+
+
+class Replays:
+    """A runner that writes its answer into one buffer, as a captured graph does."""
+
+    def __init__(self, linear: torch.nn.Module, x: torch.Tensor) -> None:
+        self.linear, self.outputs = linear, linear(x)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.linear.bias, x, self.linear.weight.t(), out=self.outputs)
+
+
+def test_borrow_returns_the_buffers_and_a_call_returns_copies(tmp_path):
+    from orchestrator import runtime
+    from orchestrator.jobs.replica import BucketInfo
+
+    (tmp_path / "models.py").write_text("import torch\n\ndef linear():\n    return torch.nn.Linear(4, 4)\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("model: {factory: models.py:linear}\ninputs: [{shape: [batch, 4]}]\nbuckets: [2]\ndevice: cpu\n")
+    served = runtime.load(cfg, cache_dir=tmp_path / "cache", ready="planned")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        runner = Replays(served.model, x)
+        served._switch(BucketInfo(2, "graphed", "graphed", None), runner, 0.0)
+        borrowed, called = served.borrow(x), served(x)
+        expected = served.model(x)
+    assert borrowed is runner.outputs
+    assert called.data_ptr() != runner.outputs.data_ptr() and torch.allclose(called, expected)
+    with torch.no_grad():  # a padded request (1 row of 2) is cut back from the buffers alike
+        assert served.borrow(x[:1]).data_ptr() == runner.outputs.data_ptr()
+        assert served(x[:1]).data_ptr() != runner.outputs.data_ptr()
