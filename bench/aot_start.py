@@ -111,7 +111,7 @@ load_seconds = time.perf_counter() - started
 with torch.no_grad():
     graphed = GraphedCall(function, args, kwargs)
     error = (graphed(*args, **kwargs) - model(*args, **kwargs)).abs().max().item()
-    samples = Clock(device).interleaved({"graphed": lambda: graphed(*args, **kwargs), "eager": lambda: model(*args, **kwargs)}, 200, 20)
+    samples = Clock(device).interleaved({"graphed": lambda: graphed(*args, **kwargs), "eager": lambda: model(*args, **kwargs)}, 200, 20).samples
 written = sum(len(files) for _, _, files in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
 print(json.dumps({"load_seconds": load_seconds, "frames": frames.stats().frames_compiled, "max_abs_error": error,
                   "ms": median(samples["graphed"]), "spread_ms": spread(samples["graphed"]),

@@ -38,7 +38,7 @@ def main() -> None:
         return run
 
     clock = Clock(device)
-    latency = clock.interleaved({n: variant(c) for n, c in modes.items()}, args.iterations, warmup=20)
+    latency = clock.interleaved({n: variant(c) for n, c in modes.items()}, args.iterations, warmup=20).samples
     b2b = clock.back_to_back({n: variant(c) for n, c in modes.items()}, rounds=20, calls=10)
     print(f"{spec.name} bucket {args.bucket} on {device}:")
     for name in modes:

@@ -75,13 +75,13 @@ with torch.no_grad():
         runtime_call = lambda: served(*args, **kwargs)
         variants = {"runtime": runtime_call, "alone": variant_call,
                     "eager": lambda: eager(*args, **kwargs), "reduce-overhead": plain_call}
-        samples = clock.interleaved(variants, 200, 20)
+        samples = clock.interleaved(variants, 200, 20).samples
         out["buckets"][bucket] = {"variant": served.variant(bucket), **{k: row(v) for k, v in samples.items()}}
         out["buckets"][bucket]["host"] = host_overhead(runtime_call, variant_call, host_calls, host_block, sync)
     sizes = sorted({(a + b) // 2 for a, b in zip([0, *spec.buckets], spec.buckets) if (a + b) // 2 not in spec.buckets and (a + b) // 2 > 0})
     for n in sizes:
         args, kwargs = make_inputs(spec, n, device)
-        samples = clock.interleaved({"runtime": lambda: served(*args, **kwargs), "eager": lambda: eager(*args, **kwargs)}, 200, 20)
+        samples = clock.interleaved({"runtime": lambda: served(*args, **kwargs), "eager": lambda: eager(*args, **kwargs)}, 200, 20).samples
         out["between"][n] = {k: row(v) for k, v in samples.items()}
 print(json.dumps(out))
 """

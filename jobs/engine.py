@@ -18,9 +18,9 @@ Per bucket, in this order, each timed on its own:
      with its reason, the bucket does not fail
   6. once no bucket compiles or builds any more: latency of eager, compiled and every built
      variant, each timed in its steady state (orchestrator.jobs.timing: blocks of consecutive
-     calls, interleaved) -> eager_ms, compiled_ms, speedup, variants; the fastest correct variant
-     is chosen to serve (orchestrator.jobs.variants) and written into the namespace as the
-     bucket's serving plan
+     calls, interleaved, rounds the host ran slowed in retaken) -> eager_ms, compiled_ms, speedup,
+     variants; the fastest correct variant is chosen to serve (orchestrator.jobs.variants) and
+     written into the namespace as the bucket's serving plan
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
 )
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
 from orchestrator.jobs.stats import PairedBootstrap, is_noisy
-from orchestrator.jobs.timing import Clock, median, p90, process_age_seconds
+from orchestrator.jobs.timing import Clock, Timed, median, p90, process_age_seconds
 from orchestrator.jobs.variants import (
     MAX_SAMPLES,
     graphed_compile,
@@ -730,6 +730,8 @@ class _BucketWork:
         bucket = result.bucket
         planned = read_plans(self.session.local.path).get(bucket)  # pulled from the store, or this node's
 
+        host = _HostRecord(result)
+
         def time_more(names: list[str], iterations: int) -> dict[str, list[float]]:
             """More interleaved rounds of the variants the choice cannot tell apart yet, after one
             untimed call each: they sat idle through the throughput run."""
@@ -737,14 +739,16 @@ class _BucketWork:
             more = self.clock.interleaved(
                 {name: timed[name] for name in names}, iterations, 1, on_step=lambda: self.progress.advance(bucket)
             )
-            return _kept(more)
+            return _kept(host.add(more))
 
         self.enter("benchmark", total=spec.bench.warmup + spec.bench.iterations + rounds)
         with torch.no_grad():
             window = ti.CounterWindow()
             latency = _kept(
-                self.clock.interleaved(
-                    timed, spec.bench.iterations, spec.bench.warmup, on_step=lambda: self.progress.advance(bucket)
+                host.add(
+                    self.clock.interleaved(
+                        timed, spec.bench.iterations, spec.bench.warmup, on_step=lambda: self.progress.advance(bucket)
+                    )
                 )
             )
             throughput = self.clock.back_to_back(
@@ -785,7 +789,9 @@ class _BucketWork:
         result.served_ms = served.ms
         result.served_speedup = _ratio(result.eager_ms, served.ms) if served.ms is not None else None
         result.served_speedup_interval = served.speedup_interval
-        result.noisy = is_noisy(result.served_speedup, served.speedup_interval, len(latency["eager"]))
+        result.noisy = result.host_steady is False or is_noisy(
+            result.served_speedup, served.speedup_interval, len(latency["eager"])
+        )
         if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()
@@ -814,6 +820,21 @@ class _BucketWork:
 
     def done(self) -> None:
         self.result.stage = "done"
+
+
+class _HostRecord:
+    """What the host meter saw across a bucket's benchmark runs, written into its record."""
+
+    def __init__(self, result: BucketResult) -> None:
+        self.result = result
+        result.bench_rounds, result.host_slowed_rounds, result.host_steady = 0, 0, True
+
+    def add(self, timed: Timed) -> dict[str, list[float]]:
+        result = self.result
+        result.bench_rounds = (result.bench_rounds or 0) + timed.rounds
+        result.host_slowed_rounds = (result.host_slowed_rounds or 0) + timed.slowed
+        result.host_steady = bool(result.host_steady) and timed.steady
+        return timed.samples
 
 
 def _served(call: Callable[[], Any], copier: Optional[copies.Copier]) -> Callable[[], Any]:

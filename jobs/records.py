@@ -115,6 +115,12 @@ class BucketResult:
     served_speedup: Optional[float] = None  # median eager / median served: what serving gains
     served_speedup_interval: Optional[list[float]] = None
     noisy: Optional[bool] = None  # the served speedup is too uncertain to quote as a clean figure
+    # The host meter (orchestrator.jobs.timing): benchmark rounds timed, retakes included; those
+    # timed while the host ran slowed, left out of the samples and retaken; False where the host
+    # was slowed for most of the benchmark, every round kept and the figures noisy
+    bench_rounds: Optional[int] = None
+    host_slowed_rounds: Optional[int] = None
+    host_steady: Optional[bool] = None
     choice_reason: Optional[str] = None  # why the fastest variant by median does not serve; None where it does
     profile: Optional[BucketProfile] = None  # with `warmup --profile DIR`; a failure there never fails the bucket
 

@@ -229,6 +229,17 @@ def test_eager_served_on_noisy_timings_of_the_others_is_said_so():
     assert "other variants" not in prose(rendered(process_report([quiet])))
 
 
+def test_rounds_timed_on_a_slowed_host_are_said_so():
+    retaken = measured(1, eager_ms=4.7, bench_rounds=7, host_slowed_rounds=2, host_steady=True)
+    slowed = measured(8, eager_ms=9.4, noisy=True, bench_rounds=20, host_slowed_rounds=19, host_steady=False)
+    quiet = measured(32, eager_ms=5.0, bench_rounds=5, host_slowed_rounds=0, host_steady=True)
+    text = prose(rendered(process_report([retaken, slowed, quiet])))
+    assert "bucket 1: the host ran slowed in 2 of 7 benchmark rounds; they were timed again and left out" in text
+    assert "bucket 8: the host ran slowed in 19 of 20 benchmark rounds, most of them: every round kept" in text
+    assert "bucket 32: the host" not in text
+    assert "noisy" in rows(rendered(process_report([slowed])))["8"]
+
+
 def test_a_report_from_before_intervals_still_renders():
     report = process_report([measured(1, eager_ms=1.0)])
     for record in report["results"]:

@@ -410,6 +410,7 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
             f"fewer than {MIN_SAMPLES} samples: measure again on a quiet machine before trusting it",
             "yellow",
         )
+    _print_host(console, [r for r in shown if r.status == "ok"], fleet)
     # eager serving at a clean 1.00x can rest on timings of the others too noisy to tell them apart
     unsettled = {r.bucket for r in shown if r.status == "ok" and _noisy_others(r)}
     if unsettled:
@@ -743,6 +744,20 @@ def as_record(data: dict[str, Any]) -> BucketResult:
 
 def _order(r: BucketResult) -> tuple[int, int, int]:
     return (r.bucket, WAVES.index(r.phase) if r.phase in WAVES else -1, -1 if r.rank is None else r.rank)
+
+
+def _print_host(console: Console, records: list[BucketResult], fleet: bool) -> None:
+    """Where the host ran slowed during a benchmark (orchestrator.jobs.timing's host meter): its
+    rounds were timed again and left out, or, slowed for most of it, kept with the figures noisy."""
+    for r in records:
+        if not r.host_slowed_rounds:
+            continue
+        where = f"bucket {r.bucket}" + (f" rank {r.rank}" if fleet and r.rank is not None else "")
+        slowed = f"the host ran slowed in {r.host_slowed_rounds} of {r.bench_rounds} benchmark rounds"
+        if r.host_steady is False:
+            _line(console, f"{where}: {slowed}, most of them: every round kept, its figures are noisy", "yellow")
+        else:
+            _line(console, f"{where}: {slowed}; they were timed again and left out")
 
 
 def _buckets(buckets: set[int]) -> str:
