@@ -38,10 +38,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 import zoo  # noqa: E402  (bench/zoo.py: configs, settings and the warmup process)
 
 BLOCK, ROUNDS, UNTIMED = 40, 5, 3
+# The host meter (a check of its own on orchestrator.jobs.timing's): a round whose slowest reading
+# is over SLOWED times the best round's ran on a slowed host and is timed again, up to MAX_ROUNDS
+# rounds in all; the figures are the medians of the rounds at full speed, and of all rounds beside.
+SLOWED, MAX_ROUNDS = 1.25, 12
 
 # argv: config, cache dir, report. One JSON line on stdout.
 PROBE = r"""
-import json, os, statistics, sys
+import json, os, statistics, sys, time
 import torch
 from orchestrator import runtime
 from orchestrator.jobs import copies, torch_internals as ti
@@ -49,22 +53,36 @@ from orchestrator.jobs.model import make_inputs
 from orchestrator.jobs.graphs import GraphedCall
 from orchestrator.jobs.variants import replays_into_buffers
 
-BLOCK, ROUNDS, UNTIMED = (int(v) for v in sys.argv[4:7])
+BLOCK, ROUNDS, UNTIMED, MAX_ROUNDS = (int(v) for v in sys.argv[4:8])
+SLOWED = float(sys.argv[8])
 config, cache, report = sys.argv[1:4]
 records = {r["bucket"]: r for r in json.load(open(report))["results"] if r.get("status") == "ok"}
 served = runtime.load(config, cache_dir=cache, device="cuda", ready="planned")
 spec, model, device = served.spec, served.model, served.device
 stream = torch.cuda.current_stream()
 
+def host_us():
+    # the host's speed now: the best of three runs of a fixed loop of pure Python
+    best = float("inf")
+    for _ in range(3):
+        began = time.perf_counter()
+        total = 0
+        for i in range(1000):
+            total += i * i
+        best = min(best, time.perf_counter() - began)
+    return best * 1e6
+
 def timed(fns):
     for fn in fns.values():
         for _ in range(UNTIMED):
             fn()
-    samples = {name: [] for name in fns}
     names = list(fns)
-    for r in range(ROUNDS):
-        for name in names if r % 2 == 0 else names[::-1]:
-            fn = fns[name]
+    rounds = []  # (the round's slowest host reading, its samples by name)
+    while True:
+        samples, slowest = {}, 0.0
+        for name in names if len(rounds) % 2 == 0 else names[::-1]:
+            slowest = max(slowest, host_us())
+            fn, taken = fns[name], []
             for _ in range(BLOCK):
                 torch.cuda.synchronize()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -72,8 +90,17 @@ def timed(fns):
                 fn()
                 end.record(stream)
                 end.synchronize()
-                samples[name].append(start.elapsed_time(end))
-    return {name: statistics.median(s) for name, s in samples.items()}
+                taken.append(start.elapsed_time(end))
+            samples[name] = taken
+        rounds.append((max(slowest, host_us()), samples))
+        best = min(h for h, _ in rounds)
+        full_speed = [s for h, s in rounds if h <= SLOWED * best]
+        if len(full_speed) >= ROUNDS or len(rounds) >= MAX_ROUNDS:
+            break
+    kept = full_speed if len(full_speed) >= 3 else [s for _, s in rounds]
+    median = lambda chosen, name: statistics.median([ms for s in chosen for ms in s[name]])
+    return ({name: median(kept, name) for name in names}, {name: median([s for _, s in rounds], name) for name in names},
+            {"rounds": len(rounds), "slowed": len(rounds) - len(full_speed), "full_speed": len(full_speed) >= 3})
 
 def hand_replay(graphed, args, kwargs):
     # the captured graph itself: its static inputs filled one copy each, replayed, nothing copied out
@@ -125,7 +152,8 @@ with torch.no_grad():
         fns["borrowed"] = lambda: served.borrow(*args, **kwargs)
         if isinstance(route.runner, GraphedCall):
             fns["hand replay"] = hand_replay(route.runner, args, kwargs)
-        out["buckets"][bucket] = {"served": route.variant, "ms": timed(fns), "skipped": skipped}
+        ms, ms_all, host = timed(fns)
+        out["buckets"][bucket] = {"served": route.variant, "ms": ms, "ms_all": ms_all, "host": host, "skipped": skipped}
 print(json.dumps(out), flush=True)
 os._exit(0)
 """
@@ -133,7 +161,8 @@ os._exit(0)
 
 def probe(model: zoo.Model, config: Path, cache: Path, report: Path, out_dir: Path, timeout: float) -> dict:
     log = out_dir / "logs" / f"probe-{model.name}.log"
-    argv = [sys.executable, "-c", PROBE, str(config), str(cache), str(report), str(BLOCK), str(ROUNDS), str(UNTIMED)]
+    argv = [sys.executable, "-c", PROBE, str(config), str(cache), str(report)]
+    argv += [str(v) for v in (BLOCK, ROUNDS, UNTIMED, MAX_ROUNDS, SLOWED)]
     done = zoo.run(argv, log, timeout, capture=True)
     line = next((x for x in reversed(done["stdout"].splitlines()) if x.startswith("{")), None)
     if line is None:
@@ -154,6 +183,11 @@ def compare(record: dict, timing: dict) -> dict:
         "runtime_serves": timing["served"],
     }
     row["eager"] = ratio(record.get("eager_ms"), ms.get("eager"))
+    row["eager_all_rounds"] = ratio(record.get("eager_ms"), timing["ms_all"].get("eager"))
+    row["host"] = {
+        "report": [record.get("host_slowed_rounds"), record.get("bench_rounds")],
+        "independent": [timing["host"]["slowed"], timing["host"]["rounds"]],
+    }
     row["variants"] = {
         name: ratio((record["variants"].get(name) or {}).get("ms"), ms[name])
         for name in ms
@@ -179,13 +213,14 @@ def within(value: Optional[float], eager_ms: float) -> str:
 
 def render(rows: list[dict]) -> str:
     head = (
-        "| model | bucket | served | eager ms (indep.) | report/indep.: eager | variants | served/runtime | speedup "
-        "| runtime − hand replay | borrowed − hand replay |\n|---|---:|---|---:|---:|---|---:|---:|---:|---:|"
+        "| model | bucket | served | eager ms (indep.) | report/indep.: eager (all rounds) | variants | served/runtime "
+        "| speedup | runtime − hand replay | borrowed − hand replay | host slowed: report · indep. |\n"
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | |")
             continue
         eager_ms = row["ms"]["eager"]
         variants = ", ".join(f"{k} {within(v, row['ms'].get(k, 1))}" for k, v in row["variants"].items())
@@ -195,10 +230,16 @@ def render(rows: list[dict]) -> str:
                 return "-"
             return f"{row[f'{name}_over_floor_us']:+.1f} µs ({row[f'{name}_over_floor'] * 100:+.1f}%)"
 
+        def slowed(side: str) -> str:
+            done, rounds = row["host"][side]
+            return "-" if rounds is None else f"{done}/{rounds}"
+
+        all_rounds = row.get("eager_all_rounds")
         lines.append(
             f"| {row['model']} | {row['bucket']} | {row['runtime_serves']} | {eager_ms:.3f} | "
-            f"{within(row['eager'], eager_ms)} | {variants} | {within(row['served_vs_runtime'], row['ms']['runtime'])} | "
-            f"{within(row['speedup'], eager_ms)} | {over('runtime')} | {over('borrowed')} |"
+            f"{within(row['eager'], eager_ms)} ({'-' if all_rounds is None else f'{all_rounds:.3f}'}) | {variants} | "
+            f"{within(row['served_vs_runtime'], row['ms']['runtime'])} | {within(row['speedup'], eager_ms)} | "
+            f"{over('runtime')} | {over('borrowed')} | {slowed('report')} · {slowed('independent')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -219,7 +260,10 @@ def main() -> int:
     cache_root = (args.cache_root or out_dir / "cache").resolve()
     budget = zoo.Budget(args.budget)
     rows: list[dict] = []
-    for model in zoo.select(args.only):
+    # in the order named, so that a budget that runs out skips the last named
+    named = [Path(token).stem if token.endswith((".yaml", ".yml")) else token for token in args.only]
+    models = sorted(zoo.select(args.only), key=lambda m: named.index(m.name) if m.name in named else len(named))
+    for model in models:
         started = time.perf_counter()
         if not budget.fits():
             rows.append({"model": model.name, "error": f"skipped: {budget.left():.0f} s of the budget left"})
