@@ -2,12 +2,10 @@
 
 A copy per output tensor is a kernel launch per tensor and, for a tree of outputs (a Hugging Face
 output with its cache: dozens of tensors), a walk of the tree per call. Here the tensors of one
-dtype and device are copied into one new buffer, cut into tensors of their shapes again by one
-call: the small ones by one `torch.cat` of their flat views, each large one (LARGE_BYTES) by a
-copy of its own, since cat's batched kernel runs far below the memory's bandwidth where one input
-dwarfs the others. A variant captured in a graph of the tool's own returns the same output
-objects at every replay, so what to copy and how to rebuild the tree are worked out once
-(StaticCopy).
+dtype and device are copied together: one `torch.cat` of their flat views, cut into tensors of
+their shapes again by one call, so a tree of any size costs a launch per dtype. A variant captured
+in a graph of the tool's own returns the same output objects at every replay, so what to copy and
+how to rebuild the tree are worked out once (StaticCopy).
 
 Copies of one call share one storage per dtype: a caller that keeps one output keeps that call's
 other outputs of its dtype alive with it.
@@ -23,10 +21,6 @@ import torch
 from orchestrator.jobs import trees
 
 Copier = Callable[[Any], Any]
-
-# A tensor of this many bytes or more is copied by a launch of its own: a plain copy moves it at
-# the memory's bandwidth, where cat's kernel, given it beside small tensors, does not.
-LARGE_BYTES = 1 << 20
 
 
 def copy_out(outputs: Any) -> Any:
@@ -67,11 +61,10 @@ def copier(runner: Any, replays: bool) -> Optional[Copier]:
 
 
 class _Plan:
-    """Which leaves to copy and how: tensors grouped by dtype and device, each group into one new
-    buffer (its small tensors by one cat, each large one by a copy of its own); a tensor that is
-    not contiguous by itself (its strides kept); the same tensor twice copied once, and the copy
-    shared as the original was. `static`: the same leaves come at every call, so their flat views
-    are taken once."""
+    """Which leaves to copy and how: tensors grouped by dtype and device, each group in one
+    launch; a tensor that is not contiguous by itself (its strides kept); the same tensor twice
+    copied once, and the copy shared as the original was. `static`: the same leaves come at every
+    call, so their flat views are taken once."""
 
     def __init__(self, leaves: Sequence[Any], static: bool = False) -> None:
         first: dict[int, int] = {}  # id of a tensor -> its first position
@@ -91,21 +84,15 @@ class _Plan:
                 self._alone.append(i)
         for positions in [p for p in groups.values() if len(p) == 1]:
             self._alone += positions
-        # each group's positions in the order of its buffer: the small tensors first (one cat
-        # fills them), then the large ones
-        self._groups: list[tuple[list[int], int]] = []  # (positions, how many of them are small)
-        for positions in (p for p in groups.values() if len(p) > 1):
-            small = [i for i in positions if _nbytes(leaves[i]) < LARGE_BYTES]
-            self._groups.append((small + [i for i in positions if i not in small], len(small)))
-        self._views = [[leaves[i].view(-1) for i in positions] for positions, _ in self._groups] if static else None
+        self._groups = [positions for positions in groups.values() if len(positions) > 1]
+        self._views = [[leaves[i].view(-1) for i in positions] for positions in self._groups] if static else None
 
     def copies(self, leaves: Sequence[Any]) -> list[Any]:
         """`leaves` with each tensor replaced by its copy, other leaves as they are."""
         out = list(leaves)
-        for g, (positions, small) in enumerate(self._groups):
+        for g, positions in enumerate(self._groups):
             tensors = [leaves[i] for i in positions]
-            views = self._views[g] if self._views is not None else [t.view(-1) for t in tensors]
-            flat = _copied(views, small)
+            flat = torch.cat(self._views[g] if self._views is not None else [t.view(-1) for t in tensors])
             for i, piece in zip(positions, _unflatten(flat, tensors), strict=True):
                 out[i] = piece
         for i in self._alone:
@@ -113,28 +100,6 @@ class _Plan:
         for i, original in self._same:
             out[i] = out[original]
         return out
-
-
-def _copied(views: Sequence[torch.Tensor], small: int) -> torch.Tensor:
-    """One new buffer holding `views` end to end: the first `small` of them by one cat into its
-    start, each other by a copy of its own."""
-    if small == len(views):
-        return torch.cat(list(views))
-    sizes = [v.numel() for v in views]
-    flat = torch.empty(sum(sizes), dtype=views[0].dtype, device=views[0].device)
-    offset = sum(sizes[:small])
-    if small > 1:
-        torch.cat(list(views[:small]), out=flat[:offset])
-    elif small == 1:
-        flat[:offset].copy_(views[0])
-    for view, size in zip(views[small:], sizes[small:], strict=True):
-        flat[offset : offset + size].copy_(view)
-        offset += size
-    return flat
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> Sequence[torch.Tensor]:

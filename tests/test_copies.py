@@ -65,21 +65,6 @@ def test_outputs_that_are_not_the_captured_ones_take_the_general_copy():
     check_copies(buffers_like := outputs, copy_out(buffers_like))
 
 
-def test_large_tensors_beside_small_ones_are_copied_whole_and_in_place():
-    """A decoder's outputs: logits of megabytes beside a cache of small tensors of the same dtype,
-    and a second large one; each comes back equal, with its shape, in one new buffer per dtype."""
-    logits, extra = torch.randn(4, 70000), torch.randn(300000)  # 1.1 MB and 1.2 MB
-    cache = [torch.randn(2, 3, 4) for _ in range(5)]
-    outputs = (cache[0], logits, *cache[1:], extra)
-    for copied in (StaticCopy(outputs)(outputs), copy_out(outputs)):
-        assert len(copied) == len(outputs)
-        for a, b in zip(outputs, copied, strict=True):
-            assert torch.equal(a, b) and a.shape == b.shape and a.data_ptr() != b.data_ptr()
-        assert len({t.untyped_storage().data_ptr() for t in copied}) == 1  # one buffer for the dtype
-    only_large = (logits, extra)
-    assert all(torch.equal(a, b) for a, b in zip(only_large, copy_out(only_large), strict=True))
-
-
 def test_a_runner_whose_outputs_are_its_own_is_not_copied():
     assert copier(object(), replays=False) is None
     assert copier(object(), replays=True) is copy_out
