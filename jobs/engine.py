@@ -59,7 +59,7 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
 )
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
 from orchestrator.jobs.stats import PairedBootstrap, is_noisy
-from orchestrator.jobs.timing import Clock, Timed, median, p90, process_age_seconds
+from orchestrator.jobs.timing import HOST, Clock, Timed, median, p90, process_age_seconds
 from orchestrator.jobs.variants import (
     MAX_SAMPLES,
     graphed_compile,
@@ -566,6 +566,7 @@ class _BucketWork:
 
     def enter(self, stage: str, total: Optional[int] = None) -> None:
         self.pause()
+        HOST()  # a reading per stage: what full speed is, learnt over the process's life (timing.py)
         self.result.stage, self._stage_started = stage, time.perf_counter()
         self.progress.phase(self.result.bucket, stage, total)
 

@@ -24,13 +24,16 @@ MIN_ROUNDS = 5  # blocks per variant, at least, where the calls asked for allow 
 LEAD_CALLS = 2  # untimed calls at the start of every block
 
 # A shared host (a cloud VM beside other tenants) runs the same Python up to twice as slowly for
-# seconds at a time. Host-bound calls (eager at small sizes) slow with it and graph replays do
-# not, so a round timed then overstates every speedup, and a fresh process's re-timing cannot
-# confirm it. The host meter is read before every block and after each round: a round whose
-# slowest reading exceeds HOST_SLOWED times the best round's is left out of every variant's
-# samples (the pairs stay whole) and timed again, up to RETAKE_ROUNDS times the rounds asked for.
+# seconds at a time, for most of a minute at worst. Host-bound calls (eager at small sizes) slow
+# with it and graph replays do not, so a round timed then overstates every speedup, and a fresh
+# process's re-timing cannot confirm it. The host meter is read before every block and after each
+# round; a round whose slowest reading exceeds HOST_SLOWED times the best reading this process has
+# seen (HOST: read at every stage of every bucket, so a benchmark that falls wholly within a slowed
+# stretch is seen as one) is left out of every variant's samples (the pairs stay whole) and timed
+# again while the rounds at full speed are fewer than asked, for up to RETAKE_SECONDS.
 HOST_SLOWED = 1.25
-RETAKE_ROUNDS = 3
+RETAKE_SECONDS = 10.0
+RETAKE_ROUNDS = 3  # times the rounds asked for, at most, within RETAKE_SECONDS
 # Fewer rounds at full speed than this, or than half the rounds asked for, select nothing: the
 # host was slowed for most of the benchmark, every round is kept and the figures are noisy.
 MIN_STEADY_ROUNDS = 3
@@ -54,19 +57,30 @@ def host_work() -> int:
 
 
 class HostMeter:
-    """The host's speed now: seconds that `host_work` takes, the best of a few runs (a reading is
-    a fraction of a millisecond, so a single preemption does not make a round look slowed)."""
+    """The host's speed: seconds that `host_work` takes, the best of a few runs (a reading is a
+    fraction of a millisecond, so a single preemption does not make it look slowed), and the best
+    reading so far, the host at its own full speed. `reading` replaces the work (tests)."""
 
-    def __init__(self, timer: Callable[[], float] = time.perf_counter, repeats: int = 3) -> None:
-        self.timer, self.repeats = timer, repeats
+    def __init__(self, reading: Optional[Callable[[], float]] = None, repeats: int = 3) -> None:
+        self._reading, self.repeats = reading, repeats
+        self.best = math.inf
 
     def __call__(self) -> float:
-        best = math.inf
-        for _ in range(self.repeats):
-            start = self.timer()
-            host_work()
-            best = min(best, self.timer() - start)
-        return best
+        if self._reading is not None:
+            seconds = self._reading()
+        else:
+            seconds = math.inf
+            for _ in range(self.repeats):
+                start = time.perf_counter()
+                host_work()
+                seconds = min(seconds, time.perf_counter() - start)
+        self.best = min(self.best, seconds)
+        return seconds
+
+
+# This process's meter: every Clock reads it unless given another, and the engine reads it at
+# every stage, so that its best reading spans the process's life, not one benchmark's seconds.
+HOST = HostMeter()
 
 
 @dataclass
@@ -94,13 +108,13 @@ class Clock:
         self,
         device: torch.device,
         timer: Callable[[], float] = time.perf_counter,
-        host: Optional[Callable[[], float]] = None,
+        host: HostMeter = HOST,
     ) -> None:
         """timer: the host's clock in seconds, where the device has no events of its own (the CPU).
-        host: the host's speed now, as seconds a fixed piece of work takes (HostMeter by default)."""
+        host: the host meter whose best reading says what full speed is (this process's own)."""
         self.device = device
         self.timer = timer
-        self.host = host or HostMeter()
+        self.host = host
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -145,12 +159,13 @@ class Clock:
             for _ in range(calls):
                 on_step()
         # retakes, of the plan's first block size, while fewer rounds ran at full speed than the
-        # plan has (the best reading may move with them) and the retakes last
+        # plan has (the best reading may move with them), within RETAKE_SECONDS and RETAKE_ROUNDS
+        deadline = time.monotonic() + RETAKE_SECONDS
         for _ in range(RETAKE_ROUNDS * len(plan)):
-            if len(rounds) - len(_slowed(rounds)) >= len(plan):
+            if len(rounds) - len(self._slowed(rounds)) >= len(plan) or time.monotonic() > deadline:
                 break
             rounds.append(self._round(variants, names, plan[0], reverse=len(rounds) % 2 == 1))
-        slowed = _slowed(rounds)
+        slowed = self._slowed(rounds)
         steady_rounds = [r for r in rounds if id(r) not in slowed]
         steady = len(steady_rounds) >= min(len(plan), max(MIN_STEADY_ROUNDS, (len(plan) + 1) // 2))
         kept = steady_rounds if steady else rounds
@@ -174,6 +189,11 @@ class Clock:
                 fn()
             samples[name] = [self._time_one(fn) for _ in range(calls)]
         return _Round(calls, samples, max(host_s, self.host()))
+
+    def _slowed(self, rounds: list[_Round]) -> set[int]:
+        """The ids of the rounds timed while the host ran slowed: their slowest reading over
+        HOST_SLOWED times the best the meter has read."""
+        return {id(r) for r in rounds if r.host_s > HOST_SLOWED * self.host.best}
 
     def back_to_back(
         self,
@@ -209,13 +229,6 @@ class Clock:
         for _ in range(calls):
             fn()
         return (self.timer() - start_s) * 1e3
-
-
-def _slowed(rounds: list[_Round]) -> set[int]:
-    """The ids of the rounds timed while the host ran slowed: its reading over HOST_SLOWED times
-    the best round's."""
-    best = min(r.host_s for r in rounds)
-    return {id(r) for r in rounds if r.host_s > HOST_SLOWED * best}
 
 
 def median(samples: list[float]) -> float:

@@ -14,7 +14,7 @@ from conftest import ROOT
 from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs.timing import LEAD_CALLS, Clock, block_plan, median, p90
+from orchestrator.jobs.timing import LEAD_CALLS, Clock, HostMeter, block_plan, median, p90
 
 PLATFORM = Platform(
     torch_version="2.11.0+cu130",
@@ -71,7 +71,7 @@ def test_a_variant_timed_after_another_is_not_charged_for_the_switch():
 
         return run
 
-    clock = Clock(torch.device("cpu"), timer=lambda: now[0], host=lambda: 1.0)
+    clock = Clock(torch.device("cpu"), timer=lambda: now[0], host=HostMeter(lambda: 1.0))
     samples = clock.interleaved({"eager": call("eager", 0.079), "compiled": call("compiled", 0.050)}, 100, 5).samples
     assert max(samples["eager"]) == pytest.approx(0.079)
     assert median(samples["compiled"]) == pytest.approx(0.050)
@@ -84,12 +84,13 @@ class SlowedHost:
 
     def __init__(self, slowed_rounds: Callable[[int], bool]) -> None:
         self.slowed_rounds, self.readings, self.now = slowed_rounds, 0, 0.0
+        self.meter = HostMeter(self.read)
 
     @property
     def slowed(self) -> bool:
         return self.slowed_rounds((self.readings - 1) // 3)
 
-    def meter(self) -> float:
+    def read(self) -> float:
         self.readings += 1
         return 2.0 if self.slowed else 1.0
 
@@ -122,6 +123,19 @@ def test_a_host_slowed_for_most_of_the_benchmark_keeps_every_round_and_is_not_st
     assert timed.rounds == 5 + 3 * 5 and timed.slowed == timed.rounds - 1  # every retake spent
     assert len(timed.samples["eager"]) == 10 * timed.rounds  # nothing selected: all kept
     assert median(timed.samples["eager"]) == pytest.approx(9.4)
+
+
+def test_a_benchmark_wholly_within_a_slowed_stretch_is_judged_by_the_process_s_best_reading():
+    """Every round of the benchmark as planned reads alike, slowed: judged among themselves they
+    would all pass. The meter's reading at an earlier stage of the process says what full speed
+    is, so they are retaken until the host is back at it."""
+    host = SlowedHost(lambda i: 1 <= i <= 5)
+    host.meter()  # a stage before the benchmark, at full speed: round "0" of the script
+    host.readings = 3
+    clock = Clock(torch.device("cpu"), timer=lambda: host.now, host=host.meter)
+    timed = clock.interleaved({"eager": host.call(4.7, 0.0), "graphed": host.call(0.0, 1.0)}, 50, 0)
+    assert (timed.rounds, timed.slowed, timed.steady) == (10, 5, True)
+    assert median(timed.samples["eager"]) == pytest.approx(4.7)
 
 
 def test_back_to_back_times_blocks_of_calls():
