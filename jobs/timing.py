@@ -78,7 +78,7 @@ class HostMeter:
         return seconds
 
 
-# This process's meter: every Clock reads it unless given another, and the engine reads it at
+# This process's meter: every Clock on a GPU reads it unless given another, and the engine reads it at
 # every stage, so that its best reading spans the process's life, not one benchmark's seconds.
 HOST = HostMeter()
 
@@ -108,13 +108,15 @@ class Clock:
         self,
         device: torch.device,
         timer: Callable[[], float] = time.perf_counter,
-        host: HostMeter = HOST,
+        host: Optional[HostMeter] = None,
     ) -> None:
         """timer: the host's clock in seconds, where the device has no events of its own (the CPU).
-        host: the host meter whose best reading says what full speed is (this process's own)."""
+        host: the host meter whose best reading says what full speed is; by default this process's
+        own on a GPU, and none on the CPU, where every variant runs on the host: a slowed host
+        slows them all alike, which the interleaving already cancels in every ratio."""
         self.device = device
         self.timer = timer
-        self.host = host
+        self.host = host if host is not None else (HOST if device.type == "cuda" else None)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -183,16 +185,21 @@ class Clock:
         samples: dict[str, list[float]] = {}
         host_s = 0.0
         for name in names[::-1] if reverse else names:
-            host_s = max(host_s, self.host())
+            host_s = max(host_s, self._read_host())
             fn = variants[name]
             for _ in range(LEAD_CALLS):
                 fn()
             samples[name] = [self._time_one(fn) for _ in range(calls)]
-        return _Round(calls, samples, max(host_s, self.host()))
+        return _Round(calls, samples, max(host_s, self._read_host()))
+
+    def _read_host(self) -> float:
+        return self.host() if self.host is not None else 0.0
 
     def _slowed(self, rounds: list[_Round]) -> set[int]:
         """The ids of the rounds timed while the host ran slowed: their slowest reading over
         HOST_SLOWED times the best the meter has read."""
+        if self.host is None:
+            return set()
         return {id(r) for r in rounds if r.host_s > HOST_SLOWED * self.host.best}
 
     def back_to_back(
