@@ -12,15 +12,17 @@ are not retried. botocore's own retries are off so the two policies never multip
 from __future__ import annotations
 
 import builtins  # `list` names the stores' method inside their classes
+import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, BinaryIO, Optional, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
@@ -50,6 +52,25 @@ class NotFound(StoreError):
     pass
 
 
+class OverLimit(StoreError):
+    """The object holds more bytes than the reader accepts (a manifest over its limit); nothing
+    past the limit was read. `size` is the object's size where the store said it, else None."""
+
+    def __init__(self, message: str, size: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.size = size
+
+
+class WrongSize(StoreError):
+    """The object does not hold the bytes its manifest declares (`size`: what it holds), or is no
+    regular file (`size` None): nothing of it was read. Its message is what is wrong, after the
+    object's name: "holds 20480 bytes"."""
+
+    def __init__(self, message: str, size: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class TransientError(StoreError):
     """Worth retrying: throttling, 5xx, timeouts, dropped connections."""
 
@@ -74,13 +95,19 @@ class ObjectInfo:
 class Store(Protocol):
     url: str
 
-    def read(self, key: str) -> bytes: ...
+    def read(self, key: str, limit: int) -> bytes:
+        """The object's bytes; OverLimit where it holds more than `limit`, read no further than
+        one byte past it (a store's writer cannot make its reader allocate what it likes)."""
+        ...
 
     def create(self, key: str, data: bytes) -> bool: ...
 
     def upload(self, key: str, path: Path) -> None: ...
 
-    def download(self, key: str, path: Path) -> None: ...
+    def download(self, key: str, path: Path, size: int) -> None:
+        """The object into `path`, where it holds `size` bytes (what its manifest declares);
+        WrongSize, before any of it is read, where it holds another count or is no regular file."""
+        ...
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         """Every object whose key starts with `prefix`: a string prefix, as S3 has it
@@ -241,10 +268,20 @@ class S3Store:
             return exc
         return StoreError(f"{where}: {type(exc).__name__}: {exc}")
 
-    def read(self, key: str) -> bytes:
-        return self._call(
-            "read", lambda: self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        )
+    def read(self, key: str, limit: int) -> bytes:
+        def get() -> bytes:
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            body = answer["Body"]
+            try:
+                size = answer.get("ContentLength")
+                data = b"" if size is not None and size > limit else body.read(limit + 1)
+            finally:
+                body.close()  # the rest of a large object is never received
+            if len(data) > limit or (size is not None and size > limit):
+                raise OverLimit(f"s3://{self.bucket}/{self._key(key)}: more than {limit} bytes", size)
+            return data
+
+        return self._call("read", get)
 
     def create(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
@@ -270,13 +307,20 @@ class S3Store:
         )
         self._call("upload", lambda: self._client.upload_file(str(path), self.bucket, self._key(key), Config=config))
 
-    def download(self, key: str, path: Path) -> None:
+    def download(self, key: str, path: Path, size: int) -> None:
         from boto3.s3.transfer import TransferConfig
 
         config = TransferConfig(multipart_threshold=self._multipart_bytes, max_concurrency=8)
-        self._call(
-            "download", lambda: self._client.download_file(self.bucket, self._key(key), str(path), Config=config)
-        )
+
+        def get() -> None:
+            # the transfer manager reads as many bytes as the store says the object holds: it is
+            # asked only once the store says what the manifest does
+            found = self._client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+            if found != size:
+                raise WrongSize(f"holds {found} bytes", found)
+            self._client.download_file(self.bucket, self._key(key), str(path), Config=config)
+
+        self._call("download", get)
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         def pages() -> builtins.list[ObjectInfo]:
@@ -329,11 +373,14 @@ class LocalStore:
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def read(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise NotFound(f"{self.url}/{key}: not found") from None
+    def read(self, key: str, limit: int) -> bytes:
+        with self._open(key) as (f, size):
+            if size > limit:
+                raise OverLimit(f"{self.url}/{key}: {size} bytes, more than {limit}", size)
+            data = f.read(limit + 1)
+        if len(data) > limit:  # grew while read
+            raise OverLimit(f"{self.url}/{key}: more than {limit} bytes")
+        return data
 
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
@@ -358,11 +405,36 @@ class LocalStore:
         shutil.copyfile(path, tmp)
         os.replace(tmp, target)  # readers never see a half-written object
 
-    def download(self, key: str, path: Path) -> None:
+    def download(self, key: str, path: Path, size: int) -> None:
+        with self._open(key) as (source, found):
+            if found != size:
+                raise WrongSize(f"holds {found} bytes", found)
+            with open(path, "wb") as target:
+                _copy_at_most(source, target, size)
+
+    @contextlib.contextmanager
+    def _open(self, key: str) -> Iterator[tuple[BinaryIO, int]]:
+        """The object's file, open for reading, and its size: a regular file only. Opened without
+        blocking, so a FIFO at the key cannot hang the reader, and checked once open, so a link
+        swapped in meanwhile is judged by what was opened (a device, a directory: refused)."""
+        path = self._path(key)
         try:
-            shutil.copyfile(self._path(key), path)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             raise NotFound(f"{self.url}/{key}: not found") from None
+        except PermissionError:
+            raise StoreAuthError(f"{self.url}/{key}: not readable by this user; fix its permissions") from None
+        status = os.fstat(fd)
+        if stat.S_ISDIR(status.st_mode) or not stat.S_ISREG(status.st_mode):
+            os.close(fd)
+            raise WrongSize(
+                "is a directory, not an object"
+                if stat.S_ISDIR(status.st_mode)
+                else "is not a regular file (a device, a FIFO or a link to one)"
+            )
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            yield f, status.st_size
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         if prefix and not prefix.endswith("/"):
@@ -422,8 +494,18 @@ class FsspecStore:
 
         return _retry(attempt, what, self.url)
 
-    def read(self, key: str) -> bytes:
-        return self._call("read", lambda: self.fs.cat_file(self._path(key)))
+    def read(self, key: str, limit: int) -> bytes:
+        def get() -> bytes:
+            size = self.fs.size(self._path(key))
+            if size is not None and size > limit:
+                raise OverLimit(f"{self.url}/{key}: {size} bytes, more than {limit}", size)
+            with self.fs.open(self._path(key), "rb") as f:
+                data = f.read(limit + 1)
+            if len(data) > limit:
+                raise OverLimit(f"{self.url}/{key}: more than {limit} bytes")
+            return data
+
+        return self._call("read", get)
 
     def create(self, key: str, data: bytes) -> bool:
         def put() -> bool:
@@ -437,8 +519,14 @@ class FsspecStore:
     def upload(self, key: str, path: Path) -> None:
         self._call("upload", lambda: self.fs.put_file(str(path), self._path(key)))
 
-    def download(self, key: str, path: Path) -> None:
-        self._call("download", lambda: self.fs.get_file(self._path(key), str(path)))
+    def download(self, key: str, path: Path, size: int) -> None:
+        def get() -> None:
+            found = self.fs.size(self._path(key))
+            if found != size:
+                raise WrongSize(f"holds {found} bytes", found)
+            self.fs.get_file(self._path(key), str(path))
+
+        self._call("download", get)
 
     def list(self, prefix: str) -> builtins.list[ObjectInfo]:
         if prefix and not prefix.endswith("/"):
@@ -463,6 +551,17 @@ class FsspecStore:
 
     def abort_uploads(self, older_than: float, *, dry_run: bool = False) -> int:
         return 0  # fsspec writes whole objects here: nothing is left half-uploaded
+
+
+def _copy_at_most(source: BinaryIO, target: BinaryIO, size: int) -> None:
+    """`size` bytes of `source` into `target`, and no more: a file that grows meanwhile adds nothing."""
+    left = size
+    while left > 0:
+        chunk = source.read(min(left, 1 << 20))
+        if not chunk:
+            return
+        target.write(chunk)
+        left -= len(chunk)
 
 
 def _folder_of(prefix: str) -> str:

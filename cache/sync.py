@@ -51,6 +51,7 @@ from typing import Any, Optional
 from orchestrator.cache.manifest import (
     APPLIED_MARKER,
     LOCAL_STATE,
+    MAX_MANIFEST_BYTES,
     FileEntry,
     IntegrityError,
     Manifest,
@@ -61,7 +62,7 @@ from orchestrator.cache.manifest import (
     manifest_digest,
     sha256_file,
 )
-from orchestrator.cache.store import NotFound, Store, StoreError
+from orchestrator.cache.store import NotFound, OverLimit, Store, StoreError, WrongSize
 
 PREFIX = "v1"
 SHARD_BYTES = 64 * 1024 * 1024  # few large objects: requests cost more than bytes on S3
@@ -160,8 +161,17 @@ def read_manifest(
     store: Store, namespace: str, generation: int, trusted: Optional[TrustedKeys], *, allow_unsigned: bool
 ) -> tuple[Manifest, str]:
     """One generation's manifest, verified and bound to where it was found, with its digest."""
-    data = store.read(_manifest_key(namespace, generation))
     where = _where(store, namespace, generation)
+    try:
+        data = store.read(_manifest_key(namespace, generation), MAX_MANIFEST_BYTES)
+    except OverLimit as exc:
+        size = f"{exc.size / 2**20:.0f} MiB" if exc.size is not None else "more"
+        raise IntegrityError(
+            f"{where}: manifest takes {size}, more than the {MAX_MANIFEST_BYTES // 2**20} MiB a manifest may "
+            "(corrupt or tampered); refusing it unread"
+        ) from None
+    except WrongSize as exc:
+        raise IntegrityError(f"{where} {exc} (a damaged store); refusing it") from None
     manifest = decode(
         data, trusted, allow_unsigned=allow_unsigned, where=where, namespace=namespace, generation=generation
     )
@@ -271,7 +281,9 @@ def _create_manifest(store: Store, manifest: Manifest, key: Optional[SigningKey]
     if store.create(name, data):
         return True
     try:
-        return store.read(name) == data
+        return store.read(name, len(data)) == data
+    except OverLimit:
+        return False
     except NotFound:
         return False
 
@@ -555,7 +567,8 @@ def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], stagi
 
     def fetch_one(shard: str) -> int:
         path = staging / ".shards" / shard
-        files = _checked_shard(store, shard, {rel: needed[rel] for rel in by_shard[shard]}, path, where)
+        entries = {rel: needed[rel] for rel in by_shard[shard]}
+        files = _checked_shard(store, shard, manifest.shards.get(shard), entries, path, where)
         for rel, data in files.items():
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -570,15 +583,26 @@ def _fetch(store: Store, manifest: Manifest, needed: dict[str, FileEntry], stagi
     transfer.shards, transfer.bytes = len(sizes), sum(sizes)
 
 
-def _checked_shard(store: Store, shard: str, entries: dict[str, FileEntry], path: Path, where: str) -> dict[str, bytes]:
+def _checked_shard(
+    store: Store, shard: str, size: Optional[int], entries: dict[str, FileEntry], path: Path, where: str
+) -> dict[str, bytes]:
     """The shard downloaded to `path` and the bytes of `entries` read from it, every hash checked;
-    BadShard naming the object when the store lacks it or it holds other bytes."""
+    BadShard naming the object when the store lacks it or it holds other bytes. `size`: what the
+    manifest declares it holds, all that is ever read of it."""
     key = _object_key(shard)
+    if size is None:
+        raise BadShard(f"{store.url}: {where} names {key} without its size (corrupt or tampered); refusing it")
     for _ in range(SHARD_ATTEMPTS):
         try:
-            store.download(key, path)
+            store.download(key, path, size)
         except NotFound:
             raise BadShard(f"{store.url}: {where} names {key}, which the store lacks; {REPAIR_HINT}") from None
+        except WrongSize as exc:
+            declared = f" where its manifest declares {size}" if exc.size is not None else ""
+            raise BadShard(
+                f"{store.url}: {where}: {key} {exc}{declared} (corrupt or tampered); refusing it unread, "
+                f"the local cache is untouched; {REPAIR_HINT}"
+            ) from None
         if sha256_file(path) == shard:
             break
     else:
@@ -748,7 +772,7 @@ def verify(store: Store, namespace: str, trusted: Optional[TrustedKeys], *, allo
                 by_shard.setdefault(entry.shard, {})[rel] = entry
             where = f"namespace {namespace} (generation {generation})"
             for shard, entries in sorted(by_shard.items()):
-                _checked_shard(store, shard, entries, tmp / shard, where)
+                _checked_shard(store, shard, manifest.shards.get(shard), entries, tmp / shard, where)
                 checked |= {(shard, rel, e.sha256) for rel, e in entries.items()}
     assert manifest is not None
     return manifest
@@ -841,14 +865,16 @@ def repair(
 def _bad_shards(store: Store, namespace: str, manifests: Iterable[Manifest]) -> set[str]:
     """The shards that any of the manifests names and that are missing or do not hold what they promise."""
     wanted: dict[str, dict[str, FileEntry]] = {}
+    sizes: dict[str, int] = {}
     for manifest in manifests:
         for rel, entry in manifest.files.items():
             wanted.setdefault(entry.shard, {})[rel] = entry
+        sizes.update(manifest.shards)
     bad: set[str] = set()
     with _scratch("orchestrate-check-", f"checking the shards of {namespace}") as tmp:
         for shard, entries in sorted(wanted.items()):
             try:
-                _checked_shard(store, shard, entries, tmp / "shard", f"namespace {namespace}")
+                _checked_shard(store, shard, sizes.get(shard), entries, tmp / "shard", f"namespace {namespace}")
             except BadShard:
                 bad.add(shard)
     return bad

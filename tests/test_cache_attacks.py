@@ -219,7 +219,7 @@ def test_a_generation_nested_in_a_folder_makes_no_namespace(store, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     nested = Path(store.root) / "v1" / "namespaces" / "other" / "x" / "gen-00000001.json"
     nested.parent.mkdir(parents=True)
-    nested.write_bytes(store.read(sync._manifest_key(NS, 1)))
+    nested.write_bytes(store.read(sync._manifest_key(NS, 1), 1 << 26))
     assert sync.namespaces(store) == [NS] and sync.generations(store, "other") == []
     with pytest.raises(NotFound):
         sync.verify(store, "other", TRUST, allow_unsigned=False)
@@ -464,8 +464,8 @@ from orchestrator.cache.store import open_store
 url, namespace, target, public, gate = sys.argv[1:6]
 store = open_store(url)
 download = store.download
-def held(key, path):  # the shard is in the staging folder: say where, and wait to be let go
-    download(key, path)
+def held(key, path, size):  # the shard is in the staging folder: say where, and wait to be let go
+    download(key, path, size)
     Path(gate, "staging").write_text(str(path.parent.parent))
     while not Path(gate, "go").exists():
         time.sleep(0.01)
@@ -592,7 +592,7 @@ def test_verify_and_repair_on_a_full_scratch_disk_are_disk_full_and_leave_no_scr
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
     (tmp_path / "scratch").mkdir()
 
-    def no_space(key, path):
+    def no_space(key, path, size):
         Path(path).write_bytes(b"")
         raise OSError(errno.ENOSPC, "No space left on device")
 

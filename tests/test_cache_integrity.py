@@ -62,14 +62,14 @@ def store(tmp_path):
 
 
 def envelope(store, namespace: str, generation: int) -> dict:
-    return json.loads(store.read(sync._manifest_key(namespace, generation)))
+    return json.loads(store.read(sync._manifest_key(namespace, generation), 1 << 26))
 
 
 def write_signed(store, namespace: str, body: dict, key=KEY) -> None:
     """A manifest as a publisher holding `key` would create it: validly signed, whatever it says,
     and chained to the generation before it as a publisher chains it."""
     if body["generation"] - 1 in sync.generations(store, namespace):
-        body["previous"] = manifest_digest(store.read(sync._manifest_key(namespace, body["generation"] - 1)))
+        body["previous"] = manifest_digest(store.read(sync._manifest_key(namespace, body["generation"] - 1), 1 << 26))
     data = {"body": body, "signature": {"alg": "ed25519", "key_id": key.key_id, "value": key.sign(body)}}
     assert store.create(sync._manifest_key(namespace, body["generation"]), json.dumps(data).encode())
 
@@ -109,17 +109,19 @@ def test_a_file_whose_shard_is_valid_but_holds_other_bytes_is_refused(store, tmp
         sync.verify(store, NS, TRUST, allow_unsigned=False)
 
 
-def test_a_shard_with_bytes_appended_is_refused_by_the_shard_hash(store, tmp_path):
-    """Trailing bytes after a tar's end leave every member intact: the per-file hashes all pass,
-    only the shard hash sees it."""
+def test_a_shard_with_bytes_appended_is_refused_by_its_declared_size_unread(store, tmp_path):
+    """Trailing bytes after a tar's end leave every member intact: the per-file hashes all pass.
+    The manifest's size for the shard sees it before a byte is read (the shard hash would after)."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     [shard] = [p for p in (Path(store.root) / "v1" / "objects").rglob("*") if p.is_file()]
+    size = shard.stat().st_size
     shard.write_bytes(shard.read_bytes() + b"\0" * 10240)
     with pytest.raises(
         IntegrityError,
         match=re.escape(
-            f"{store.url}: namespace {NS} (generation 1): {sync._object_key(shard.name)} does not match its "
-            "sha256 (corrupt or tampered); refusing it, the local cache is untouched; `orchestrate cache repair`"
+            f"{store.url}: namespace {NS} (generation 1): {sync._object_key(shard.name)} holds {size + 10240} "
+            f"bytes where its manifest declares {size} (corrupt or tampered); refusing it unread, the local cache "
+            "is untouched; `orchestrate cache repair`"
         ),
     ):
         sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
@@ -667,7 +669,7 @@ def test_a_publisher_that_loses_races_merges_onto_the_winners(store, tmp_path, k
     assert (tmp_path / "node" / SHARED).read_bytes() == b"rival 0"
     # each generation names the one it merged onto, the winners' included
     assert sync.verify(store, NS, trust, allow_unsigned=allow_unsigned).previous == manifest_digest(
-        store.read(sync._manifest_key(NS, 3))
+        store.read(sync._manifest_key(NS, 3), 1 << 26)
     )  # the first to publish a path keeps it
 
 
@@ -1229,7 +1231,7 @@ def test_repair_uploads_a_damaged_shard_again_from_local_files(store, tmp_path):
     sync.publish(store, source, NS, KEY, allow_unsigned=False)
     [shard] = _shard_paths(store)
     shard.write_bytes(b"garbage")
-    with pytest.raises(sync.BadShard, match="does not match its sha256"):
+    with pytest.raises(sync.BadShard, match="holds 7 bytes where its manifest declares"):
         sync.verify(store, NS, TRUST, allow_unsigned=False)
     done = sync.repair(store, NS, source, KEY, allow_unsigned=False)
     assert (done.bad, done.restored, done.moved, done.dropped, done.generation, done.retired) == (
@@ -1285,8 +1287,8 @@ def test_a_shard_corrupted_in_transit_is_fetched_again(store, tmp_path, monkeypa
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     download, calls = type(store).download, []
 
-    def flaky(self, key, path):
-        download(self, key, path)
+    def flaky(self, key, path, size):
+        download(self, key, path, size)
         calls.append(key)
         if len(calls) == 1:  # the first transfer of a shard arrives with a flipped byte
             data = bytearray(path.read_bytes())
@@ -1333,7 +1335,7 @@ def test_a_manifest_copied_into_another_namespace_is_refused(store, tmp_path):
     """Another namespace's generation 1, validly signed, copied to this namespace's generation 1:
     the number fits, only the signed namespace gives it away."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), "other-ns", KEY, allow_unsigned=False)
-    assert store.create(sync._manifest_key(NS, 1), store.read(sync._manifest_key("other-ns", 1)))
+    assert store.create(sync._manifest_key(NS, 1), store.read(sync._manifest_key("other-ns", 1), 1 << 26))
     message = re.escape(
         f"{store.url}/v1/namespaces/{NS}/gen-00000001.json: manifest says namespace other-ns generation 1 "
         "but is stored elsewhere: copied or replayed; refusing it"
@@ -1349,7 +1351,7 @@ def test_an_old_generation_replayed_under_a_newer_number_is_refused(store, tmp_p
     node = make_cache(tmp_path / "a", ARTIFACTS)
     sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[1])
     sync.publish(store, node, NS, KEY, allow_unsigned=False, buckets=[2])
-    assert store.create(sync._manifest_key(NS, 3), store.read(sync._manifest_key(NS, 1)))
+    assert store.create(sync._manifest_key(NS, 3), store.read(sync._manifest_key(NS, 1), 1 << 26))
     with pytest.raises(
         IntegrityError,
         match=re.escape(
@@ -1404,7 +1406,7 @@ def test_a_pulled_directory_records_namespace_generation_and_manifest_digest(sto
     assert json.loads((target / sync.APPLIED_MARKER).read_text()) == {
         "namespace": NS,
         "generation": 1,
-        "manifest": manifest_digest(store.read(sync._manifest_key(NS, 1))),
+        "manifest": manifest_digest(store.read(sync._manifest_key(NS, 1), 1 << 26)),
     }
     # a record without a readable whole-number generation counts as none
     assert sync.pulled_generation(tmp_path / "never-pulled") == 0
@@ -1442,9 +1444,9 @@ def test_verify_downloads_each_shard_once_however_many_generations_name_it(store
     sync.publish(store, node, NS, KEY, allow_unsigned=False)
     download, fetched = type(store).download, []
 
-    def counted(self, key, path):
+    def counted(self, key, path, size):
         fetched.append(key)
-        return download(self, key, path)
+        return download(self, key, path, size)
 
     monkeypatch.setattr(type(store), "download", counted)
     sync.verify(store, NS, TRUST, allow_unsigned=False)
@@ -1678,7 +1680,7 @@ def test_a_repaired_generation_chains_to_the_newest_one_it_replaces(store, tmp_p
     sync.publish(store, node, NS, KEY, allow_unsigned=False)
     make_cache(node, {"inductor/b.py": b"b"})
     sync.publish(store, node, NS, KEY, allow_unsigned=False)
-    second = store.read(sync._manifest_key(NS, 2))
+    second = store.read(sync._manifest_key(NS, 2), 1 << 26)
     lost = envelope(store, NS, 2)["body"]["files"]["inductor/b.py"]["shard"]
     (Path(store.root) / sync._object_key(lost)).unlink()
     done = sync.repair(store, NS, None, KEY, allow_unsigned=False)

@@ -221,7 +221,7 @@ def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
                 pulled = sync.pull(store, NS, target, TRUST, allow_unsigned=False)
                 if pulled is not None:
                     generation = pulled.generation
-                    manifest = json.loads(store.read(sync._manifest_key(NS, generation)))["body"]["files"]
+                    manifest = json.loads(store.read(sync._manifest_key(NS, generation), 1 << 26))["body"]["files"]
                     complete = sorted(tree(target)) == sorted(manifest)
             except Exception as exc:  # any failure is a protocol bug: recorded, asserted below
                 error = repr(exc)
@@ -258,7 +258,7 @@ def test_concurrent_publishers_and_a_racing_reader(store, tmp_path):
     assert generations == sorted(generations)  # a reader never goes back to an older generation
     check_consistent(store, 8)
     # first writer wins per path: the shared file keeps generation 1's bytes in every later one
-    gen1 = json.loads(store.read(sync._manifest_key(NS, 1)))["body"]["files"]["inductor/shared/code.py"]
+    gen1 = json.loads(store.read(sync._manifest_key(NS, 1), 1 << 26))["body"]["files"]["inductor/shared/code.py"]
     final = tmp_path / "final"
     sync.pull(store, NS, final, TRUST, allow_unsigned=False)
     assert sha256_file(final / "inductor/shared/code.py") == gen1["sha256"]

@@ -122,7 +122,7 @@ def test_the_search_reads_a_bounded_number_of_manifests_the_newest_first(store, 
     names = [publish_for(store, tmp_path, replace(H200, gpu_name=f"GPU {n}")) for n in range(4)]
     reads: list[str] = []
     read = LocalStore.read
-    monkeypatch.setattr(LocalStore, "read", lambda self, key: reads.append(key) or read(self, key))
+    monkeypatch.setattr(LocalStore, "read", lambda self, key, limit: reads.append(key) or read(self, key, limit))
     found = sync.published_elsewhere(store, SPEC.label, SPEC.identity_hash(), None, allow_unsigned=False, limit=2)
     assert len(reads) == 2
     assert not found  # nothing trusted: unverifiable manifests are left out

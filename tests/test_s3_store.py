@@ -42,7 +42,7 @@ def test_round_trip_and_exclusive_create(s3_env, tmp_path):
     assert tree(tmp_path / "b") == ARTIFACTS
     assert store.create("probe", b"first") is True
     assert store.create("probe", b"second") is False
-    assert store.read("probe") == b"first"
+    assert store.read("probe", 100) == b"first"
 
 
 def test_multipart_shards(s3_env, tmp_path, monkeypatch):
@@ -68,14 +68,14 @@ def test_tampering_is_refused(s3_env, moto_server, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     client, bucket = moto_server.client(), url.split("/")[2]
     [shard] = [o for o in store.list(f"{sync.PREFIX}/objects/")]
-    data = bytearray(store.read(shard.key))
+    data = bytearray(store.read(shard.key, shard.size))
     data[100] ^= 0x01
     client.put_object(Bucket=bucket, Key=f"cache/{shard.key}", Body=bytes(data))
     with pytest.raises(IntegrityError, match="does not match its sha256"):
         sync.pull(store, NS, tmp_path / "b", TRUST, allow_unsigned=False)
     assert not (tmp_path / "b").exists()
     manifest_key = f"cache/{sync._manifest_key(NS, 1)}"
-    edited = store.read(sync._manifest_key(NS, 1)).replace(b'"buckets": []', b'"buckets": [64]')
+    edited = store.read(sync._manifest_key(NS, 1), 1 << 26).replace(b'"buckets": []', b'"buckets": [64]')
     client.put_object(Bucket=bucket, Key=manifest_key, Body=edited)
     with pytest.raises(IntegrityError, match="signature does not match"):
         sync.pull(store, NS, tmp_path / "c", TRUST, allow_unsigned=False)

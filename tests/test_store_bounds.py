@@ -1,0 +1,175 @@
+"""What a store's writer can make its readers read: no more than the signed manifest declares.
+
+Anyone who can write the store, with no key, can put any object at any key. A reader reads a
+manifest only up to its limit and a shard only where it holds the size the manifest declares,
+and refuses a key that is no regular file (a FIFO, a device, a directory) before reading it:
+each ends in one line naming the object, exit 4, and nothing in the local cache.
+
+Generated files, a directory store, fsspec's memory store and moto's server for S3; no torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_cache_attacks import _point_every_file_at, second_generation
+from test_cache_integrity import store, write_signed  # noqa: F401  (store: a fixture)
+from test_cache_protocol import NS, TRUST
+
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import IntegrityError
+from orchestrator.cache.store import OverLimit, open_store
+
+SHARD = "ab" * 32  # a well-formed name whose object the test plants
+
+
+def _planted_shard(store, body: dict, declared: int) -> Path:
+    """Generation 2 names SHARD, declared `declared` bytes, for every file; the object's path."""
+    _point_every_file_at(body, SHARD)
+    body["shards"] = {SHARD: declared}
+    write_signed(store, NS, body)
+    path = Path(store.root) / sync._object_key(SHARD)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _refused(store, tmp_path: Path, message: str) -> None:
+    node = tmp_path / "node"
+    with pytest.raises(IntegrityError) as refused:
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert not node.exists() and not list(tmp_path.glob(".incoming*"))
+
+
+@pytest.mark.parametrize(
+    ("plant", "why"),
+    [
+        (lambda path: path.symlink_to("/dev/zero"), "is not a regular file (a device, a FIFO or a link to one)"),
+        (lambda path: os.mkfifo(path), "is not a regular file (a device, a FIFO or a link to one)"),
+        (lambda path: path.mkdir(), "is a directory, not an object"),
+    ],
+    ids=["link to /dev/zero", "fifo", "directory"],
+)
+def test_a_shard_key_that_is_no_regular_file_is_refused_unread(store, tmp_path, plant, why):
+    """A link to /dev/zero used to be copied until the local disk was full; a FIFO hung the pull."""
+    plant(_planted_shard(store, second_generation(store, tmp_path), 10240))
+    _refused(store, tmp_path, f"{sync._object_key(SHARD)} {why} (corrupt or tampered); refusing it unread")
+
+
+@pytest.mark.parametrize("plant", [lambda path: path.symlink_to("/dev/zero"), os.mkfifo], ids=["/dev/zero", "fifo"])
+def test_a_manifest_key_that_is_no_regular_file_is_no_generation(store, tmp_path, plant):
+    """A directory store lists regular files only: the pull takes the newest real generation and
+    never opens the planted one (which would hang on the FIFO, or read /dev/zero forever); a reader
+    that opens it all the same is refused in one line."""
+    second_generation(store, tmp_path)
+    plant(Path(store.root) / sync._manifest_key(NS, 2))
+    assert sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False).generation == 1
+    with pytest.raises(IntegrityError, match=r"gen-00000002\.json is not a regular file .*; refusing it$"):
+        sync.read_manifest(store, NS, 2, TRUST, allow_unsigned=False)
+
+
+def test_a_shard_larger_than_declared_is_refused_before_a_byte_is_read(store, tmp_path):
+    path = _planted_shard(store, second_generation(store, tmp_path), 307)
+    with open(path, "wb") as f:
+        f.truncate(400 << 20)  # 400 MB, sparse: the size a reader sees, none of it on disk
+    _refused(store, tmp_path, f"{sync._object_key(SHARD)} holds {400 << 20} bytes where its manifest declares 307")
+
+
+GREEDY_READER = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+from orchestrator.cache import sync
+from orchestrator.cache.manifest import IntegrityError
+from orchestrator.cache.store import open_store
+try:
+    sync.read_manifest(open_store(sys.argv[1]), sys.argv[2], 2, None, allow_unsigned=True)
+except IntegrityError as exc:
+    print(exc)
+"""
+
+
+def test_a_two_gib_manifest_is_refused_without_reading_it_under_a_small_memory_limit(store, tmp_path):
+    """The manifest used to be read whole before its 64 MiB limit was checked: a MemoryError
+    traceback in a process allowed 1.5 GB."""
+    second_generation(store, tmp_path)
+    manifest = Path(store.root) / sync._manifest_key(NS, 2)
+    with open(manifest, "wb") as f:
+        f.truncate(2 << 30)
+    done = subprocess.run(
+        [sys.executable, "-c", GREEDY_READER, store.url, NS], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.strip().endswith(
+        f"{sync._manifest_key(NS, 2)}: manifest takes 2048 MiB, more than the 64 MiB a manifest may "
+        "(corrupt or tampered); refusing it unread"
+    )
+
+
+def test_an_fsspec_store_checks_a_shard_s_size_before_downloading_it(tmp_path):
+    fs_store = open_store(f"memory://{tmp_path.name}/store")
+    body = second_generation(fs_store, tmp_path)
+    _point_every_file_at(body, SHARD)
+    body["shards"] = {SHARD: 307}
+    write_signed(fs_store, NS, body)
+    fs_store.fs.pipe_file(fs_store._path(sync._object_key(SHARD)), b"x" * 4096)
+    with pytest.raises(sync.BadShard, match="holds 4096 bytes where its manifest declares 307"):
+        sync.pull(fs_store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    with pytest.raises(OverLimit):
+        fs_store.read(sync._manifest_key(NS, 2), 100)
+
+
+@pytest.fixture
+def s3_store(moto_server, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto_server.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", moto_server.region)
+    store = open_store(f"s3://{moto_server.make_bucket()}/cache")
+    requested: list[tuple[str, str]] = []  # (operation, key) of every request the client sends
+    store._client.meta.events.register(
+        "provide-client-params.s3", lambda params, model, **_: requested.append((model.name, params.get("Key", "")))
+    )
+    store.requested = requested
+    return store
+
+
+def test_an_s3_shard_larger_than_declared_is_never_fetched(s3_store, tmp_path):
+    """It used to take 150 ranged GETs and 1.2 GB over 3 attempts for a 400 MB object declared
+    0.3 MB, before the hash refused it. Now a HEAD says its size, and no GET is sent."""
+    body = second_generation(s3_store, tmp_path)
+    _point_every_file_at(body, SHARD)
+    body["shards"] = {SHARD: 307}
+    write_signed(s3_store, NS, body)
+    big = tmp_path / "big"
+    big.write_bytes(b"\0" * (8 << 20))
+    s3_store.upload(sync._object_key(SHARD), big)
+    key = f"cache/{sync._object_key(SHARD)}"
+    s3_store.requested.clear()
+    with pytest.raises(sync.BadShard, match=f"holds {8 << 20} bytes where its manifest declares 307"):
+        sync.pull(s3_store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert ("HeadObject", key) in s3_store.requested and ("GetObject", key) not in s3_store.requested
+    assert not (tmp_path / "node").exists()
+
+
+def test_an_s3_manifest_over_the_limit_is_not_read(s3_store, tmp_path, monkeypatch):
+    from botocore.response import StreamingBody
+
+    second_generation(s3_store, tmp_path)
+    monkeypatch.setattr(sync, "MAX_MANIFEST_BYTES", 1 << 20)
+    s3_store._client.put_object(
+        Bucket=s3_store.bucket, Key=f"cache/{sync._manifest_key(NS, 2)}", Body=b"{" + b" " * (3 << 20) + b"}"
+    )
+    received: list[int] = []
+    read = StreamingBody.read
+    monkeypatch.setattr(
+        StreamingBody, "read", lambda self, amt=None: received.append(len(data := read(self, amt))) or data
+    )
+    with pytest.raises(IntegrityError, match="manifest takes 3 MiB, more than the 1 MiB a manifest may"):
+        sync.pull(s3_store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert sum(received) == 0
+    small = s3_store.read(sync._manifest_key(NS, 1), 1 << 20)  # a manifest within the limit reads whole
+    assert small.startswith(b"{") and len(small) < 1 << 20
