@@ -313,12 +313,36 @@ class S3Store:
         config = TransferConfig(multipart_threshold=self._multipart_bytes, max_concurrency=8)
 
         def get() -> None:
+            if 0 < size <= self._multipart_bytes:  # one ranged GET: the declared bytes and no more
+                ranged(path)
+                return
             # the transfer manager reads as many bytes as the store says the object holds: it is
             # asked only once the store says what the manifest does
             found = self._client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
             if found != size:
                 raise WrongSize(f"holds {found} bytes", found)
             self._client.download_file(self.bucket, self._key(key), str(path), Config=config)
+
+        def ranged(path: Path) -> None:
+            from botocore.exceptions import ClientError
+
+            try:
+                answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes=0-{size - 1}")
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") == "InvalidRange":  # an empty object
+                    raise WrongSize("holds 0 bytes", 0) from None
+                raise
+            body = answer["Body"]
+            try:
+                total = str(answer.get("ContentRange", "")).rpartition("/")[2]
+                found = int(total) if total.isdigit() else answer.get("ContentLength")
+                if found != size:
+                    raise WrongSize(f"holds {found} bytes", found)
+                with open(path, "wb") as target:
+                    for chunk in body.iter_chunks(1 << 20):
+                        target.write(chunk)
+            finally:
+                body.close()
 
         self._call("download", get)
 

@@ -12,6 +12,7 @@ import time
 import pytest
 from test_cache_protocol import ARTIFACTS, KEY, NS, TRUST, check_consistent, make_cache, publish_concurrently, tree
 
+from orchestrator.cache import store as store_module
 from orchestrator.cache import sync
 from orchestrator.cache.manifest import IntegrityError
 from orchestrator.cache.store import StoreAuthError, StoreUnreachable, open_store
@@ -135,29 +136,38 @@ def test_missing_credentials_name_the_fix(s3_env, monkeypatch, tmp_path):
         sync.pull(open_store(url), NS, tmp_path / "b", TRUST, allow_unsigned=False)
 
 
-def test_a_full_local_disk_while_downloading_is_disk_full_naming_the_directory(s3_env, monkeypatch, tmp_path):
-    """The store answers; only the local side of the download fails, where boto3's transfer writes
-    the object: that is the local disk's error (DiskFull naming where the pull writes), not the store's."""
+@pytest.mark.parametrize("transfer", ["one ranged GET", "the transfer manager"])
+def test_a_full_local_disk_while_downloading_is_disk_full_naming_the_directory(s3_env, monkeypatch, tmp_path, transfer):
+    """The store answers; only the local side of the download fails, where the shard is written
+    (by the store itself for a shard within one request, by boto3's transfer for a larger one):
+    that is the local disk's error (DiskFull naming where the pull writes), not the store's."""
     from s3transfer.utils import OSUtils
 
+    if transfer == "the transfer manager":
+        monkeypatch.setenv("ORCHESTRATE_STORE_MULTIPART_BYTES", "1024")
     _, url = s3_env
     store = open_store(url)
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "pulled" / "node"
     node.parent.mkdir()
-    opened = OSUtils.open
 
-    def on_a_full_disk(self, filename, mode):
-        file = opened(self, filename, mode)
-        if "w" in mode:
+    def on_a_full_disk(opened):
+        def open_it(*args, **kwargs):
+            file = opened(*args, **kwargs)
+            if "w" in (args[-1] if len(args) > 1 else kwargs.get("mode", "r")):
 
-            def no_space(data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                def no_space(data):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-            file.write = no_space
-        return file
+                file.write = no_space
+            return file
 
-    monkeypatch.setattr(OSUtils, "open", on_a_full_disk)
+        return open_it
+
+    if transfer == "the transfer manager":
+        monkeypatch.setattr(OSUtils, "open", on_a_full_disk(OSUtils.open))
+    else:
+        monkeypatch.setattr(store_module, "open", on_a_full_disk(open), raising=False)
     with pytest.raises(sync.DiskFull) as info:
         sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert str(info.value).startswith(f"no space left on the device of {node.parent} while pulling {NS}")
@@ -226,7 +236,6 @@ def test_gc_aborts_abandoned_multipart_uploads(s3_env, moto_server, tmp_path):
 def test_a_slow_attempt_does_not_use_up_the_retries(monkeypatch):
     """The retry budget is the waiting between attempts: a first attempt that itself took longer
     than that (a large download dropped at its end) is still retried."""
-    from orchestrator.cache import store as store_module
 
     monkeypatch.setenv("ORCHESTRATE_STORE_RETRY_SECONDS", "0.5")
     monkeypatch.setattr(store_module, "wait_exponential_jitter", lambda **_: lambda state: 0.01)

@@ -128,31 +128,58 @@ def s3_store(moto_server, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto_server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto_server.secret_key)
     monkeypatch.setenv("AWS_DEFAULT_REGION", moto_server.region)
+    monkeypatch.setenv("ORCHESTRATE_STORE_MULTIPART_BYTES", str(5 << 20))  # larger shards: HEAD, then the transfer
     store = open_store(f"s3://{moto_server.make_bucket()}/cache")
-    requested: list[tuple[str, str]] = []  # (operation, key) of every request the client sends
+    requested: list[tuple[str, str, str]] = []  # (operation, key, range) of every request the client sends
     store._client.meta.events.register(
-        "provide-client-params.s3", lambda params, model, **_: requested.append((model.name, params.get("Key", "")))
+        "provide-client-params.s3",
+        lambda params, model, **_: requested.append((model.name, params.get("Key", ""), params.get("Range", ""))),
     )
     store.requested = requested
     return store
 
 
-def test_an_s3_shard_larger_than_declared_is_never_fetched(s3_store, tmp_path):
+@pytest.mark.parametrize(
+    ("declared", "sent"),
+    [(307, [("GetObject", "bytes=0-306")]), (6 << 20, [("HeadObject", "")])],
+    ids=["small: one ranged GET", "large: a HEAD"],
+)
+def test_an_s3_shard_larger_than_declared_is_never_read(s3_store, tmp_path, monkeypatch, declared, sent):
     """It used to take 150 ranged GETs and 1.2 GB over 3 attempts for a 400 MB object declared
-    0.3 MB, before the hash refused it. Now a HEAD says its size, and no GET is sent."""
+    0.3 MB, before the hash refused it. A shard within one request is asked for by its declared
+    range and refused by the size the answer states, its body unread; a larger one is refused by
+    a HEAD before the transfer starts."""
+    from botocore.response import StreamingBody
+
     body = second_generation(s3_store, tmp_path)
     _point_every_file_at(body, SHARD)
-    body["shards"] = {SHARD: 307}
+    body["shards"] = {SHARD: declared}
     write_signed(s3_store, NS, body)
     big = tmp_path / "big"
     big.write_bytes(b"\0" * (8 << 20))
     s3_store.upload(sync._object_key(SHARD), big)
     key = f"cache/{sync._object_key(SHARD)}"
     s3_store.requested.clear()
-    with pytest.raises(sync.BadShard, match=f"holds {8 << 20} bytes where its manifest declares 307"):
+    chunks: list[bytes] = []  # what is read of a shard's body (manifests are read whole, by read())
+    iter_chunks = StreamingBody.iter_chunks
+    monkeypatch.setattr(
+        StreamingBody, "iter_chunks", lambda self, size: (chunks.append(c) or c for c in iter_chunks(self, size))
+    )
+    with pytest.raises(sync.BadShard, match=f"holds {8 << 20} bytes where its manifest declares {declared}"):
         sync.pull(s3_store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
-    assert ("HeadObject", key) in s3_store.requested and ("GetObject", key) not in s3_store.requested
+    assert [(op, rng) for op, k, rng in s3_store.requested if k == key] == sent and chunks == []
     assert not (tmp_path / "node").exists()
+
+
+def test_an_s3_shard_of_its_declared_size_is_fetched_in_one_request(s3_store, tmp_path):
+    from test_cache_protocol import ARTIFACTS, KEY, make_cache, tree
+
+    sync.publish(s3_store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    s3_store.requested.clear()
+    sync.pull(s3_store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    shards = [(op, rng) for op, k, rng in s3_store.requested if "/objects/" in k]
+    assert len(shards) == 1 and shards[0][0] == "GetObject" and shards[0][1].startswith("bytes=0-")
+    assert tree(tmp_path / "node") == ARTIFACTS
 
 
 def test_an_s3_manifest_over_the_limit_is_not_read(s3_store, tmp_path, monkeypatch):
