@@ -37,6 +37,7 @@ LOCAL_STATE = re.compile(r"(^|/)(locks/|\.tmp|tmp[^/]*$|[^/]*\.lock$|" + re.esca
 # Bounds on what a manifest may be before anything else reads it: a manifest of 100,000 files takes
 # about 30 MB and nests 4 levels deep, so these refuse only what would exhaust memory or the stack.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_SIZE = 1 << 62  # bytes a manifest may declare for one file or shard: far past any disk
 MAX_DEPTH = 32
 # Bounds on a path a manifest names, in bytes: the filesystem's limit on one name (NAME_MAX), and
 # half of PATH_MAX for the whole, the rest left to the directory it is pulled into.
@@ -113,10 +114,9 @@ def _check_types(manifest: Manifest) -> None:
         and isinstance(manifest.generation, int)
         and not isinstance(manifest.generation, bool)
         and isinstance(manifest.shards, dict)
-        and all(isinstance(k, str) and isinstance(v, int) for k, v in manifest.shards.items())
+        and all(isinstance(k, str) and _is_size(v) for k, v in manifest.shards.items())
         and all(
-            isinstance(e.sha256, str) and isinstance(e.size, int) and isinstance(e.shard, str)
-            for e in manifest.files.values()
+            isinstance(e.sha256, str) and _is_size(e.size) and isinstance(e.shard, str) for e in manifest.files.values()
         )
         and isinstance(manifest.buckets, list)
         and isinstance(manifest.meta, dict)
@@ -124,6 +124,12 @@ def _check_types(manifest: Manifest) -> None:
     )
     if not ok:
         raise TypeError("a field has the wrong type")
+
+
+def _is_size(value: Any) -> bool:
+    """A byte count a file or an object can have: JSON's integers are unbounded, and one of 10^400
+    would overflow the first float or C call that meets it (a listing's MiB, a disk-space check)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_SIZE
 
 
 def _check_names(manifest: Manifest) -> None:

@@ -620,8 +620,14 @@ def _checked_shard(
             if extracted is None:
                 raise BadShard(f"{store.url}: {where}: {key}: {member.name} is not a regular file; refusing it")
             data = extracted.read()
-            if _sha256(data) != wanted.pop(member.name).sha256:
+            entry = wanted.pop(member.name)
+            if _sha256(data) != entry.sha256:
                 raise BadShard(f"{store.url}: {where}: {key}: {member.name} does not match its sha256; refusing it")
+            if len(data) != entry.size:  # the hash matches, the size does not: the manifest is wrong
+                raise BadShard(
+                    f"{store.url}: {where}: {member.name} is {len(data)} bytes where its manifest declares "
+                    f"{entry.size} (a bad publisher); refusing it, it would be fetched again at every pull"
+                )
             found[member.name] = data
     if wanted:
         raise BadShard(f"{store.url}: {where}: {key} lacks {len(wanted)} files its manifest promises; refusing it")

@@ -1791,6 +1791,29 @@ def test_refusals_quote_at_most_32_characters_of_an_algorithm_or_key_id_and_ever
         decode(data.encode(), both, allow_unsigned=False, where="w")
 
 
+@pytest.mark.parametrize("size", [10**400, -1, True], ids=["10^400", "negative", "a boolean"])
+def test_a_size_no_file_can_have_is_malformed(size):
+    """JSON's integers are unbounded: 10^400 used to pass and then crash `cache ls` (OverflowError)."""
+    entry = {"sha256": "ab" * 32, "size": size, "shard": "cd" * 32}
+    for body in ({**GOLDEN.body(), "files": {"a.py": entry}}, {**GOLDEN.body(), "shards": {"cd" * 32: size}}):
+        with pytest.raises(
+            IntegrityError, match=r"^w: manifest is malformed \(a field has the wrong type\); refusing it$"
+        ):
+            decode(signed(body), TRUST, allow_unsigned=False, where="w")
+
+
+def test_a_file_size_off_by_one_is_refused_not_fetched_at_every_pull(store, tmp_path):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    body = envelope(store, NS, 1)["body"]
+    body["generation"] = 2
+    rel = sorted(body["files"])[0]
+    body["files"][rel]["size"] += 1
+    write_signed(store, NS, body)
+    with pytest.raises(sync.BadShard, match=rf"{re.escape(rel)} is \d+ bytes where its manifest declares \d+ \(a bad"):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+    assert not (tmp_path / "node").exists()
+
+
 def test_a_malformed_body_is_named_in_one_short_line():
     with pytest.raises(IntegrityError, match=r"^w: manifest is malformed \(a field has the wrong type\); refusing it$"):
         decode(signed({**GOLDEN.body(), "generation": "3"}), TRUST, allow_unsigned=False, where="w")
