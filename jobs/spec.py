@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
     BaseModel,
@@ -20,6 +20,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     PrivateAttr,
+    StrictInt,
     field_validator,
     model_validator,
 )
@@ -222,6 +223,12 @@ class ServeOptions(_Strict):
         return [v for v in VARIANTS if v in variants]  # one order everywhere: the report's and the plan's
 
 
+# A bucket is a row count: a whole number (YAML's `true` is no bucket), and one a tensor's size
+# can hold (torch's sizes are 64-bit; past 2^31 - 1 rows the kernels' own indexing is the limit).
+MAX_BUCKET = 2**31 - 1
+Bucket = Annotated[StrictInt, Field(gt=0, le=MAX_BUCKET)]
+
+
 class WarmupSpec(_Strict):
     name: Optional[str] = Field(default=None, description="model name in reports and metrics; default: file stem")
     model: ModelRef
@@ -230,7 +237,7 @@ class WarmupSpec(_Strict):
     device: Literal["auto", "cuda", "cpu"] = "auto"
     call: CallOptions = Field(default_factory=CallOptions)
     compile: CompileOptions = Field(default_factory=CompileOptions)
-    buckets: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    buckets: list[Bucket] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     bench: BenchOptions = Field(default_factory=BenchOptions)
     check: CheckOptions = Field(default_factory=CheckOptions)
     serve: ServeOptions = Field(default_factory=ServeOptions)

@@ -1158,7 +1158,7 @@ def cache_repair(
 )
 @click.option(
     "--grace-seconds",
-    type=float,
+    type=click.FloatRange(min=0),
     default=3600.0,
     show_default=True,
     help="Never delete shards or abort uploads younger than this (a publish may be under way).",

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import UserError
 from orchestrator.jobs.records import Remote
-from orchestrator.jobs.spec import WarmupSpec, validate_buckets
+from orchestrator.jobs.spec import MAX_BUCKET, WarmupSpec, validate_buckets
 
 DEFAULT_CACHE_ROOT = "~/.cache/orchestrate"
 
@@ -92,6 +92,8 @@ def parse_buckets(text: str) -> list[int]:
     for item in (part.strip() for part in text.split(",")):
         if not (item.isascii() and item.isdecimal()) or int(item) <= 0:
             raise ConfigError(f"--buckets: {item!r} is not a positive integer; write e.g. --buckets 1,8,32")
+        if int(item) > MAX_BUCKET:
+            raise ConfigError(f"--buckets: {item} rows is more than a bucket may hold ({MAX_BUCKET})")
         buckets.append(int(item))
     try:
         return validate_buckets(buckets)

@@ -149,6 +149,11 @@ def test_unknown_option(tmp_path):
     assert_user_error(orchestrate("warmup", "--model", str(path), "--bukets", "1", tmp_path=tmp_path), "--bukets")
 
 
+def test_a_negative_grace_for_cache_gc_is_refused(tmp_path):
+    """It used to be accepted silently: every generation would count as old at once."""
+    assert_user_error(orchestrate("cache", "gc", "--grace-seconds", "-5", tmp_path=tmp_path), "--grace-seconds")
+
+
 def test_unknown_device_choice(tmp_path):
     path = config(tmp_path, "factories.py:good")
     line = assert_user_error(

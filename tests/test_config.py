@@ -430,6 +430,13 @@ def test_duplicate_config_buckets_message(tmp_path):
     assert "bucket 8 is listed twice" in load_error(tmp_path, MINIMAL + "buckets: [8, 8]\n")
 
 
+@pytest.mark.parametrize("buckets", ["[true]", "[8, false]", "[1.0]", "['8']", "[2147483648]"])
+def test_a_bucket_is_a_whole_number_of_rows_that_a_tensor_can_hold(tmp_path, buckets):
+    """YAML's `true` used to be taken as bucket 1."""
+    message = load_error(tmp_path, MINIMAL + f"buckets: {buckets}\n")
+    assert "buckets" in message and "\n" not in message
+
+
 # --- --buckets --------------------------------------------------------------------------------
 
 
@@ -457,6 +464,7 @@ def test_parse_buckets_ok(text, expected):
         ("", "is not a positive integer"),
         ("1,,2", "is not a positive integer"),
         ("1,8,", "is not a positive integer"),
+        ("99999999999999999999999", "99999999999999999999999 rows is more than a bucket may hold (2147483647)"),
     ],
 )
 def test_parse_buckets_rejects(text, problem):
