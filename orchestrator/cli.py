@@ -541,6 +541,14 @@ def _miss_reason(namespace: str, store_url: str, model: str, here: Any, elsewher
     type=click.IntRange(1, 65535),
     help="The replica serves Prometheus /metrics on this port (on --host): load, variants, padding.",
 )
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help='A request whose body has not arrived whole by then is answered 408 (docs/serving.md, "Limits").',
+)
 @_store_options
 def serve(
     model_path: str,
@@ -554,6 +562,7 @@ def serve(
     ready: str,
     max_batch_size: Optional[int],
     metrics_port: Optional[int],
+    body_timeout: float,
     remote: Optional[str],
     allow_unsigned: bool,
     trust: tuple[str, ...],
@@ -634,6 +643,7 @@ def serve(
                 require_warm=require_warm,
                 ready_when=cast(ReadyWhen, ready),
                 max_batch_size=max_batch_size,
+                body_seconds=body_timeout,
                 metrics_port=metrics_port,
                 on_ready=on_ready,
                 until=block_until_signalled,

@@ -33,6 +33,7 @@ RESTRICTED_POD = ROOT / "tests" / "tools" / "restricted-pod"
 POD_USER = 1000  # orchestrator.deployment.k8s.RUN_AS
 START_SECONDS = 240  # Ray, Serve and a replica that loads both buckets from the cache
 STOP_SECONDS = 60
+BODY_TIMEOUT = 4  # seconds, `serve --body-timeout`
 
 
 class Server:
@@ -55,6 +56,7 @@ class Server:
         command += ["--device", "cpu", "--cache-dir", str(cache), "--port", str(self.port)]
         # planned: Serve routes nothing to the replica before every bucket is on warmup's choice
         command += ["--metrics-port", str(self.metrics_port), "--ready", "planned"]
+        command += ["--body-timeout", str(BODY_TIMEOUT)]  # a slow client's 408 within a test's patience
         if as_a_restricted_pod:  # as the rendered serving container runs it
             command = [str(RESTRICTED_POD), *command, "--require-warm"]
         self.as_a_restricted_pod = as_a_restricted_pod

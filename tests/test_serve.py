@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import json
 import signal
+import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from served import POD_USER, assert_answers, post, predict
+from served import BODY_TIMEOUT, POD_USER, assert_answers, post, predict
 
 pytestmark = pytest.mark.slow
 
@@ -192,6 +194,41 @@ def test_the_replica_serves_its_metrics(server, eager):
     assert rows["8"] - per_bucket(before, "orchestrate_replica_rows_total")["8"] == 3
     assert padded["8"] - per_bucket(before, "orchestrate_replica_padded_rows_total")["8"] == 5
     assert all(rows[b] + padded[b] == calls[b] * int(b) for b in calls)
+
+
+def _slow_clients(server, count: int) -> list[socket.socket]:
+    """`count` clients that each send a request's head, promising a megabyte, and 10 bytes of it."""
+    host, port = urllib.parse.urlsplit(server.url).hostname, urllib.parse.urlsplit(server.url).port
+    held = []
+    for _ in range(count):
+        client = socket.create_connection((host, port), timeout=10)
+        client.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000\r\n\r\n" + b'{"inputs":'
+        )
+        held.append(client)
+    return held
+
+
+def test_slow_clients_hold_no_model_slot_and_are_answered_408_past_the_body_timeout(server, eager):
+    """Sixteen clients that send a body slowly used to stop every route (each held a model slot
+    until it finished, and this one's has 32). Two hundred now leave readiness and good requests
+    answering, and each is answered 408 once --body-timeout has passed without its body."""
+    held = _slow_clients(server, 200)
+    try:
+        base = server.url.rsplit("/predict", 1)[0]
+        with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=BODY_TIMEOUT) as response:
+            assert response.status == 200  # answered while every slow body is still awaited
+        x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3))
+        assert_answers(*predict(server, x), x, eager)
+        answers = []
+        for client in held:  # the gateway gives up on each body at the timeout
+            client.settimeout(BODY_TIMEOUT + 30)
+            answers.append(client.recv(4096).split(b"\r\n", 1)[0])
+        assert set(answers) == {b"HTTP/1.1 408 Request Timeout"}, set(answers)
+    finally:
+        for client in held:
+            client.close()
 
 
 @pytest.mark.stops_server

@@ -9,8 +9,10 @@
                     POST /v2/models/NAME/infer (orchestrator.serving.inference_protocol)
     GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.serving.metrics
 
-One replica (`ModelServer`) loads the model with `runtime.load` in its constructor, so Serve sends
-it nothing before the load returns: with `--ready answering` once every bucket answers (eager
+Requests arrive at a `Gateway`, the HTTP ingress, which takes each body whole (within
+`--body-timeout`) and hands the request to the model server: a slow client holds one of the
+gateway's many slots, never one of the model server's few. One replica (`ModelServer`) loads the
+model with `runtime.load` in its constructor, so Serve sends it nothing before the load returns: with `--ready answering` once every bucket answers (eager
 until its planned variant is swapped in, in the background), with `planned` once every bucket is
 on its plan. Requests arriving together are batched (`serve.batch`,
 up to the largest bucket's count of requests): their inputs are joined along the bucket
@@ -31,11 +33,12 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from orchestrator.jobs.errors import brief
 from orchestrator.jobs.records import Remote
@@ -104,48 +107,48 @@ class ModelServer:
         since when, cache hits, load seconds; and where its start went."""
         return json.loads(json.dumps(self.model.info().to_dict(), default=str))
 
-    async def __call__(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/") or "/"
+    async def respond(self, call: HttpCall) -> HttpReply:
+        """One HTTP request, its body whole (the Gateway took it): its reply."""
+        path = call.path.rstrip("/") or "/"
         if path == "/predict":
-            if request.method != "POST":
+            if call.method != "POST":
                 return _error(405, "use POST with a JSON body on /predict", headers={"Allow": "POST"})
-            wire = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-            body = await request.body()
+            wire = call.headers.get("content-type", "application/json").split(";")[0].strip().lower()
             loop = asyncio.get_running_loop()
             try:  # in a thread: decoding a large body must not hold up the requests behind it
-                decoded = await loop.run_in_executor(None, self.codec.decode, body, wire)
+                decoded = await loop.run_in_executor(None, self.codec.decode, call.body, wire)
             except self._request_error as exc:  # 400; 413 for more rows than serve.max_rows
                 return _error(exc.status, str(exc))
             except Exception as exc:  # the codec's own fault, answered in the same one line
                 logger.exception("decoding a request failed")
                 return _error(500, f"the request could not be decoded: {brief(exc)}")
-            return _response(await self._predict(decoded))
+            return _reply(await self._predict(decoded))
         if path == "/info":
-            if request.method != "GET":
+            if call.method != "GET":
                 return _error(405, "use GET on /info", headers={"Allow": "GET"})
-            return JSONResponse(self.info())
+            return _json(200, self.info())
         if path == "/v2" or path.startswith("/v2/"):
-            return await self._v2(request, path)
-        return _error(404, f"no route {request.method} {request.url.path}; this server answers {ROUTES}")
+            return await self._v2(call, path)
+        return _error(404, f"no route {call.method} {call.path}; this server answers {ROUTES}")
 
-    async def _v2(self, request: Request, path: str) -> Response:
+    async def _v2(self, call: HttpCall, path: str) -> HttpReply:
         """The Open Inference Protocol: GETs answered from the protocol, inference requests decoded
         by it and answered through the same batches as /predict's."""
         loop = asyncio.get_running_loop()
         try:
-            endpoint = self.protocol.endpoint(request.method, path)
+            endpoint = self.protocol.endpoint(call.method, path)
             if endpoint != "infer":  # in a thread: the first model metadata calls the model
-                return JSONResponse(await loop.run_in_executor(None, self.protocol.get, endpoint))
-            body, headers = await request.body(), request.headers
+                return _json(200, await loop.run_in_executor(None, self.protocol.get, endpoint))
+            headers = call.headers
             decoded = await loop.run_in_executor(
-                None, self.protocol.decode, body, headers.get(HEADER_LENGTH), headers.get("content-encoding")
+                None, self.protocol.decode, call.body, headers.get(HEADER_LENGTH), headers.get("content-encoding")
             )
         except self._request_error as exc:  # 400, 404, 405; 413 for more rows than serve.max_rows
             return _error(exc.status, str(exc), headers=getattr(exc, "headers", None))
         except Exception as exc:  # the protocol's own fault, answered in the same one line
             logger.exception("a v2 request failed before the model")
             return _error(500, f"the request could not be answered: {brief(exc)}")
-        return _response(await self._predict(decoded))
+        return _reply(await self._predict(decoded))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=BATCH_WAIT_SECONDS)
     async def _predict(self, requests: list[Decoded]) -> list[Answer]:
@@ -177,12 +180,72 @@ class ModelServer:
             return [self._answer_type.error(500, f"the model failed on this request: {brief(exc)}")]
 
 
-def _error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+@dataclass(frozen=True)
+class HttpCall:
+    """An HTTP request as the Gateway hands it to the model server: its body whole."""
+
+    method: str
+    path: str
+    headers: dict[str, str]  # names in lower case
+    body: bytes
 
 
-def _response(answer: Answer) -> Response:
-    return Response(answer.body, status_code=answer.status, media_type=answer.media_type, headers=dict(answer.headers))
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    body: bytes
+    media_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+# The Gateway's limits: how long a request's body may take to arrive, and how many requests it
+# holds at once (their bodies arriving, or waiting for the model); past that, Serve answers 503.
+BODY_SECONDS = 30.0
+PENDING_REQUESTS = 1024
+
+
+@serve.deployment(max_ongoing_requests=PENDING_REQUESTS, max_queued_requests=PENDING_REQUESTS)
+class Gateway:
+    """The HTTP ingress in front of the model server. It takes each request's body whole, within
+    `body_seconds`, before the model server sees the request: Serve gives a request a slot of the
+    deployment it routes to before its body has arrived, so a client sending slowly, at the model
+    server, held one of its few slots for as long as it liked (sixteen such stopped every route).
+    Here it holds one of PENDING_REQUESTS, and a body late past `body_seconds` is answered 408."""
+
+    def __init__(self, model: Any, body_seconds: float = BODY_SECONDS) -> None:
+        self._model, self._body_seconds = model, body_seconds
+
+    async def __call__(self, request: Request) -> Response:
+        body = b""
+        if request.method not in ("GET", "HEAD"):
+            try:
+                body = await asyncio.wait_for(request.body(), self._body_seconds)
+            except asyncio.TimeoutError:
+                message = f"the request's body did not arrive within {self._body_seconds:g} s; send it whole at once"
+                return _response(_error(408, message, headers={"Connection": "close"}))
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        return _response(await self._model.respond.remote(HttpCall(request.method, request.url.path, headers, body)))
+
+    async def info(self) -> dict[str, Any]:
+        return await self._model.info.remote()
+
+
+def _json(status: int, value: Any, headers: Optional[dict[str, str]] = None) -> HttpReply:
+    # as starlette's JSONResponse writes it
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+    return HttpReply(status, text.encode(), "application/json", dict(headers or {}))
+
+
+def _error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> HttpReply:
+    return _json(status, {"error": message}, headers)
+
+
+def _reply(answer: Answer) -> HttpReply:
+    return HttpReply(answer.status, answer.body, answer.media_type, dict(answer.headers))
+
+
+def _response(reply: HttpReply) -> Response:
+    return Response(reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers)
 
 
 class ServeFailed(Exception):
@@ -226,6 +289,7 @@ def run_server(
     ready_when: ReadyWhen = "answering",
     max_batch_size: Optional[int] = None,
     batch_wait_seconds: float = BATCH_WAIT_SECONDS,
+    body_seconds: float = BODY_SECONDS,
     metrics_port: Optional[int] = None,
     on_ready: Callable[[str, dict[str, Any]], None] = lambda url, info: None,
     until: Callable[[], None] = lambda: None,
@@ -254,9 +318,10 @@ def run_server(
             batch = max_batch_size or max(spec.buckets)
             serve.start(http_options={"host": host, "port": port})
             deployment: Any = ModelServer  # a serve Deployment; its stubs keep the class's type
-            app = deployment.options(
+            model = deployment.options(
                 ray_actor_options={"num_gpus": _gpus(spec, ray.cluster_resources()), "runtime_env": {"env_vars": env}},
-                # room for a batch being run, the next one filling, and requests being decoded
+                # room for a batch being run, the next one filling, and requests being decoded: whole
+                # requests only, the Gateway having taken their bodies
                 max_ongoing_requests=max(4 * batch, 16),
             ).bind(
                 spec,
@@ -266,6 +331,10 @@ def run_server(
                 batch_wait_seconds,
                 (host, metrics_port) if metrics_port else None,
                 ready_when,
+            )
+            gateway: Any = Gateway
+            app = gateway.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}}).bind(
+                model, body_seconds
             )
             deployed = True
             try:
