@@ -644,6 +644,7 @@ def serve(
                 ready_when=cast(ReadyWhen, ready),
                 max_batch_size=max_batch_size,
                 body_seconds=body_timeout,
+                trusted=tuple(trusted),
                 metrics_port=metrics_port,
                 on_ready=on_ready,
                 until=block_until_signalled,

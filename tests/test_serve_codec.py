@@ -232,6 +232,40 @@ def test_a_request_that_fails_the_joined_call_fails_alone(tmp_path: Path, monkey
     assert json.dumps(server.info())  # the load report as JSON: GET /info
 
 
+def test_the_replica_trusts_serve_s_trust_keys_for_the_store_beside_the_cache(tmp_path: Path, monkeypatch):
+    """`serve --trust KEY.pub` without --remote: the store beside the cache holds a namespace a
+    warmup signed with a configured key (not the store's own). The key used to be dropped on the
+    way to the replica, which refused the store (exit 4) where `pull --trust` took it."""
+    import torch
+    from test_cache_protocol import KEY
+
+    from orchestrator.cache import sync
+    from orchestrator.cache.manifest import IntegrityError
+    from orchestrator.cache.namespace import namespace
+    from orchestrator.cache.store import open_store
+    from orchestrator.config import load_spec
+    from orchestrator.jobs import torch_internals as ti
+    from orchestrator.serving.server import ModelServer
+
+    (tmp_path / "picky.py").write_text(PICKY)
+    (tmp_path / "picky.yaml").write_text(
+        "model: {factory: picky.py:picky}\ninputs: [{shape: [batch, 4]}]\ndevice: cpu\n"
+    )
+    spec = load_spec(tmp_path / "picky.yaml").replaced(cache_dir=str(tmp_path / "cache"), buckets=[1])
+    name = namespace(spec.label, ti.current_platform(torch.device("cpu")), spec.identity_hash())
+    published = tmp_path / "published" / name
+    (published / "inductor").mkdir(parents=True)
+    (published / "inductor" / "entry").write_bytes(b"artifact")
+    (tmp_path / "cache" / "store").mkdir(parents=True)
+    sync.publish(open_store(f"file://{tmp_path / 'cache' / 'store'}"), published, name, KEY, allow_unsigned=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pytest.raises(IntegrityError, match="not trusted"):
+        ModelServer.func_or_class(spec, None, False, 8, 0.005)
+    server = ModelServer.func_or_class(spec, None, False, 8, 0.005, None, "answering", (KEY.public.pem(),))
+    assert (tmp_path / "cache" / name / "inductor" / "entry").read_bytes() == b"artifact"
+    assert server.info()["buckets"]
+
+
 TRACEBACK = """The deployment failed to start 1 times in a row. See controller logs for details. Error:
 ray::ServeReplica:orchestrate-mlp:ModelServer.initialize_and_get_metadata() (pid=1, ip=127.0.0.1)
   File "/venv/lib/python3.11/site-packages/ray/serve/_private/replica.py", line 1928, in initialize

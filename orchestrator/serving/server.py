@@ -68,7 +68,10 @@ class ModelServer:
         batch_wait_seconds: float,
         metrics: Optional[tuple[str, int]] = None,
         ready: ReadyWhen = "answering",
+        trusted: tuple[str, ...] = (),
     ) -> None:
+        """trusted: public keys (PEM) to trust for the store beside the cache, where there is no
+        `remote` (whose own trusted keys are these, already)."""
         # Ray starts a replica with OMP_NUM_THREADS set to its CPU share; the warm cache holds CPU
         # kernels built for the node's default thread count, as a plain process runs them
         threads_as_a_plain_process()
@@ -82,7 +85,7 @@ class ModelServer:
             remote=remote.url if remote else None,
             require_warm=require_warm,
             allow_unsigned=bool(remote and remote.allow_unsigned),
-            trust=list(TrustedKeys.from_pems(remote.trusted)) if remote else (),
+            trust=list(TrustedKeys.from_pems(remote.trusted if remote else trusted)),
             ready=ready,
         )
         self.codec = RequestCodec(self.model.spec, self.model.device)
@@ -290,6 +293,7 @@ def run_server(
     max_batch_size: Optional[int] = None,
     batch_wait_seconds: float = BATCH_WAIT_SECONDS,
     body_seconds: float = BODY_SECONDS,
+    trusted: tuple[str, ...] = (),
     metrics_port: Optional[int] = None,
     on_ready: Callable[[str, dict[str, Any]], None] = lambda url, info: None,
     until: Callable[[], None] = lambda: None,
@@ -331,6 +335,7 @@ def run_server(
                 batch_wait_seconds,
                 (host, metrics_port) if metrics_port else None,
                 ready_when,
+                trusted,
             )
             gateway: Any = Gateway
             app = gateway.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}}).bind(
