@@ -167,6 +167,11 @@ CORPUS: dict[str, tuple[Callable[[], bytes | str], str]] = {
     "an .npy header of a negative size": (lambda: with_ids(npy(b"\0" * 32, shape=(-2, -4))), NPZ),
     "an .npy header of a huge negative size": (lambda: with_ids(npy(b"\0" * 32, shape=(-(2**62), -2))), NPZ),
     "an .npy header that is not a dict": (lambda: with_ids(npy(b"")[:10] + b"[1, 2]".ljust(118) + b"\n"), NPZ),
+    # Python's tokenizer, which numpy reads a header with, raises its own error for this one
+    "an .npy header with an unterminated string": (
+        lambda: with_ids(npy(b"")[:10] + b"{'descr': '<f4', 'shape': (2, 4), 'x': '''}".ljust(118) + b"\n"),
+        NPZ,
+    ),
     "an .npy header of objects": (lambda: with_ids(npy(b"\0" * 64, descr="|O")), NPZ),
     "an .npy header of a made-up dtype": (lambda: with_ids(npy(b"\0" * 64, descr="<q9")), NPZ),
     "an .npy of version 9.9": (lambda: with_ids(npy(b"\0" * 32, version=(9, 9))), NPZ),

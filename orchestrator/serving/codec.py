@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
@@ -59,7 +60,16 @@ class TooManyRows(RequestError):
 
 class OutputError(ValueError):
     """Model outputs that the wire format cannot carry (in JSON: NaN, Inf, complex numbers, other
-    objects; in .npz: anything but tensors and numbers)."""
+    objects; in .npz: anything but tensors and numbers): the server's fault, 500."""
+
+    status = 500
+
+
+class NotFinite(OutputError):
+    """NaN or Inf in an answer asked for in JSON: a finite request can overflow in the model, and
+    the client's choice of format is what cannot carry it; another format it can ask for does."""
+
+    status = 422
 
 
 JSON = "application/json"
@@ -498,7 +508,7 @@ def to_json(node: Any, cut: Any = None, path: str = "output") -> Any:
         if tensor.is_complex():
             raise OutputError(f"{path} is a complex tensor, which JSON cannot carry")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise OutputError(f"{path} holds NaN or Inf, which JSON cannot carry")
+            raise NotFinite(f"{path} holds NaN or Inf, which JSON cannot carry; ask for {NPZ}, which does")
         return tensor.cpu().tolist()
     split = trees.children(node)
     if split is not None:
@@ -575,12 +585,13 @@ def _npy_header(stream: Any) -> tuple[tuple[int, ...], bool, Any]:
     from numpy.lib import format as npy
 
     version = npy.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran_order, dtype = npy.read_array_header_1_0(stream)
-    elif version == (2, 0):
-        shape, fortran_order, dtype = npy.read_array_header_2_0(stream)
-    else:  # 3.0 is for structured dtypes' unicode field names: no input is one
+    if version not in ((1, 0), (2, 0)):  # 3.0 is for structured dtypes' unicode field names: no input is one
         raise ValueError(f"format version {version[0]}.{version[1]}; numpy.save writes numbers in 1.0 or 2.0")
+    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    try:
+        shape, fortran_order, dtype = read(stream)
+    except (tokenize.TokenError, SyntaxError) as exc:  # numpy parses the header as Python's tokens
+        raise ValueError(f"its header is not a Python literal ({exc.args[0] if exc.args else exc})") from None
     if any(size < 0 for size in shape):
         raise ValueError(f"shape {shape} has a negative size")
     return shape, fortran_order, dtype

@@ -44,7 +44,7 @@ import torch
 from orchestrator.jobs import trees
 from orchestrator.jobs.errors import first_line
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.serving.codec import JSON, Answer, Cut, OutputError, Request, RequestCodec, RequestError
+from orchestrator.serving.codec import JSON, Answer, Cut, NotFinite, OutputError, Request, RequestCodec, RequestError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY = "application/octet-stream"  # an answer that carries raw tensor bytes after its JSON
@@ -454,7 +454,7 @@ def _raw(tensor: torch.Tensor) -> bytes:
 
 def _json_data(name: str, tensor: torch.Tensor) -> list[Any]:
     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-        raise OutputError(f"{name} holds NaN or Inf, which JSON cannot carry; ask for it with binary_data")
+        raise NotFinite(f"{name} holds NaN or Inf, which JSON cannot carry; ask for it with binary_data")
     return tensor.reshape(-1).tolist()
 
 

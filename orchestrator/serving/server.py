@@ -177,8 +177,8 @@ class ModelServer:
                 return [answer for request in requests for answer in self._answer([request])]
             if isinstance(exc, self._client_errors):
                 return [self._answer_type.error(400, str(exc))]
-            if isinstance(exc, self._output_error):
-                return [self._answer_type.error(500, f"the model's output cannot be sent: {exc}")]
+            if isinstance(exc, self._output_error):  # 422 where the client's format is what cannot carry it
+                return [self._answer_type.error(exc.status, f"the model's output cannot be sent: {exc}")]
             logger.exception("predict failed")
             return [self._answer_type.error(500, f"the model failed on this request: {brief(exc)}")]
 
