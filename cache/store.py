@@ -501,6 +501,10 @@ class FsspecStore:
                 f"store {url}: needs the {exc.name or 'backend'!r} package, which is not installed here; "
                 f"pip install {exc.name or 'it'}, or use an s3:// or file:// store"
             ) from None
+        except OSError as exc:  # a backend that connects when it is made (ftp://): a host not found, refused
+            raise StoreUnreachable(
+                f"store {url}: cannot connect ({exc.strerror or exc}); check the URL's host and port"
+            ) from None
 
     def _path(self, key: str) -> str:
         return f"{self.root.rstrip('/')}/{key}"

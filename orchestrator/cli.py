@@ -439,6 +439,8 @@ def pull(
     namespace = namespace_of(spec.label, platform, spec.identity_hash())
     # the directory runtime.load and `orchestrate serve` read for this namespace under the cache root
     target = (Path(to_dir).expanduser() if to_dir else cache_root(spec) / namespace).resolve()
+    if target.exists() and not target.is_dir():  # a pull would move it aside and fill a directory in its place
+        raise UserError(f"--to {target}: a file, not a directory; name the directory to fill (made where missing)")
     if store_url:
         trusted = _trusted(trust)
     else:  # the store warmup publishes to when it is given none, with its own public key
@@ -871,6 +873,8 @@ def _load_report(path: Path) -> dict[str, Any]:
         report = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not JSON ({exc}); {hint}") from None
+    except RecursionError:
+        raise UserError(f"{path}: nests deeper than the JSON parser follows, as no report does; {hint}") from None
     if not isinstance(report, dict) or not {"schema_version", "results", "summary", "executor"} <= report.keys():
         raise UserError(f"{path}: not a warmup report (no schema_version, results, summary and executor); {hint}")
     from orchestrator.reports.records import SCHEMA_VERSION

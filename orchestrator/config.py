@@ -38,6 +38,10 @@ def load_spec(path: str | Path) -> WarmupSpec:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path}: invalid YAML {_yaml_where(exc)}: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"config {path}: nests deeper than the YAML parser follows; a config is a few levels deep"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"config {path}: expected a mapping of fields (model, inputs, ...), got {type(data).__name__}"

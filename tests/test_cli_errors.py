@@ -224,6 +224,19 @@ def test_bad_yaml(tmp_path):
     )
 
 
+def test_yaml_nested_past_the_parser_is_one_line(tmp_path):
+    """A RecursionError traceback, before."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("model: " + "[" * 100000 + "]" * 100000 + "\n")
+    assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path), str(path), "nests deeper")
+
+
+def test_a_report_nested_past_the_parser_is_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    assert_user_error(orchestrate("report", str(path), tmp_path=tmp_path), str(path), "nests deeper")
+
+
 def test_yaml_not_a_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")
@@ -470,6 +483,27 @@ def test_a_store_with_an_unknown_protocol_is_one_line(tmp_path, factories):
     path = config(tmp_path, "factories.py:good")
     proc = orchestrate("pull", "--model", str(path), "--to", "out", "--remote", "nosuch://x/y", tmp_path=tmp_path)
     assert_user_error(proc, "nosuch://", "s3://")
+
+
+def test_a_store_whose_host_is_not_found_when_opened_is_one_line_exit_3(tmp_path, factories):
+    """fsspec's ftp:// connects when the filesystem is made: a socket.gaierror traceback, before."""
+    path = config(tmp_path, "factories.py:good")
+    proc = orchestrate("pull", "--model", str(path), "--to", "out", "--remote", "ftp://x/y", tmp_path=tmp_path)
+    assert "Traceback" not in proc.stderr and proc.returncode == 3, proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"{PREFIX}store ftp://x/y: cannot connect (") and line.endswith(
+        "check the URL's host and port"
+    )
+
+
+def test_pull_to_a_file_is_refused_and_leaves_it_alone(tmp_path, factories):
+    """It used to exit 0, the file moved aside into a .incoming-* folder nothing removed."""
+    path = config(tmp_path, "factories.py:good")
+    target = tmp_path / "out"
+    target.write_text("mine")
+    proc = orchestrate("pull", "--model", str(path), "--to", str(target), "--device", "cpu", tmp_path=tmp_path)
+    assert_user_error(proc, f"--to {target}: a file, not a directory")
+    assert target.read_text() == "mine" and not list(tmp_path.glob(".incoming*"))
 
 
 def test_a_cache_command_on_a_backend_that_is_not_installed_is_one_line(tmp_path):
