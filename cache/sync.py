@@ -360,9 +360,15 @@ def pull(
         directory = directory.resolve()
     manifest: Optional[Manifest] = None  # what a full disk's message sizes, once read
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        with _turn(directory):
-            _recover(directory)
+        try:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE:
+                raise
+            raise _unwritable(directory, exc) from None
+        with _turn(directory) as writable:
+            if writable:
+                _recover(directory)
             head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
             if head is None:
                 return None
@@ -382,7 +388,10 @@ def pull(
             }
             transfer = Transfer(generation=manifest.generation, files=len(needed))
             marker = json.dumps({"namespace": namespace, "generation": manifest.generation, "manifest": digest}) + "\n"
-            if not needed and directory.exists():
+            if not writable:  # read-only: a directory that is current already is all it can be
+                if needed or _read_text(directory / APPLIED_MARKER) != marker:
+                    raise _unwritable(directory, writable.reason)
+            elif not needed and directory.exists():
                 _write_atomically(directory / APPLIED_MARKER, marker)
             else:  # a directory that does not exist yet appears whole too, even an empty namespace's
                 staging = directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
@@ -407,6 +416,21 @@ def pull(
 
 class DiskFull(StoreError):
     """The local disk filled up: a pull's directory is as it was before, a scratch directory is gone."""
+
+
+class LocalDirectoryError(Exception):
+    """The directory to pull into cannot be written (read-only, not permitted, not a directory on
+    its path) and is not already current: a usage problem, one line naming it, nothing changed."""
+
+
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR)
+
+
+def _unwritable(directory: Path, exc: OSError) -> LocalDirectoryError:
+    return LocalDirectoryError(
+        f"{directory}: cannot write in {directory.parent} ({exc.strerror or exc}); pull into a directory "
+        "this user can write (--to, --cache-dir), or make it current where it can be written"
+    )
 
 
 @contextlib.contextmanager
@@ -435,15 +459,34 @@ _STAGING_SUFFIX = "[0-9a-f]{8}"
 _PREVIOUS_PREFIX = ".previous-"
 
 
+class _Writable:
+    """Whether a pull may write beside its directory; if not, the error that said so."""
+
+    def __init__(self, reason: Optional[OSError] = None) -> None:
+        self.reason = reason or OSError(errno.EROFS, os.strerror(errno.EROFS))
+        self._writable = reason is None
+
+    def __bool__(self) -> bool:
+        return self._writable
+
+
 @contextlib.contextmanager
-def _turn(directory: Path) -> Iterator[None]:
+def _turn(directory: Path) -> Iterator[_Writable]:
     """Pulls into one directory take turns: two replicas on a node may start together. The lock
     file goes when its holder is done, so none is left beside the cache. It is removed while still
     held: a waiter that then gets the lock finds the file it locked gone from its path, and opens
-    the path again, so two processes never hold locks on different files of one name."""
+    the path again, so two processes never hold locks on different files of one name. Where no
+    lock file can be made (a read-only volume), there is nothing a pull could change either: it
+    goes on without one, to find whether the directory is current (the falsy _Writable)."""
     path = directory.parent / f".{directory.name}.pull-lock"
     while True:
-        lock = open(path, "a")
+        try:
+            lock = open(path, "a")
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE:
+                raise
+            yield _Writable(exc)
+            return
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:
@@ -452,7 +495,7 @@ def _turn(directory: Path) -> Iterator[None]:
             pass
         lock.close()
     try:
-        yield
+        yield _Writable()
     finally:
         path.unlink(missing_ok=True)
         lock.close()
@@ -463,8 +506,9 @@ def recover(directory: Path) -> None:
     this itself first; this is for when none follows)."""
     if not directory.parent.is_dir():
         return
-    with _turn(directory):
-        _recover(directory)
+    with _turn(directory) as writable:
+        if writable:
+            _recover(directory)
 
 
 def _recover(directory: Path) -> None:
@@ -531,6 +575,13 @@ def _exchange(a: Path, b: Path) -> bool:
     if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(b))
+
+
+def _read_text(path: Path) -> Optional[str]:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -29,13 +29,14 @@ def _families() -> tuple[tuple[type[Exception], int], ...]:
     """The exceptions from below the CLI that it documents, with their exit codes; the first
     that matches wins. A trusted key configured wrong and a store URL no backend serves are usage
     errors, as a missing --trust file is."""
-    from orchestrator.cache import sync  # noqa: F401 (its subclasses, DiskFull and BadShard, are then known)
+    from orchestrator.cache import sync  # its subclasses, DiskFull and BadShard, are then known
     from orchestrator.cache.manifest import IntegrityError, KeyConfigError
     from orchestrator.cache.store import StoreError, UnsupportedStore
 
     return (
         (UserError, EXIT_USAGE),  # or the subclass's own exit_code
         (UnsupportedStore, EXIT_USAGE),
+        (sync.LocalDirectoryError, EXIT_USAGE),
         (KeyConfigError, EXIT_USAGE),
         (StoreError, EXIT_STORE),
         (IntegrityError, EXIT_UNTRUSTED),

@@ -570,6 +570,57 @@ def test_a_full_disk_when_taking_the_lock_is_disk_full(store, tmp_path, monkeypa
     assert not node.exists()
 
 
+def _read_only(monkeypatch, parent: Path) -> None:
+    """`parent` as a read-only volume shows it (EROFS): no lock file, no file, no folder in it.
+    Root writes through mode bits, so the filesystem's answer is made here, at sync's own calls."""
+
+    def refused(path, *args, **kwargs):
+        if Path(path).parent == parent and "a" in (args[0] if args else kwargs.get("mode", "r")):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(sync, "open", refused, raising=False)
+
+
+def test_a_current_directory_on_a_read_only_volume_pulls_as_current(store, tmp_path, monkeypatch):
+    """A serving pod may mount its pulled cache read-only: the lock needs a write, and used to
+    end the pull in a traceback although there was nothing to write."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "ro" / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    before = {p: p.stat().st_mtime_ns for p in node.parent.rglob("*")}
+    _read_only(monkeypatch, node.parent)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert again is not None and again.files == 0 and again.generation == 1
+    assert {p: p.stat().st_mtime_ns for p in node.parent.rglob("*")} == before
+
+
+def test_a_stale_directory_on_a_read_only_volume_is_one_line(store, tmp_path, monkeypatch):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "ro" / "node"
+    node.mkdir(parents=True)
+    _read_only(monkeypatch, node.parent)
+    with pytest.raises(sync.LocalDirectoryError) as caught:
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert str(caught.value) == (
+        f"{node}: cannot write in {node.parent} (Read-only file system); pull into a directory this user can "
+        "write (--to, --cache-dir), or make it current where it can be written"
+    )
+    assert list(node.parent.iterdir()) == [node] and list(node.iterdir()) == []
+
+
+def test_pull_to_a_directory_that_cannot_be_made_is_one_line_exit_2(store, tmp_path):
+    """/proc takes no new file, even from root: a FileNotFoundError traceback from the lock, before."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), platform_probe.cache_namespace(SPEC), KEY,
+                 allow_unsigned=False)  # fmt: skip
+    public = tmp_path / "publisher.pub"
+    public.write_text(KEY.public.pem())
+    proc = orchestrate("pull", "--model", str(ROOT / "examples" / "mlp.yaml"), "--device", "cpu", "--to",
+                       "/proc/orchestrate-x", "--remote", store.url, "--trust", str(public))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert _one_error_line(proc).startswith("orchestrate: error: /proc/orchestrate-x: cannot write in /proc (")
+
+
 def test_a_directory_stores_objects_are_readable_by_other_users(store, tmp_path):
     """Readers (a serving pod, `cache verify`) may run under another uid than the publisher."""
     old = os.umask(0o022)
