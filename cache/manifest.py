@@ -51,9 +51,10 @@ class IntegrityError(Exception):
 
 
 class KeyConfigError(Exception):
-    """A trusted key file that is missing, unreadable, or holds no public key: the reader's
-    configuration is wrong, whether --trust, $ORCHESTRATE_CACHE_TRUSTED_KEYS or a caller named it.
-    A usage problem, found before any cache data is read; nothing was refused."""
+    """A key file or value that is missing, unreadable, or holds no key of its role: a reader's
+    trusted key (--trust, $ORCHESTRATE_CACHE_TRUSTED_KEYS, a caller's) or a publisher's signing key
+    (--signing-key-file, $ORCHESTRATE_CACHE_SIGNING_KEY[_FILE]). The configuration is wrong: a usage
+    problem, found before any cache data is read or written; nothing was refused."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def _read_key_text(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes().strip()
     except OSError as exc:
-        raise IntegrityError(f"{what} {path}: cannot read it ({exc.strerror})") from None
+        raise KeyConfigError(f"{what} {path}: cannot read it ({exc.strerror})") from None
 
 
 _NEW_KEY = "make a pair with `orchestrate keys new DIR`"
@@ -289,7 +290,7 @@ class SigningKey:
         try:
             if data.startswith(b"-----BEGIN"):
                 if b"PUBLIC KEY" in data:
-                    raise IntegrityError(
+                    raise KeyConfigError(
                         f"{where}: is a public key, which only verifies; publishing needs the private key"
                     )
                 key = serialization.load_pem_private_key(data, password=None)
@@ -298,7 +299,7 @@ class SigningKey:
         except (ValueError, TypeError, UnicodeDecodeError, UnsupportedAlgorithm):
             key = None
         if not isinstance(key, Ed25519PrivateKey):
-            raise IntegrityError(f"{where}: not an unencrypted Ed25519 private key (PEM or 64 hex digits); {_NEW_KEY}")
+            raise KeyConfigError(f"{where}: not an unencrypted Ed25519 private key (PEM or 64 hex digits); {_NEW_KEY}")
         return cls(key)
 
     @classmethod

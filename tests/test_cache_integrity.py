@@ -412,8 +412,8 @@ def test_key_files_in_the_wrong_role_or_shape_are_refused_without_quoting_them(t
     private = tmp_path / "cache-signing.key"
     SigningKey.create_file(private)
     public = SigningKey.public_path(private)
-    with pytest.raises(
-        IntegrityError, match=re.escape(f"signing key file {public}: is a public key, which only verifies")
+    with pytest.raises(  # a publisher's key file is its configuration too: exit 2, not refused data's 4
+        KeyConfigError, match=re.escape(f"signing key file {public}: is a public key, which only verifies")
     ):
         SigningKey.load(public)
     # a reader's key file is its configuration: a wrong one is a usage error, not refused cache data
@@ -421,7 +421,7 @@ def test_key_files_in_the_wrong_role_or_shape_are_refused_without_quoting_them(t
         PublicKey.load(private)
     garbage = tmp_path / "garbage"
     garbage.write_text("s3cr3t-but-not-a-key")
-    for load, error in ((SigningKey.load, IntegrityError), (PublicKey.load, KeyConfigError)):
+    for load, error in ((SigningKey.load, KeyConfigError), (PublicKey.load, KeyConfigError)):
         with pytest.raises(error, match="not an .*Ed25519 .* key") as info:
             load(garbage)
         assert "s3cr3t" not in str(info.value)
@@ -451,12 +451,12 @@ def test_the_signing_key_comes_from_a_file_or_the_environment(monkeypatch, tmp_p
     monkeypatch.delenv(KEY_FILE_ENV)
     assert SigningKey.from_env(str(arg_file)).key_id == arg_id
     with pytest.raises(
-        IntegrityError,
+        KeyConfigError,
         match=re.escape(f"signing key file {tmp_path / 'missing'}: cannot read it (No such file or directory)"),
     ):
         SigningKey.from_env(str(tmp_path / "missing"))
     monkeypatch.setenv(KEY_ENV, "6b" * 31)
-    with pytest.raises(IntegrityError, match=f"^\\${KEY_ENV}: not an unencrypted Ed25519 private key") as info:
+    with pytest.raises(KeyConfigError, match=f"^\\${KEY_ENV}: not an unencrypted Ed25519 private key") as info:
         SigningKey.from_env()
     assert "6b6b" not in str(info.value)
 
