@@ -43,12 +43,14 @@ def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             del sys.modules[module_name]
-            raise SetupError(f"model.factory: importing {path} raised {brief(exc)}") from exc
+            raise SetupError(f"model.factory: importing {path} {_raised(exc)}") from exc
     else:
         try:
             module = importlib.import_module(ref.target)
+        except SystemExit as exc:
+            raise SetupError(f"model.factory: importing module {ref.target!r} {_raised(exc)}") from exc
         except Exception as exc:
             raise SetupError(
                 f"model.factory: cannot import module {ref.target!r}: {brief(exc)}; "
@@ -64,13 +66,21 @@ def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
     return target
 
 
+def _raised(exc: BaseException) -> str:
+    """What the user's code did: raised an exception, or called sys.exit, which would otherwise end
+    this process with the factory's code and no word of why."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}); a factory returns the model, it does not end the process"
+    return f"raised {brief(exc)}"
+
+
 def build_model(spec: WarmupSpec, device: torch.device) -> torch.nn.Module:
     factory = load_factory(spec.model, spec.base_dir)
     torch.manual_seed(spec.seed)  # the same weights on every worker
     try:
         model = factory(**spec.model.kwargs)
-    except Exception as exc:
-        raise SetupError(f"model.factory: {spec.model.factory}(**kwargs) raised {brief(exc)}") from exc
+    except (Exception, SystemExit) as exc:
+        raise SetupError(f"model.factory: {spec.model.factory}(**kwargs) {_raised(exc)}") from exc
     if not isinstance(model, torch.nn.Module):
         raise SetupError(f"model.factory: {spec.model.factory} returned {type(model).__name__}, not a torch.nn.Module")
     if spec.model.dtype:

@@ -47,6 +47,12 @@ def not_a_module():
     return 42
 
 
+def exits():
+    import sys
+
+    sys.exit(3)
+
+
 NOT_CALLABLE = 3
 
 
@@ -334,6 +340,15 @@ def test_factory_file_fails_to_import(tmp_path):
         orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
         "model.factory",
         "SyntaxError",
+    )
+
+
+def test_a_factory_that_calls_sys_exit_is_one_line_exit_2(tmp_path, factories):
+    """It used to end the process with the factory's code (3) and nothing on stderr."""
+    path = config(tmp_path, "factories.py:exits")
+    assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
+        "factories.py:exits(**kwargs) called sys.exit(3)",
     )
 
 
