@@ -464,12 +464,21 @@ class LocalStore:
         if prefix and not prefix.endswith("/"):
             return _by_prefix(self.list(_folder_of(prefix)), prefix)
         base = self._path(prefix)
-        found = []
-        if base.is_dir():
-            for path in base.rglob("*"):
-                if path.is_file() and not path.name.startswith(".tmp-"):
-                    stat = path.stat()
-                    found.append(ObjectInfo(str(path.relative_to(self.root)), stat.st_size, stat.st_mtime))
+        found: builtins.list[ObjectInfo] = []
+        if not base.is_dir():
+            return found
+
+        def unreadable(exc: OSError) -> None:  # a folder not listed is no folder without objects
+            raise StoreAuthError(
+                f"{self.url}: cannot list {exc.filename} ({exc.strerror}); fix its permissions for this user"
+            )
+
+        for folder, _, names in os.walk(base, onerror=unreadable):
+            for name in names:
+                path = Path(folder) / name
+                if not name.startswith(".tmp-") and path.is_file():
+                    info = path.stat()
+                    found.append(ObjectInfo(str(path.relative_to(self.root)), info.st_size, info.st_mtime))
         return found
 
     def delete(self, keys: builtins.list[str]) -> None:

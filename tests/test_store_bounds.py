@@ -9,7 +9,9 @@ Generated files, a directory store, fsspec's memory store and moto's server for 
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +20,11 @@ import pytest
 from conftest import ROOT
 from test_cache_attacks import _point_every_file_at, second_generation
 from test_cache_integrity import store, write_signed  # noqa: F401  (store: a fixture)
-from test_cache_protocol import NS, TRUST
+from test_cache_protocol import ARTIFACTS, KEY, NS, TRUST, make_cache
 
 from orchestrator.cache import sync
 from orchestrator.cache.manifest import IntegrityError
-from orchestrator.cache.store import OverLimit, open_store
+from orchestrator.cache.store import OverLimit, StoreAuthError, open_store
 
 SHARD = "ab" * 32  # a well-formed name whose object the test plants
 
@@ -172,7 +174,7 @@ def test_an_s3_shard_larger_than_declared_is_never_read(s3_store, tmp_path, monk
 
 
 def test_an_s3_shard_of_its_declared_size_is_fetched_in_one_request(s3_store, tmp_path):
-    from test_cache_protocol import ARTIFACTS, KEY, make_cache, tree
+    from test_cache_protocol import tree
 
     sync.publish(s3_store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     s3_store.requested.clear()
@@ -200,3 +202,37 @@ def test_an_s3_manifest_over_the_limit_is_not_read(s3_store, tmp_path, monkeypat
     assert sum(received) == 0
     small = s3_store.read(sync._manifest_key(NS, 1), 1 << 20)  # a manifest within the limit reads whole
     assert small.startswith(b"{") and len(small) < 1 << 20
+
+
+def _denied(monkeypatch, call: str, under: Path) -> None:
+    """`os.<call>` refused (EACCES) for paths under `under`, as to a user without the permission:
+    root reads through mode bits, so the refusal is made at the call the store makes."""
+    real = getattr(os, call)
+
+    def refused(path, *args, **kwargs):
+        if Path(path).is_relative_to(under):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, call, refused)
+
+
+def test_a_shard_the_reader_may_not_read_is_one_line_naming_it(store, tmp_path, monkeypatch):
+    """A 50-line traceback from pull and verify, before."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    _denied(monkeypatch, "open", Path(store.root) / "v1" / "objects")
+    for run in (lambda: sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False),
+                lambda: sync.verify(store, NS, TRUST, allow_unsigned=False)):  # fmt: skip
+        with pytest.raises(StoreAuthError, match=r"v1/objects/\w\w/\w{64}: not readable by this user; fix its"):
+            run()
+    assert not (tmp_path / "node").exists()
+
+
+def test_a_namespace_folder_the_reader_may_not_list_is_no_miss(store, tmp_path, monkeypatch):
+    """It used to read as "never published" (exit 5): --allow-miss would then start cold on a
+    store fault. It is the store refusing now (exit 3), naming the folder."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    folder = Path(store.root) / "v1" / "namespaces" / NS
+    _denied(monkeypatch, "scandir", folder)
+    with pytest.raises(StoreAuthError, match=rf"cannot list {re.escape(str(folder))} \(Permission denied\)"):
+        sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
