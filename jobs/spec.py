@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -26,6 +28,8 @@ from pydantic import (
 )
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2}
+ITEM_BYTES |= {"int8": 1, "uint8": 1, "bool": 1}
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -116,6 +120,12 @@ class InputSpec(_Strict):
 
     def concrete_shape(self, symbol: str, bucket: int) -> list[int]:
         return [bucket if dim == symbol else int(dim) for dim in self.shape]  # the validator allows no other symbol
+
+    def host_bytes(self, symbol: str, bucket: int) -> int:
+        """What making this input for `bucket` takes on the host: floating-point inputs are drawn in
+        float32 and then cast (jobs/model.make_inputs)."""
+        size = ITEM_BYTES[self.dtype]
+        return math.prod(self.concrete_shape(symbol, bucket)) * (max(size, 4) if self.dtype in FLOAT_DTYPES else size)
 
 
 class CompileOptions(_Strict):
@@ -329,6 +339,23 @@ class WarmupSpec(_Strict):
     def identity_hash(self) -> str:
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_inputs_fit(spec: WarmupSpec, host_bytes: Optional[int] = None) -> None:
+    """Refuse, before anything is built, buckets whose inputs alone take more than half of this
+    host's memory (`host_bytes`: its RAM): they are made on the host first, and such a bucket would
+    fail minutes later, allocating its eager reference. Raises SetupError naming the largest."""
+    from orchestrator.jobs.errors import SetupError
+
+    if host_bytes is None:
+        host_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    bucket = max(spec.buckets)
+    needed = sum(item.host_bytes(spec.bucket_symbol, bucket) for item in spec.inputs)
+    if needed > host_bytes // 2:
+        raise SetupError(
+            f"bucket {bucket}: its inputs take {needed / 1e9:.1f} GB, more than half of this host's "
+            f"{host_bytes / 1e9:.1f} GB of memory; pick smaller buckets"
+        )
 
 
 def validate_buckets(buckets: list[int]) -> list[int]:

@@ -238,6 +238,12 @@ def warmup(
 
     # torch is imported only once the config is known to be good: bad input fails in milliseconds.
     from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.spec import check_inputs_fit
+
+    try:
+        check_inputs_fit(spec)
+    except SetupError as exc:
+        raise UserError(str(exc)) from None
     from orchestrator.jobs.records import Remote
     from orchestrator.reports.report import render_profile, render_table, write_json
 

@@ -343,6 +343,37 @@ def test_factory_file_fails_to_import(tmp_path):
     )
 
 
+def test_a_bucket_whose_inputs_cannot_fit_the_host_is_refused_before_anything_runs(tmp_path, factories):
+    """2^31 - 1 rows of 8 floats, 69 GB: it used to build the model and then fail allocating."""
+    if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") > 2 * 68.7e9:
+        pytest.skip("this host holds twice such a bucket's inputs")
+    path = config(tmp_path, "factories.py:good")
+    line = assert_user_error(
+        orchestrate("warmup", "--model", str(path), "--buckets", "2147483647", tmp_path=tmp_path),
+        "bucket 2147483647: its inputs take 68.7 GB, more than half of this host's",
+    )
+    assert line.endswith("pick smaller buckets")
+
+
+def test_inputs_are_sized_as_the_host_makes_them():
+    from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.spec import WarmupSpec, check_inputs_fit
+
+    spec = WarmupSpec.model_validate(
+        {
+            "model": {"factory": "m.py:f"},
+            "buckets": [1, 1000],
+            "inputs": [
+                {"shape": ["batch", 10], "dtype": "float16"},
+                {"shape": ["batch"], "dtype": "int8", "range": [0, 2]},
+            ],
+        }
+    )
+    check_inputs_fit(spec, host_bytes=2 * (1000 * 10 * 4 + 1000))  # float16 is drawn in float32 first
+    with pytest.raises(SetupError, match="bucket 1000: its inputs take 0.0 GB"):
+        check_inputs_fit(spec, host_bytes=2 * (1000 * 10 * 4 + 1000) - 2)
+
+
 def test_a_factory_that_calls_sys_exit_is_one_line_exit_2(tmp_path, factories):
     """It used to end the process with the factory's code (3) and nothing on stderr."""
     path = config(tmp_path, "factories.py:exits")

@@ -56,7 +56,9 @@ def preflight(spec: WarmupSpec) -> None:
     Only located, not imported: importing it imports torch, seconds in which the workers could
     already be starting (a factory that is there but fails is still reported, by the workers)."""
     from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.spec import check_inputs_fit
 
+    check_inputs_fit(spec)
     ref = spec.model
     if ref.is_file:
         path = (spec.base_dir / ref.target).resolve()
