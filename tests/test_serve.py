@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from served import BODY_TIMEOUT, POD_USER, assert_answers, post, predict
+from served import BODY_TIMEOUT, POD_USER, Server, assert_answers, post, predict
 
 pytestmark = pytest.mark.slow
 
@@ -229,6 +231,40 @@ def test_slow_clients_hold_no_model_slot_and_are_answered_408_past_the_body_time
     finally:
         for client in held:
             client.close()
+
+
+def _in_session(session: int, named: str) -> list[int]:
+    """The processes of `session` whose command line holds `named`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[3]) == session and named in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_server_whose_ray_node_dies_at_start_exits_6_in_one_line(tmp_path):
+    """The local raylet killed while Serve starts the application: Serve's calls used to end in an
+    ActorDiedError traceback once the node's heartbeats timed out, or wait for ever."""
+    server = Server(tmp_path / "cache", tmp_path / "serve.err")
+    try:
+        deadline = time.monotonic() + 120
+        while not _in_session(server.process.pid, "ServeController") and time.monotonic() < deadline:
+            assert server.process.poll() is None, server.log.read_text()
+            time.sleep(0.2)
+        for raylet in _in_session(server.process.pid, "/raylet "):
+            os.kill(raylet, signal.SIGKILL)
+        code = server.process.wait(timeout=120)
+    finally:
+        server.stop()
+    text = server.log.read_text()
+    assert code == 6 and "Traceback" not in text, text
+    [line] = [line for line in text.splitlines() if line.startswith("orchestrate: error: ")]
+    assert "the local Ray node stopped while the model server started" in line
 
 
 @pytest.mark.stops_server

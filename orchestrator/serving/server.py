@@ -30,11 +30,14 @@ import logging
 import re
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from ray import serve
 from starlette.requests import Request
@@ -49,6 +52,7 @@ if TYPE_CHECKING:  # torch is imported in the replica, after its thread count is
     from orchestrator.serving.codec import Answer
     from orchestrator.serving.codec import Request as Decoded
 
+T = TypeVar("T")
 HEADER_LENGTH = "inference-header-content-length"  # the protocol's binary data: its JSON's length
 BATCH_WAIT_SECONDS = 0.005  # how long the first request of a batch waits for others to join it
 ROUTES = "POST /predict, GET /info, and the Open Inference Protocol under /v2"
@@ -320,39 +324,95 @@ def run_server(
     with _stop_signals_interrupt():
         try:
             batch = max_batch_size or max(spec.buckets)
-            serve.start(http_options={"host": host, "port": port})
-            deployment: Any = ModelServer  # a serve Deployment; its stubs keep the class's type
-            model = deployment.options(
-                ray_actor_options={"num_gpus": _gpus(spec, ray.cluster_resources()), "runtime_env": {"env_vars": env}},
-                # room for a batch being run, the next one filling, and requests being decoded: whole
-                # requests only, the Gateway having taken their bodies
-                max_ongoing_requests=max(4 * batch, 16),
-            ).bind(
-                spec,
-                remote,
-                require_warm,
-                batch,
-                batch_wait_seconds,
-                (host, metrics_port) if metrics_port else None,
-                ready_when,
-                trusted,
-            )
-            gateway: Any = Gateway
-            app = gateway.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}}).bind(
-                model, body_seconds
-            )
-            deployed = True
-            try:
-                handle = serve.run(app, name=name, route_prefix="/", blocking=False)
-            except RuntimeError as exc:
-                raise _failure(_deployment_message(name) or str(exc)) from None
-            info = handle.info.remote().result()
+
+            def start() -> dict[str, Any]:
+                nonlocal deployed
+                serve.start(http_options={"host": host, "port": port})
+                deployment: Any = ModelServer  # a serve Deployment; its stubs keep the class's type
+                model = deployment.options(
+                    ray_actor_options={
+                        "num_gpus": _gpus(spec, ray.cluster_resources()),
+                        "runtime_env": {"env_vars": env},
+                    },
+                    # room for a batch being run, the next one filling, and requests being decoded:
+                    # whole requests only, the Gateway having taken their bodies
+                    max_ongoing_requests=max(4 * batch, 16),
+                ).bind(
+                    spec,
+                    remote,
+                    require_warm,
+                    batch,
+                    batch_wait_seconds,
+                    (host, metrics_port) if metrics_port else None,
+                    ready_when,
+                    trusted,
+                )
+                gateway: Any = Gateway
+                app = gateway.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}}).bind(
+                    model, body_seconds
+                )
+                deployed = True
+                try:
+                    handle = serve.run(app, name=name, route_prefix="/", blocking=False)
+                except RuntimeError as exc:
+                    raise _failure(_deployment_message(name) or str(exc)) from None
+                return handle.info.remote().result()
+
+            info = _while_the_node_runs(start, watch=owns_cluster)
             shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
             ready = True
             on_ready(f"http://{_bracketed(shown_host)}:{port}/predict", info)
             until()
         finally:
             _shut_down(owns_cluster, name if deployed else None, drain=ready)
+
+
+def _while_the_node_runs(step: Callable[[], T], *, watch: bool, poll_seconds: float = 0.5) -> T:
+    """`step()` (the application's start), a Ray node or actor that died under it as
+    ClusterUnreachable, in one line. With `watch` (this process started the Ray node), the node's
+    raylet is watched meanwhile: its exit ends the wait at once, where Serve's own calls wait for
+    the node's heartbeats to time out, or for ever."""
+    from ray.exceptions import NodeDiedError, RayActorError
+
+    from orchestrator.errors import ClusterUnreachable
+
+    def died(exc: BaseException) -> ClusterUnreachable:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return ClusterUnreachable(f"the Ray node went away while the model server started: {first}")
+
+    raylet = _local_raylet() if watch else None
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(step())
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="serve-start", daemon=True).start()
+    while True:
+        try:
+            return done.result(timeout=poll_seconds)
+        except FutureTimeout:
+            if raylet is not None and raylet.poll() is not None:
+                raise ClusterUnreachable(
+                    f"the local Ray node stopped while the model server started (its raylet exited with code "
+                    f"{raylet.poll()}: killed, or out of memory); start the server again"
+                ) from None
+        except (RayActorError, NodeDiedError) as exc:
+            raise died(exc) from None
+
+
+def _local_raylet() -> Optional[Any]:
+    """The raylet process of the Ray node this process started (a Popen), or None where that is not
+    to be known (Ray's node bookkeeping is its own, and may move)."""
+    try:
+        from ray._private import worker
+
+        node: Any = worker._global_node
+        return node.all_processes["raylet"][0].process
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return None
 
 
 def _gpus(spec: WarmupSpec, resources: dict[str, float]) -> int:
