@@ -26,6 +26,7 @@ from orchestrator.cache.manifest import IntegrityError
 from orchestrator.cache.store import StoreError, UnsupportedStore, check_url
 from orchestrator.config import (
     cache_root,
+    check_cache_dir,
     default_cache_root,
     embedded_store,
     format_buckets,
@@ -1051,7 +1052,9 @@ def cache_ls(
     if remote:
         found: list[Any] = sync.listing(open_store(remote), _trusted(trust), allow_unsigned=allow_unsigned)
     else:
-        found = local_namespaces(Path(cache_dir).expanduser() if cache_dir else default_cache_root())
+        root = Path(cache_dir).expanduser() if cache_dir else default_cache_root()
+        check_cache_dir(root)
+        found = local_namespaces(root)
     rows = [asdict(row) for row in found]
     if as_json:
         click.echo(json.dumps(rows, indent=2))

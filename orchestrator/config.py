@@ -85,9 +85,18 @@ def load_spec_with_overrides(
     `buckets` is the --buckets text as typed (None: the config's buckets stand). The config is
     read and checked first, so a broken config is reported before a bad --buckets."""
     spec = load_spec(path)
-    return apply_overrides(
+    spec = apply_overrides(
         spec, buckets=None if buckets is None else parse_buckets(buckets), device=device, cache_dir=cache_dir
     )
+    check_cache_dir(cache_root(spec), "--cache-dir" if cache_dir else f"config {path}: cache_dir")
+    return spec
+
+
+def check_cache_dir(root: Path, named: str = "--cache-dir") -> None:
+    """A cache root that is a file fails every command that uses it, some only after Ray or a model
+    has started: refused here, with the config, in one line."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{named} {root}: a file, not a directory; pass a directory (made where missing)")
 
 
 def parse_buckets(text: str) -> list[int]:

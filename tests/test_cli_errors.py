@@ -542,6 +542,23 @@ def test_a_store_whose_host_is_not_found_when_opened_is_one_line_exit_3(tmp_path
     )
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["warmup"], ["pull"], ["serve", "--port", "1"], ["cache", "ls"]],
+    ids=["warmup", "pull", "serve", "cache ls"],
+)
+def test_a_cache_dir_that_is_a_file_is_one_line_before_anything_starts(tmp_path, factories, command):
+    """serve used to start Ray and the replica, then fail on NotADirectoryError; cache ls listed
+    nothing and exited 0."""
+    path = config(tmp_path, "factories.py:good")
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    model = [] if command[0] == "cache" else ["--model", str(path)]
+    proc = orchestrate(*command, *model, "--cache-dir", str(afile), tmp_path=tmp_path, cache=False)
+    assert_user_error(proc, f"--cache-dir {afile}: a file, not a directory")
+    assert afile.read_text() == "mine"
+
+
 def test_pull_to_a_file_is_refused_and_leaves_it_alone(tmp_path, factories):
     """It used to exit 0, the file moved aside into a .incoming-* folder nothing removed."""
     path = config(tmp_path, "factories.py:good")
