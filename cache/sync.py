@@ -403,6 +403,11 @@ def pull(
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # the directory, or a file in it
+            raise LocalDirectoryError(
+                f"{directory}: cannot read or write {exc.filename or 'it'} ({exc.strerror}); pull into a "
+                "directory this user can read and write (--to, --cache-dir); the directory is unchanged"
+            ) from None
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         taking = f" (its files take {manifest.total_bytes / 1e6:.1f} MB)" if manifest else ""

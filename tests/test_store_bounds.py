@@ -236,3 +236,17 @@ def test_a_namespace_folder_the_reader_may_not_list_is_no_miss(store, tmp_path, 
     _denied(monkeypatch, "scandir", folder)
     with pytest.raises(StoreAuthError, match=rf"cannot list {re.escape(str(folder))} \(Permission denied\)"):
         sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False)
+
+
+def test_a_pull_target_this_user_may_not_read_is_one_line(store, tmp_path, monkeypatch):
+    """A cache root that is not readable: a PermissionError traceback from the pull, before."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    node.mkdir()
+    _denied(monkeypatch, "scandir", node)
+    with pytest.raises(
+        sync.LocalDirectoryError,
+        match=rf"^{re.escape(str(node))}: cannot read or write {re.escape(str(node))} \(Permission denied\)",
+    ):
+        sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert list(node.iterdir()) == []
