@@ -9,10 +9,10 @@
                     POST /v2/models/NAME/infer (orchestrator.serving.inference_protocol)
     GET  /metrics   on --metrics-port, from the replica's own process: orchestrator.serving.metrics
 
-Requests arrive at a `Gateway`, the HTTP ingress, which takes each body whole (within
-`--body-timeout`) and hands the request to the model server: a slow client holds one of the
-gateway's many slots, never one of the model server's few. One replica (`ModelServer`) loads the
-model with `runtime.load` in its constructor, so Serve sends it nothing before the load returns: with `--ready answering` once every bucket answers (eager
+A request's body is taken whole (within `--body-timeout`) before it takes one of the model's few
+slots: a slow client holds one of the replica's many, never one of the model's. One replica
+(`ModelServer`) loads the model with `runtime.load` in its constructor, so Serve sends it nothing
+before the load returns: with `--ready answering` once every bucket answers (eager
 until its planned variant is swapped in, in the background), with `planned` once every bucket is
 on its plan. Requests arriving together are batched (`serve.batch`,
 up to the largest bucket's count of requests): their inputs are joined along the bucket
@@ -53,6 +53,10 @@ if TYPE_CHECKING:  # torch is imported in the replica, after its thread count is
     from orchestrator.serving.codec import Request as Decoded
 
 T = TypeVar("T")
+# how long a request's body may take to arrive (`serve --body-timeout`), and how many requests a
+# replica holds at once, their bodies arriving or waiting for the model
+BODY_SECONDS = 30.0
+PENDING_REQUESTS = 1024
 HEADER_LENGTH = "inference-header-content-length"  # the protocol's binary data: its JSON's length
 BATCH_WAIT_SECONDS = 0.005  # how long the first request of a batch waits for others to join it
 ROUTES = "POST /predict, GET /info, and the Open Inference Protocol under /v2"
@@ -60,8 +64,14 @@ _RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): (?P<message>.*)$")  # a trace
 logger = logging.getLogger("ray.serve")
 
 
-# A model that fails to load fails the same way again: report it instead of retrying
-@serve.deployment(max_constructor_retry_count=1)
+# A model that fails to load fails the same way again: report it instead of retrying. Serve gives a
+# request one of the replica's slots before its body has arrived, so the replica has many
+# (PENDING_REQUESTS: requests whose bodies are arriving or that wait for the model; past them, and
+# as many queued, Serve answers 503), and the model's own few are a semaphore taken once a body is
+# whole: a client sending slowly holds a cheap slot, never one of the model's.
+@serve.deployment(
+    max_constructor_retry_count=1, max_ongoing_requests=PENDING_REQUESTS, max_queued_requests=PENDING_REQUESTS
+)
 class ModelServer:
     def __init__(
         self,
@@ -73,9 +83,14 @@ class ModelServer:
         metrics: Optional[tuple[str, int]] = None,
         ready: ReadyWhen = "answering",
         trusted: tuple[str, ...] = (),
+        body_seconds: float = BODY_SECONDS,
+        model_slots: int = 16,
     ) -> None:
         """trusted: public keys (PEM) to trust for the store beside the cache, where there is no
-        `remote` (whose own trusted keys are these, already)."""
+        `remote` (whose own trusted keys are these, already). body_seconds: how long a request's
+        body may take to arrive (else 408). model_slots: requests decoded or run at once."""
+        self._body_seconds = body_seconds
+        self._model_slots = asyncio.Semaphore(model_slots)
         # Ray starts a replica with OMP_NUM_THREADS set to its CPU share; the warm cache holds CPU
         # kernels built for the node's default thread count, as a plain process runs them
         threads_as_a_plain_process()
@@ -114,8 +129,23 @@ class ModelServer:
         since when, cache hits, load seconds; and where its start went."""
         return json.loads(json.dumps(self.model.info().to_dict(), default=str))
 
+    async def __call__(self, request: Request) -> Response:
+        body = b""
+        if request.method not in ("GET", "HEAD"):
+            try:
+                body = await asyncio.wait_for(request.body(), self._body_seconds)
+            except asyncio.TimeoutError:
+                message = f"the request's body did not arrive within {self._body_seconds:g} s; send it whole at once"
+                return _response(_error(408, message, headers={"Connection": "close"}))
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        call = HttpCall(request.method, request.url.path, headers, body)
+        if request.method in ("GET", "HEAD"):  # health, metadata, /info: never behind the model's work
+            return _response(await self.respond(call))
+        async with self._model_slots:
+            return _response(await self.respond(call))
+
     async def respond(self, call: HttpCall) -> HttpReply:
-        """One HTTP request, its body whole (the Gateway took it): its reply."""
+        """One HTTP request, its body whole: its reply."""
         path = call.path.rstrip("/") or "/"
         if path == "/predict":
             if call.method != "POST":
@@ -189,7 +219,7 @@ class ModelServer:
 
 @dataclass(frozen=True)
 class HttpCall:
-    """An HTTP request as the Gateway hands it to the model server: its body whole."""
+    """An HTTP request, its body whole: what a replica answers (ModelServer.respond)."""
 
     method: str
     path: str
@@ -203,38 +233,6 @@ class HttpReply:
     body: bytes
     media_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
-
-
-# The Gateway's limits: how long a request's body may take to arrive, and how many requests it
-# holds at once (their bodies arriving, or waiting for the model); past that, Serve answers 503.
-BODY_SECONDS = 30.0
-PENDING_REQUESTS = 1024
-
-
-@serve.deployment(max_ongoing_requests=PENDING_REQUESTS, max_queued_requests=PENDING_REQUESTS)
-class Gateway:
-    """The HTTP ingress in front of the model server. It takes each request's body whole, within
-    `body_seconds`, before the model server sees the request: Serve gives a request a slot of the
-    deployment it routes to before its body has arrived, so a client sending slowly, at the model
-    server, held one of its few slots for as long as it liked (sixteen such stopped every route).
-    Here it holds one of PENDING_REQUESTS, and a body late past `body_seconds` is answered 408."""
-
-    def __init__(self, model: Any, body_seconds: float = BODY_SECONDS) -> None:
-        self._model, self._body_seconds = model, body_seconds
-
-    async def __call__(self, request: Request) -> Response:
-        body = b""
-        if request.method not in ("GET", "HEAD"):
-            try:
-                body = await asyncio.wait_for(request.body(), self._body_seconds)
-            except asyncio.TimeoutError:
-                message = f"the request's body did not arrive within {self._body_seconds:g} s; send it whole at once"
-                return _response(_error(408, message, headers={"Connection": "close"}))
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        return _response(await self._model.respond.remote(HttpCall(request.method, request.url.path, headers, body)))
-
-    async def info(self) -> dict[str, Any]:
-        return await self._model.info.remote()
 
 
 def _json(status: int, value: Any, headers: Optional[dict[str, str]] = None) -> HttpReply:
@@ -329,14 +327,11 @@ def run_server(
                 nonlocal deployed
                 serve.start(http_options={"host": host, "port": port})
                 deployment: Any = ModelServer  # a serve Deployment; its stubs keep the class's type
-                model = deployment.options(
+                app = deployment.options(
                     ray_actor_options={
                         "num_gpus": _gpus(spec, ray.cluster_resources()),
                         "runtime_env": {"env_vars": env},
                     },
-                    # room for a batch being run, the next one filling, and requests being decoded:
-                    # whole requests only, the Gateway having taken their bodies
-                    max_ongoing_requests=max(4 * batch, 16),
                 ).bind(
                     spec,
                     remote,
@@ -346,10 +341,9 @@ def run_server(
                     (host, metrics_port) if metrics_port else None,
                     ready_when,
                     trusted,
-                )
-                gateway: Any = Gateway
-                app = gateway.options(ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}}).bind(
-                    model, body_seconds
+                    body_seconds,
+                    # room for a batch being run, the next one filling, and requests being decoded
+                    max(4 * batch, 16),
                 )
                 deployed = True
                 try:
