@@ -271,13 +271,12 @@ class S3Store:
     def read(self, key: str, limit: int) -> bytes:
         def get() -> bytes:
             answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            body = answer["Body"]
+            body, size = answer["Body"], answer.get("ContentLength")
             try:
-                size = answer.get("ContentLength")
                 data = b"" if size is not None and size > limit else body.read(limit + 1)
             finally:
                 body.close()  # the rest of a large object is never received
-            if len(data) > limit or (size is not None and size > limit):
+            if size is not None and size > limit or len(data) > limit:
                 raise OverLimit(f"s3://{self.bucket}/{self._key(key)}: more than {limit} bytes", size)
             return data
 
@@ -449,7 +448,7 @@ class LocalStore:
         except PermissionError:
             raise StoreAuthError(f"{self.url}/{key}: not readable by this user; fix its permissions") from None
         status = os.fstat(fd)
-        if stat.S_ISDIR(status.st_mode) or not stat.S_ISREG(status.st_mode):
+        if not stat.S_ISREG(status.st_mode):
             os.close(fd)
             raise WrongSize(
                 "is a directory, not an object"

@@ -366,8 +366,8 @@ def pull(
             if exc.errno not in _UNWRITABLE:
                 raise
             raise _unwritable(directory, exc) from None
-        with _turn(directory) as writable:
-            if writable:
+        with _turn(directory) as refused:
+            if refused is None:
                 _recover(directory)
             head = _head(store, namespace, trusted, allow_unsigned=allow_unsigned)
             if head is None:
@@ -388,9 +388,9 @@ def pull(
             }
             transfer = Transfer(generation=manifest.generation, files=len(needed))
             marker = json.dumps({"namespace": namespace, "generation": manifest.generation, "manifest": digest}) + "\n"
-            if not writable:  # read-only: a directory that is current already is all it can be
+            if refused is not None:  # read-only: a directory that is current already is all it can be
                 if needed or _read_text(directory / APPLIED_MARKER) != marker:
-                    raise _unwritable(directory, writable.reason)
+                    raise _unwritable(directory, refused)
             elif not needed and directory.exists():
                 _write_atomically(directory / APPLIED_MARKER, marker)
             else:  # a directory that does not exist yet appears whole too, even an empty namespace's
@@ -464,25 +464,15 @@ _STAGING_SUFFIX = "[0-9a-f]{8}"
 _PREVIOUS_PREFIX = ".previous-"
 
 
-class _Writable:
-    """Whether a pull may write beside its directory; if not, the error that said so."""
-
-    def __init__(self, reason: Optional[OSError] = None) -> None:
-        self.reason = reason or OSError(errno.EROFS, os.strerror(errno.EROFS))
-        self._writable = reason is None
-
-    def __bool__(self) -> bool:
-        return self._writable
-
-
 @contextlib.contextmanager
-def _turn(directory: Path) -> Iterator[_Writable]:
+def _turn(directory: Path) -> Iterator[Optional[OSError]]:
     """Pulls into one directory take turns: two replicas on a node may start together. The lock
     file goes when its holder is done, so none is left beside the cache. It is removed while still
     held: a waiter that then gets the lock finds the file it locked gone from its path, and opens
     the path again, so two processes never hold locks on different files of one name. Where no
     lock file can be made (a read-only volume), there is nothing a pull could change either: it
-    goes on without one, to find whether the directory is current (the falsy _Writable)."""
+    goes on without one, to find whether the directory is current: what it yields is the error
+    that refused the lock file, None where the lock is held."""
     path = directory.parent / f".{directory.name}.pull-lock"
     while True:
         try:
@@ -490,7 +480,7 @@ def _turn(directory: Path) -> Iterator[_Writable]:
         except OSError as exc:
             if exc.errno not in _UNWRITABLE:
                 raise
-            yield _Writable(exc)
+            yield exc
             return
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -500,7 +490,7 @@ def _turn(directory: Path) -> Iterator[_Writable]:
             pass
         lock.close()
     try:
-        yield _Writable()
+        yield None
     finally:
         path.unlink(missing_ok=True)
         lock.close()
@@ -511,8 +501,8 @@ def recover(directory: Path) -> None:
     this itself first; this is for when none follows)."""
     if not directory.parent.is_dir():
         return
-    with _turn(directory) as writable:
-        if writable:
+    with _turn(directory) as refused:
+        if refused is None:
             _recover(directory)
 
 

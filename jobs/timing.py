@@ -98,9 +98,8 @@ class Timed:
 
 @dataclass
 class _Round:
-    calls: int
     samples: dict[str, list[float]]
-    host_s: float
+    host_s: float  # the slowest host meter reading around its blocks
 
 
 class Clock:
@@ -190,7 +189,7 @@ class Clock:
             for _ in range(LEAD_CALLS):
                 fn()
             samples[name] = [self._time_one(fn) for _ in range(calls)]
-        return _Round(calls, samples, max(host_s, self._read_host()))
+        return _Round(samples, max(host_s, self._read_host()))
 
     def _read_host(self) -> float:
         return self.host() if self.host is not None else 0.0

@@ -36,12 +36,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from orchestrator.jobs.errors import brief
 from orchestrator.jobs.records import Remote
@@ -136,56 +135,53 @@ class ModelServer:
                 body = await asyncio.wait_for(request.body(), self._body_seconds)
             except asyncio.TimeoutError:
                 message = f"the request's body did not arrive within {self._body_seconds:g} s; send it whole at once"
-                return _response(_error(408, message, headers={"Connection": "close"}))
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        call = HttpCall(request.method, request.url.path, headers, body)
-        if request.method in ("GET", "HEAD"):  # health, metadata, /info: never behind the model's work
-            return _response(await self.respond(call))
-        async with self._model_slots:
-            return _response(await self.respond(call))
+                return _error(408, message, headers={"Connection": "close"})
+            async with self._model_slots:
+                return await self._route(request, body)
+        return await self._route(request, body)  # health, metadata, /info: never behind the model's work
 
-    async def respond(self, call: HttpCall) -> HttpReply:
-        """One HTTP request, its body whole: its reply."""
-        path = call.path.rstrip("/") or "/"
+    async def _route(self, request: Request, body: bytes) -> Response:
+        """One HTTP request, its body whole: its response."""
+        path = request.url.path.rstrip("/") or "/"
         if path == "/predict":
-            if call.method != "POST":
+            if request.method != "POST":
                 return _error(405, "use POST with a JSON body on /predict", headers={"Allow": "POST"})
-            wire = call.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+            wire = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
             loop = asyncio.get_running_loop()
             try:  # in a thread: decoding a large body must not hold up the requests behind it
-                decoded = await loop.run_in_executor(None, self.codec.decode, call.body, wire)
+                decoded = await loop.run_in_executor(None, self.codec.decode, body, wire)
             except self._request_error as exc:  # 400; 413 for more rows than serve.max_rows
                 return _error(exc.status, str(exc))
             except Exception as exc:  # the codec's own fault, answered in the same one line
                 logger.exception("decoding a request failed")
                 return _error(500, f"the request could not be decoded: {brief(exc)}")
-            return _reply(await self._predict(decoded))
+            return _response(await self._predict(decoded))
         if path == "/info":
-            if call.method != "GET":
+            if request.method != "GET":
                 return _error(405, "use GET on /info", headers={"Allow": "GET"})
-            return _json(200, self.info())
+            return JSONResponse(self.info())
         if path == "/v2" or path.startswith("/v2/"):
-            return await self._v2(call, path)
-        return _error(404, f"no route {call.method} {call.path}; this server answers {ROUTES}")
+            return await self._v2(request, path, body)
+        return _error(404, f"no route {request.method} {request.url.path}; this server answers {ROUTES}")
 
-    async def _v2(self, call: HttpCall, path: str) -> HttpReply:
+    async def _v2(self, request: Request, path: str, body: bytes) -> Response:
         """The Open Inference Protocol: GETs answered from the protocol, inference requests decoded
         by it and answered through the same batches as /predict's."""
         loop = asyncio.get_running_loop()
         try:
-            endpoint = self.protocol.endpoint(call.method, path)
+            endpoint = self.protocol.endpoint(request.method, path)
             if endpoint != "infer":  # in a thread: the first model metadata calls the model
-                return _json(200, await loop.run_in_executor(None, self.protocol.get, endpoint))
-            headers = call.headers
+                return JSONResponse(await loop.run_in_executor(None, self.protocol.get, endpoint))
+            headers = request.headers
             decoded = await loop.run_in_executor(
-                None, self.protocol.decode, call.body, headers.get(HEADER_LENGTH), headers.get("content-encoding")
+                None, self.protocol.decode, body, headers.get(HEADER_LENGTH), headers.get("content-encoding")
             )
         except self._request_error as exc:  # 400, 404, 405; 413 for more rows than serve.max_rows
             return _error(exc.status, str(exc), headers=getattr(exc, "headers", None))
         except Exception as exc:  # the protocol's own fault, answered in the same one line
             logger.exception("a v2 request failed before the model")
             return _error(500, f"the request could not be answered: {brief(exc)}")
-        return _reply(await self._predict(decoded))
+        return _response(await self._predict(decoded))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=BATCH_WAIT_SECONDS)
     async def _predict(self, requests: list[Decoded]) -> list[Answer]:
@@ -217,40 +213,12 @@ class ModelServer:
             return [self._answer_type.error(500, f"the model failed on this request: {brief(exc)}")]
 
 
-@dataclass(frozen=True)
-class HttpCall:
-    """An HTTP request, its body whole: what a replica answers (ModelServer.respond)."""
-
-    method: str
-    path: str
-    headers: dict[str, str]  # names in lower case
-    body: bytes
+def _error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-@dataclass(frozen=True)
-class HttpReply:
-    status: int
-    body: bytes
-    media_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-def _json(status: int, value: Any, headers: Optional[dict[str, str]] = None) -> HttpReply:
-    # as starlette's JSONResponse writes it
-    text = json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
-    return HttpReply(status, text.encode(), "application/json", dict(headers or {}))
-
-
-def _error(status: int, message: str, headers: Optional[dict[str, str]] = None) -> HttpReply:
-    return _json(status, {"error": message}, headers)
-
-
-def _reply(answer: Answer) -> HttpReply:
-    return HttpReply(answer.status, answer.body, answer.media_type, dict(answer.headers))
-
-
-def _response(reply: HttpReply) -> Response:
-    return Response(reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers)
+def _response(answer: Answer) -> Response:
+    return Response(answer.body, status_code=answer.status, media_type=answer.media_type, headers=dict(answer.headers))
 
 
 class ServeFailed(Exception):
