@@ -583,8 +583,8 @@ def _read_only(monkeypatch, parent: Path) -> None:
 
 
 def test_a_current_directory_on_a_read_only_volume_pulls_as_current(store, tmp_path, monkeypatch):
-    """A serving pod may mount its pulled cache read-only: the lock needs a write, and used to
-    end the pull in a traceback although there was nothing to write."""
+    """A serving pod may mount its pulled cache read-only: the lock needs a write, and a current
+    directory has nothing to write, so the pull goes on without the lock."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "ro" / "node"
     sync.pull(store, NS, node, TRUST, allow_unsigned=False)
@@ -610,7 +610,7 @@ def test_a_stale_directory_on_a_read_only_volume_is_one_line(store, tmp_path, mo
 
 
 def test_pull_to_a_directory_that_cannot_be_made_is_one_line_exit_2(store, tmp_path):
-    """/proc takes no new file, even from root: a FileNotFoundError traceback from the lock, before."""
+    """/proc takes no new file, even from root: the lock's FileNotFoundError is the user's line."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), platform_probe.cache_namespace(SPEC), KEY,
                  allow_unsigned=False)  # fmt: skip
     public = tmp_path / "publisher.pub"

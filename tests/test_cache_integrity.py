@@ -1793,7 +1793,7 @@ def test_refusals_quote_at_most_32_characters_of_an_algorithm_or_key_id_and_ever
 
 @pytest.mark.parametrize("size", [10**400, -1, True], ids=["10^400", "negative", "a boolean"])
 def test_a_size_no_file_can_have_is_malformed(size):
-    """JSON's integers are unbounded: 10^400 used to pass and then crash `cache ls` (OverflowError)."""
+    """JSON's integers are unbounded: a size of 10^400 would overflow the first float that meets it."""
     entry = {"sha256": "ab" * 32, "size": size, "shard": "cd" * 32}
     for body in ({**GOLDEN.body(), "files": {"a.py": entry}}, {**GOLDEN.body(), "shards": {"cd" * 32: size}}):
         with pytest.raises(

@@ -156,7 +156,7 @@ def test_unknown_option(tmp_path):
 
 
 def test_a_negative_grace_for_cache_gc_is_refused(tmp_path):
-    """It used to be accepted silently: every generation would count as old at once."""
+    """A negative grace would count every generation as old at once."""
     assert_user_error(orchestrate("cache", "gc", "--grace-seconds", "-5", tmp_path=tmp_path), "--grace-seconds")
 
 
@@ -231,7 +231,7 @@ def test_bad_yaml(tmp_path):
 
 
 def test_yaml_nested_past_the_parser_is_one_line(tmp_path):
-    """A RecursionError traceback, before."""
+    """Past the parser's recursion, the config is refused as any malformed one is."""
     path = tmp_path / "deep.yaml"
     path.write_text("model: " + "[" * 100000 + "]" * 100000 + "\n")
     assert_user_error(orchestrate("warmup", "--model", str(path), tmp_path=tmp_path), str(path), "nests deeper")
@@ -344,7 +344,7 @@ def test_factory_file_fails_to_import(tmp_path):
 
 
 def test_a_bucket_whose_inputs_cannot_fit_the_host_is_refused_before_anything_runs(tmp_path, factories):
-    """2^31 - 1 rows of 8 floats, 69 GB: it used to build the model and then fail allocating."""
+    """2^31 - 1 rows of 8 floats, 69 GB: refused before the model is built, not when allocating."""
     if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") > 2 * 68.7e9:
         pytest.skip("this host holds twice such a bucket's inputs")
     path = config(tmp_path, "factories.py:good")
@@ -375,7 +375,7 @@ def test_inputs_are_sized_as_the_host_makes_them():
 
 
 def test_a_factory_that_calls_sys_exit_is_one_line_exit_2(tmp_path, factories):
-    """It used to end the process with the factory's code (3) and nothing on stderr."""
+    """SystemExit is no Exception: the factory's exit must not become the process's, unexplained."""
     path = config(tmp_path, "factories.py:exits")
     assert_user_error(
         orchestrate("warmup", "--model", str(path), "--device", "cpu", tmp_path=tmp_path),
@@ -532,7 +532,7 @@ def test_a_store_with_an_unknown_protocol_is_one_line(tmp_path, factories):
 
 
 def test_a_store_whose_host_is_not_found_when_opened_is_one_line_exit_3(tmp_path, factories):
-    """fsspec's ftp:// connects when the filesystem is made: a socket.gaierror traceback, before."""
+    """fsspec's ftp:// connects when the filesystem is made: a host not found is the store's line."""
     path = config(tmp_path, "factories.py:good")
     proc = orchestrate("pull", "--model", str(path), "--to", "out", "--remote", "ftp://x/y", tmp_path=tmp_path)
     assert "Traceback" not in proc.stderr and proc.returncode == 3, proc.stderr
@@ -548,8 +548,8 @@ def test_a_store_whose_host_is_not_found_when_opened_is_one_line_exit_3(tmp_path
     ids=["warmup", "pull", "serve", "cache ls"],
 )
 def test_a_cache_dir_that_is_a_file_is_one_line_before_anything_starts(tmp_path, factories, command):
-    """serve used to start Ray and the replica, then fail on NotADirectoryError; cache ls listed
-    nothing and exited 0."""
+    """Checked with the config: serve would otherwise start Ray and the replica before meeting the
+    file, and cache ls would list nothing and exit 0."""
     path = config(tmp_path, "factories.py:good")
     afile = tmp_path / "afile"
     afile.write_text("mine")
@@ -560,7 +560,7 @@ def test_a_cache_dir_that_is_a_file_is_one_line_before_anything_starts(tmp_path,
 
 
 def test_pull_to_a_file_is_refused_and_leaves_it_alone(tmp_path, factories):
-    """It used to exit 0, the file moved aside into a .incoming-* folder nothing removed."""
+    """A pull would move the file aside into a .incoming-* folder and fill a directory in its place."""
     path = config(tmp_path, "factories.py:good")
     target = tmp_path / "out"
     target.write_text("mine")

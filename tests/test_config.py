@@ -432,7 +432,7 @@ def test_duplicate_config_buckets_message(tmp_path):
 
 @pytest.mark.parametrize("buckets", ["[true]", "[8, false]", "[1.0]", "['8']", "[2147483648]"])
 def test_a_bucket_is_a_whole_number_of_rows_that_a_tensor_can_hold(tmp_path, buckets):
-    """YAML's `true` used to be taken as bucket 1."""
+    """YAML's `true` is no bucket, though pydantic's lax int takes it as 1."""
     message = load_error(tmp_path, MINIMAL + f"buckets: {buckets}\n")
     assert "buckets" in message and "\n" not in message
 

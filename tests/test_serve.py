@@ -213,9 +213,9 @@ def _slow_clients(server, count: int) -> list[socket.socket]:
 
 
 def test_slow_clients_hold_no_model_slot_and_are_answered_408_past_the_body_timeout(server, eager):
-    """Sixteen clients that send a body slowly used to stop every route (each held a model slot
-    until it finished, and this one's has 32). Two hundred now leave readiness and good requests
-    answering, and each is answered 408 once --body-timeout has passed without its body."""
+    """A slow client holds one of the replica's many slots, not one of the model's (this one has
+    32): two hundred leave readiness and good requests answering, and each is answered 408 once
+    --body-timeout has passed without its body."""
     held = _slow_clients(server, 200)
     try:
         base = server.url.rsplit("/predict", 1)[0]
@@ -248,8 +248,8 @@ def _in_session(session: int, named: str) -> list[int]:
 
 
 def test_a_server_whose_ray_node_dies_at_start_exits_6_in_one_line(tmp_path):
-    """The local raylet killed while Serve starts the application: Serve's calls used to end in an
-    ActorDiedError traceback once the node's heartbeats timed out, or wait for ever."""
+    """The local raylet killed while Serve starts the application: Serve's own calls end only once
+    the node's heartbeats time out, if ever; the watched raylet's exit ends the start at once."""
     server = Server(tmp_path / "cache", tmp_path / "serve.err")
     try:
         deadline = time.monotonic() + 120

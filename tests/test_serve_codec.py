@@ -237,8 +237,8 @@ def test_a_request_that_fails_the_joined_call_fails_alone(tmp_path: Path, monkey
 
 def test_the_replica_trusts_serve_s_trust_keys_for_the_store_beside_the_cache(tmp_path: Path, monkeypatch):
     """`serve --trust KEY.pub` without --remote: the store beside the cache holds a namespace a
-    warmup signed with a configured key (not the store's own). The key used to be dropped on the
-    way to the replica, which refused the store (exit 4) where `pull --trust` took it."""
+    warmup signed with a configured key (not the store's own). The key reaches the replica as it
+    reaches `pull --trust`, which takes the store."""
     import torch
     from test_cache_protocol import KEY
 

@@ -57,7 +57,7 @@ def _refused(store, tmp_path: Path, message: str) -> None:
     ids=["link to /dev/zero", "fifo", "directory"],
 )
 def test_a_shard_key_that_is_no_regular_file_is_refused_unread(store, tmp_path, plant, why):
-    """A link to /dev/zero used to be copied until the local disk was full; a FIFO hung the pull."""
+    """Copied as they are, a link to /dev/zero fills the local disk and a FIFO hangs the pull."""
     plant(_planted_shard(store, second_generation(store, tmp_path), 10240))
     _refused(store, tmp_path, f"{sync._object_key(SHARD)} {why} (corrupt or tampered); refusing it unread")
 
@@ -95,8 +95,8 @@ except IntegrityError as exc:
 
 
 def test_a_two_gib_manifest_is_refused_without_reading_it_under_a_small_memory_limit(store, tmp_path):
-    """The manifest used to be read whole before its 64 MiB limit was checked: a MemoryError
-    traceback in a process allowed 1.5 GB."""
+    """The limit is checked before the manifest is read: read whole, it would not fit a process
+    allowed 1.5 GB."""
     second_generation(store, tmp_path)
     manifest = Path(store.root) / sync._manifest_key(NS, 2)
     with open(manifest, "wb") as f:
@@ -147,10 +147,10 @@ def s3_store(moto_server, monkeypatch):
     ids=["small: one ranged GET", "large: a HEAD"],
 )
 def test_an_s3_shard_larger_than_declared_is_never_read(s3_store, tmp_path, monkeypatch, declared, sent):
-    """It used to take 150 ranged GETs and 1.2 GB over 3 attempts for a 400 MB object declared
-    0.3 MB, before the hash refused it. A shard within one request is asked for by its declared
-    range and refused by the size the answer states, its body unread; a larger one is refused by
-    a HEAD before the transfer starts."""
+    """Fetched whole, an object far larger than declared costs its bytes on every attempt before its
+    hash refuses it. A shard within one request is asked for by its declared range and refused by
+    the size the answer states, its body unread; a larger one is refused by a HEAD before the
+    transfer starts."""
     from botocore.response import StreamingBody
 
     body = second_generation(s3_store, tmp_path)
@@ -218,7 +218,7 @@ def _denied(monkeypatch, call: str, under: Path) -> None:
 
 
 def test_a_shard_the_reader_may_not_read_is_one_line_naming_it(store, tmp_path, monkeypatch):
-    """A 50-line traceback from pull and verify, before."""
+    """Refused by the file system, not by the store's contents: the store's line, exit 3."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     _denied(monkeypatch, "open", Path(store.root) / "v1" / "objects")
     for run in (lambda: sync.pull(store, NS, tmp_path / "node", TRUST, allow_unsigned=False),
@@ -229,8 +229,8 @@ def test_a_shard_the_reader_may_not_read_is_one_line_naming_it(store, tmp_path, 
 
 
 def test_a_namespace_folder_the_reader_may_not_list_is_no_miss(store, tmp_path, monkeypatch):
-    """It used to read as "never published" (exit 5): --allow-miss would then start cold on a
-    store fault. It is the store refusing now (exit 3), naming the folder."""
+    """Listed as empty, it would read as "never published" (exit 5), and --allow-miss would start
+    cold on a store fault: it is the store refusing (exit 3), naming the folder."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     folder = Path(store.root) / "v1" / "namespaces" / NS
     _denied(monkeypatch, "scandir", folder)
@@ -239,7 +239,7 @@ def test_a_namespace_folder_the_reader_may_not_list_is_no_miss(store, tmp_path, 
 
 
 def test_a_pull_target_this_user_may_not_read_is_one_line(store, tmp_path, monkeypatch):
-    """A cache root that is not readable: a PermissionError traceback from the pull, before."""
+    """A cache root that is not readable is the user's to fix: one line naming it, exit 2."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
     node.mkdir()
