@@ -89,7 +89,7 @@ def advance(state):
     global model
     if state == "loaded":
         from orchestrator import runtime
-        served = runtime.load(config, cache_dir=cache, device=str(device), ready="planned")
+        served = runtime.load(config, cache_dir=cache, device=device.type, ready="planned")
         keep.append(served)
         model = served.model
     elif state == "variants":

@@ -59,7 +59,7 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
 )
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
 from orchestrator.jobs.stats import PairedBootstrap, is_noisy
-from orchestrator.jobs.timing import HOST, Clock, Timed, median, p90, process_age_seconds
+from orchestrator.jobs.timing import HOST, Clock, Timed, median, on_fastest_core, p90, process_age_seconds
 from orchestrator.jobs.variants import (
     MAX_SAMPLES,
     graphed_compile,
@@ -359,7 +359,10 @@ class Session:
         if work.result.status == "ok" and work.result.speedup is None:
             if self.ahead is not None and self.ahead.wait_idle():
                 self.event("aot builds idle")
-            self._guard(work, work.benchmark)
+            with on_fastest_core(self.device.type == "cuda") as core:
+                self._guard(work, work.benchmark)
+            if core is not None:
+                self.event(f"bucket {bucket} benchmarked on core {core}")
             if work.result.status == "ok":
                 plan = write_plan(self.local.path, self.spec, work.result, work.artifacts)
                 if plan is not None:

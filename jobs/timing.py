@@ -5,11 +5,12 @@ the host runs at its own full speed."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -81,6 +82,65 @@ class HostMeter:
 # This process's meter: every Clock on a GPU reads it unless given another, and the engine reads it at
 # every stage, so that its best reading spans the process's life, not one benchmark's seconds.
 HOST = HostMeter()
+
+
+# The cores of a shared host are not alike: two processes in the same state, timed turn about at
+# the same moments, run the same host-bound calls up to 1.6x apart for as long as each stays on its
+# core (a core whose sibling thread or cache another tenant keeps busy). A benchmark's thread runs
+# on the core where the host meter reads best, for the length of the benchmark.
+CORE_READINGS = 3  # meter readings per core, the best of them counted
+
+
+@contextlib.contextmanager
+def on_fastest_core(enabled: bool = True) -> Iterator[Optional[int]]:
+    """Pin the calling thread to the allowed core where the host meter reads best, and give it
+    back its cores at the end; yields the core (None where there is no choice: one core allowed,
+    no affinity on this system, or not `enabled`). Meanwhile a benchmark that finds a round
+    slowed moves to the core that is fastest then (move_to_fastest_core): which cores are slowed
+    changes within tens of seconds."""
+    global _choosing_among
+    getter = getattr(os, "sched_getaffinity", None)
+    allowed = getter(0) if enabled and getter is not None else set()
+    if len(allowed) < 2:
+        yield None
+        return
+    best = fastest_core(sorted(allowed))
+    _choosing_among = sorted(allowed)
+    try:
+        os.sched_setaffinity(0, {best})
+        yield best
+    finally:
+        _choosing_among = None
+        os.sched_setaffinity(0, allowed)
+
+
+def move_to_fastest_core() -> Optional[int]:
+    """Within on_fastest_core: pin the thread to the core that is fastest now; the core, or None
+    outside it."""
+    if not _choosing_among:
+        return None
+    best = fastest_core(_choosing_among)
+    os.sched_setaffinity(0, {best})
+    return best
+
+
+def fastest_core(
+    cores: list[int], readings: int = CORE_READINGS, meter: Optional[Callable[[], float]] = None
+) -> int:
+    """The core among `cores` where the meter's best reading is lowest, read round-robin so that
+    a slowed moment does not fall on one core alone. Leaves the thread on the last core read."""
+    best = {core: math.inf for core in cores}
+    own = HostMeter()
+    read = meter or own
+    for _ in range(readings):
+        for core in cores:
+            os.sched_setaffinity(0, {core})
+            best[core] = min(best[core], read())
+    HOST.best = min(HOST.best, own.best)
+    return min(best, key=lambda core: best[core])
+
+
+_choosing_among: Optional[list[int]] = None  # the allowed cores, while on_fastest_core holds
 
 
 @dataclass
@@ -163,8 +223,11 @@ class Clock:
         # plan has (the best reading may move with them), within RETAKE_SECONDS and RETAKE_ROUNDS
         deadline = time.monotonic() + RETAKE_SECONDS
         for _ in range(RETAKE_ROUNDS * len(plan)):
-            if len(rounds) - len(self._slowed(rounds)) >= len(plan) or time.monotonic() > deadline:
+            slowed = self._slowed(rounds)
+            if len(rounds) - len(slowed) >= len(plan) or time.monotonic() > deadline:
                 break
+            if id(rounds[-1]) in slowed:
+                move_to_fastest_core()
             rounds.append(self._round(variants, names, plan[0], reverse=len(rounds) % 2 == 1))
         slowed = self._slowed(rounds)
         steady_rounds = [r for r in rounds if id(r) not in slowed]
