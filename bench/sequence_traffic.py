@@ -1,0 +1,263 @@
+"""Requests of every length: what a grid of batch x seq buckets serves, against the alternatives.
+
+    python bench/sequence_traffic.py OUT_DIR [--models encoder,decoder] [--requests 2000] [--budget SECONDS]
+
+Per model (a Hugging Face encoder called with its attention mask; a decoder padded on the right,
+its logits read at the real positions; both built from configs with random weights, MiniLM-sized):
+  1. `orchestrate warmup --no-ray` of a grid config (batch 1, 8, 32 x seq 32, 64, 128, 256), and of
+     a list config whose sequence is the longest, 256 (what a user of the list form does: every
+     request padded to the longest length).
+  2. A fresh process replays one traffic: `--requests` requests, lengths long-tailed (a log-normal
+     of median 60, cut to 1..256) and batch sizes 1..32 (a log-uniform draw), through
+       - eager at the exact shape;
+       - `torch.compile(dynamic=True)` (mode default);
+       - the list-form replica, every request padded to 256 by hand, cut back;
+       - the grid replica (`runtime.load`), which pads to the point that costs least;
+       - the lower bound: a CUDA graph per exact shape (`torch.compile(mode="reduce-overhead",
+         dynamic=True)`: cudagraph trees record one per shape seen).
+     A first pass calls each method once per request (compiles, recompiles and recordings happen
+     there, untimed); the second is timed, the methods interleaved request by request: per request
+     the wall time from the call to its outputs ready on the host's side (a synchronize), p50 and
+     p99, and throughput as requests over the summed latencies. Every 10th request's answer of
+     every method is checked against eager's at its exact shape with the correctness gate.
+  3. Padding waste: of the positions (rows x seq) computed, the fraction that was padding.
+
+Output: OUT_DIR/sequence_traffic.json and a Markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MODELS = {
+    "encoder": ("bert", {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6,
+                         "intermediate_size": 1536, "max_position_embeddings": 512}),
+    "decoder": ("gpt2", {"vocab_size": 50257, "n_positions": 512, "n_embd": 384, "n_layer": 6, "n_head": 6}),
+}  # fmt: skip
+BATCHES, SEQS = [1, 8, 32], [32, 64, 128, 256]
+
+
+TINY = {"encoder": {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                    "intermediate_size": 64, "max_position_embeddings": 512},
+        "decoder": {"vocab_size": 30522, "n_positions": 512, "n_embd": 32, "n_layer": 1, "n_head": 2}}  # fmt: skip
+
+
+def config(name: str, grid: bool, out_dir: Path, device: str = "cuda") -> Path:
+    factory, kwargs = MODELS[name]
+    if device != "cuda":
+        kwargs = TINY[name]
+    data = {
+        "name": f"{name}-{'grid' if grid else 'longest'}",
+        "model": {"factory": f"{ROOT / 'examples' / 'huggingface.py'}:{factory}", "kwargs": kwargs,
+                  "dtype": "float16" if device == "cuda" else None},
+        "inputs": [
+            {"name": "input_ids", "shape": ["batch", "seq" if grid else max(SEQS)], "dtype": "int64",
+             "range": [1, 30000], "pad": 0},
+            {"name": "attention_mask", "shape": ["batch", "seq" if grid else max(SEQS)], "dtype": "int64",
+             "range": [1, 2], "pad": 0},
+        ],
+        "buckets": {"batch": BATCHES, "seq": SEQS} if grid else BATCHES,
+        "compile": {"mode": "default"},
+        "serve": {"variants": ["eager", "compiled", "graphed"] if device == "cuda" else ["eager", "compiled"],
+                  "outputs": ["logits"] if name == "decoder" else None},
+        "call": {"kwargs": {"use_cache": False}} if name == "decoder" else {"kwargs": {}},
+        "bench": {"iterations": 40, "warmup": 5},
+        "device": device,
+    }  # fmt: skip
+    if data["serve"]["outputs"] is None:
+        del data["serve"]["outputs"]
+    path = out_dir / "configs" / f"{data['name']}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# argv: grid config, longest config, cache dir, requests. One JSON line on stdout.
+PROBE = r"""
+import json, math, statistics, sys, time
+import torch
+from orchestrator import runtime
+from orchestrator.config import load_spec
+from orchestrator.jobs.gate import Gate, snapshot
+
+grid_config, longest_config, cache, requests, device = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+CUDA = device == "cuda"
+sync = torch.cuda.synchronize if CUDA else (lambda: None)
+grid = runtime.load(grid_config, cache_dir=cache, ready="planned")
+longest = runtime.load(longest_config, cache_dir=cache, ready="planned")
+model = grid.model
+LONGEST = max(load_spec(grid_config).grid["seq"])
+gate = Gate.from_options(load_spec(grid_config).check)
+
+generator = torch.Generator().manual_seed(0)
+lengths = torch.exp(torch.randn(requests, generator=generator) * 0.8 + math.log(60)).round().clamp(1, LONGEST).long()
+batches = torch.exp(torch.rand(requests, generator=generator) * math.log(32)).floor().clamp(1, 32).long()
+traffic = []
+for n, s in zip(batches.tolist(), lengths.tolist()):
+    ids = torch.randint(1, 30000, (n, s), generator=generator).to(device)
+    traffic.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+def padded_to_longest(request):
+    n, s = request["input_ids"].shape
+    pad = lambda t: torch.nn.functional.pad(t, (0, LONGEST - s))
+    out = longest(**{k: pad(v) for k, v in request.items()})
+    return {k: v[:, :s] for k, v in out.items()} if isinstance(out, dict) else out
+
+# Dynamo's recompile limit is per thread: the replicas' loaders raised theirs, not this one's, and
+# the model's frame holds every point's entry already
+from orchestrator.jobs import torch_internals as ti
+ti.allow_recompiles(64)
+dynamic = torch.compile(model, dynamic=True)
+bound = torch.compile(model, dynamic=True, mode="reduce-overhead" if CUDA else "default")
+def graph_per_shape(request):
+    if CUDA:
+        torch.compiler.cudagraph_mark_step_begin()
+    out = bound(**request)
+    return snapshot_tree(out)
+
+from orchestrator.jobs.grid import snapshot_tree
+methods = {
+    "eager": lambda r: model(**r),
+    "compile(dynamic=True)": lambda r: dynamic(**r),
+    "padded to the longest": padded_to_longest,
+    "grid": lambda r: grid(**r),
+    "graph per exact shape": graph_per_shape,
+}
+seconds = {}
+errors = {name: 0.0 for name in methods}
+mismatches = {}
+with torch.no_grad():
+    for name, fn in methods.items():  # first passes: compiles, recompiles, recordings
+        began = time.perf_counter()
+        # cudagraph trees warm a new shape at its first call and record it at its second
+        for request in traffic * (2 if name == "graph per exact shape" else 1):
+            fn(request)
+        sync()
+        seconds[name] = time.perf_counter() - began
+        print(f"{name}: first pass {seconds[name]:.1f} s", file=sys.stderr, flush=True)
+    latency = {name: [] for name in methods}
+    for i, request in enumerate(traffic):
+        order = list(methods) if i % 2 == 0 else list(methods)[::-1]
+        answers = {}
+        for name in order:
+            sync()
+            began = time.perf_counter()
+            out = methods[name](request)
+            sync()
+            latency[name].append((time.perf_counter() - began) * 1e3)
+            if i % 10 == 0:
+                answers[name] = snapshot(out)
+        if i % 10 == 0:
+            for name, answer in answers.items():
+                try:
+                    verdict = gate.compare(answers["eager"], answer, call=f"{name} at {tuple(request['input_ids'].shape)}")
+                    errors[name] = max(errors[name], verdict.max_abs_error or 0.0)
+                except Exception as exc:
+                    mismatches.setdefault(name, str(exc)[:300])
+
+computed = {"grid": 0, "padded to the longest": 0}
+real = 0
+for request in traffic:
+    n, s = request["input_ids"].shape
+    real += n * s
+    index = grid._choose(n, {"seq": s})
+    part = grid.slices[index][0]
+    fits = [b for b in part.buckets if b >= n]
+    rows = fits[0] if fits else part.buckets[-1] * math.ceil(n / part.buckets[-1])
+    computed["grid"] += rows * part.fixed["seq"]
+    fits = [b for b in [1, 8, 32] if b >= n]
+    computed["padded to the longest"] += (fits[0] if fits else 32 * math.ceil(n / 32)) * LONGEST
+
+def quantile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+rows = {}
+for name, values in latency.items():
+    rows[name] = {"p50_ms": statistics.median(values), "p99_ms": quantile(values, 0.99),
+                  "requests_per_s": 1e3 * len(values) / sum(values), "first_pass_s": seconds[name],
+                  "max_abs_error": errors[name], "mismatch": mismatches.get(name)}
+for name in computed:
+    rows[name]["padding_waste"] = 1 - real / computed[name]
+print(json.dumps({"rows": rows, "requests": len(traffic), "median_seq": int(lengths.median()),
+                  "info": {k: v.variant for k, v in grid.info().buckets.items()}}), flush=True)
+import os
+os._exit(0)
+"""
+
+
+def run(command: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
+    with log.open("w") as sink:
+        return subprocess.run(command, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=ROOT, timeout=timeout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--models", default="encoder,decoder")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--budget", type=float, default=540)
+    parser.add_argument("--device", default="cuda", help="cpu: a check of this script with tiny models")
+    args = parser.parse_args()
+    out_dir = args.out_dir.resolve()
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = {}
+    for name in args.models.split(","):
+        left = args.budget - (time.monotonic() - started)
+        if left < 60:
+            results[name] = {"error": f"skipped: {left:.0f} s of the budget left"}
+            continue
+        cache = out_dir / "cache"
+        warm = {}
+        for grid in (True, False):
+            path = config(name, grid, out_dir, args.device)
+            began = time.perf_counter()
+            done = run([sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(path),
+                        "--cache-dir", str(cache), "--json"], out_dir / "logs" / f"warmup-{path.stem}.log", left)  # fmt: skip
+            warm[path.stem] = {"exit": done.returncode, "seconds": time.perf_counter() - began}
+            if done.returncode == 0:
+                report = json.loads(done.stdout)
+                (out_dir / f"warmup-{path.stem}.json").write_text(json.dumps(report, indent=1))
+                warm[path.stem]["compile_seconds"] = report["summary"]["compile_seconds_total"]
+            print(
+                f"{path.stem}: warmup exit {done.returncode} in {warm[path.stem]['seconds']:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        left = args.budget - (time.monotonic() - started)
+        grid_path, longest_path = config(name, True, out_dir, args.device), config(name, False, out_dir, args.device)
+        try:
+            done = run([sys.executable, "-c", PROBE, str(grid_path), str(longest_path), str(cache), str(args.requests),
+                        args.device],
+                       out_dir / "logs" / f"traffic-{name}.log", max(left, 30))  # fmt: skip
+            line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+            results[name] = {"warmup": warm, **(json.loads(line) if line else {"error": f"exit {done.returncode}"})}
+        except subprocess.TimeoutExpired:
+            results[name] = {"warmup": warm, "error": "timed out"}
+        (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
+    lines = ["| model | method | p50 ms | p99 ms | requests/s | padding waste | first pass s | max abs error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, result in results.items():
+        if "rows" not in result:
+            lines.append(f"| {name} | {result.get('error')} | | | | | | |")
+            continue
+        for method, row in result["rows"].items():
+            waste = f"{row['padding_waste']:.1%}" if "padding_waste" in row else ""
+            lines.append(f"| {name} | {method} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['requests_per_s']:.0f} | "
+                         f"{waste} | {row['first_pass_s']:.1f} | {row['max_abs_error']:.2g} |")  # fmt: skip
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
