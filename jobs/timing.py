@@ -124,9 +124,7 @@ def move_to_fastest_core() -> Optional[int]:
     return best
 
 
-def fastest_core(
-    cores: list[int], readings: int = CORE_READINGS, meter: Optional[Callable[[], float]] = None
-) -> int:
+def fastest_core(cores: list[int], readings: int = CORE_READINGS, meter: Optional[Callable[[], float]] = None) -> int:
     """The core among `cores` where the meter's best reading is lowest, read round-robin so that
     a slowed moment does not fall on one core alone. Leaves the thread on the last core read."""
     best = {core: math.inf for core in cores}

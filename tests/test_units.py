@@ -13,8 +13,8 @@ from conftest import ROOT
 
 from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import Platform, namespace
-from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs import timing
+from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.timing import LEAD_CALLS, Clock, HostMeter, block_plan, median, p90
 
 PLATFORM = Platform(
