@@ -12,3 +12,11 @@ def gpt2(**config: Any) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(GPT2Config(**config))
+
+
+def bert(**config: Any) -> nn.Module:
+    """A BERT encoder without a head (`BertConfig`'s defaults: BERT-base, 110M parameters): called
+    with `input_ids` and `attention_mask`, it returns `last_hidden_state` and `pooler_output`."""
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(**config))

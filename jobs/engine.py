@@ -44,7 +44,7 @@ from orchestrator.cache.local import LocalCache
 from orchestrator.cache.manifest import IntegrityError, SigningKey, TrustedKeys
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import Store, StoreError, open_store
-from orchestrator.jobs import aot, copies
+from orchestrator.jobs import aot, copies, grid
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds, processes_for
 from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
@@ -363,6 +363,8 @@ class Session:
                 self._guard(work, work.benchmark)
             if core is not None:
                 self.event(f"bucket {bucket} benchmarked on core {core}")
+            if work.result.status == "ok" and self.spec.fixed:
+                self._guard(work, work.prove_padding)
             if work.result.status == "ok":
                 plan = write_plan(self.local.path, self.spec, work.result, work.artifacts)
                 if plan is not None:
@@ -488,6 +490,7 @@ class Session:
         if bucket not in self._work:
             result = BucketResult(
                 bucket=bucket,
+                point={self.spec.bucket_symbol: bucket, **self.spec.fixed} if self.spec.fixed else None,
                 rank=self.rank,
                 gpu=self.platform.gpu_name if self.device.type == "cuda" else None,
                 variants={name: VariantMeasure(ok=False, reason=why) for name, why in self.unavailable.items()},
@@ -799,6 +802,24 @@ class _BucketWork:
         if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()
+
+    def prove_padding(self) -> None:
+        """A grid's point: a request one step shorter in every dimension, padded up and run on the
+        served variant, answers as eager does at its exact size (jobs/grid.py)."""
+        result = self.result
+        self.enter("padding proof")
+        variant = result.variant or "eager"
+        runners: dict[str, Callable[..., Any]] = {"eager": self.model, "compiled": self._compiled_call}
+        runners.update(self.graphed)
+        proof = grid.prove_padding(
+            self.spec, result.bucket, self.inputs, self.model, runners[variant], variant, self.gate
+        )
+        result.padding_proof = asdict(proof) if proof is not None else None
+        self.pause()
+
+    def _compiled_call(self, *args: Any, **kwargs: Any) -> Any:
+        ti.mark_step()
+        return self.compiled_model(*args, **kwargs)
 
     def served_calls(self) -> dict[str, Callable[[], Any]]:
         """Every built variant, called as a server calls it: outputs in CUDA-graph buffers are

@@ -141,7 +141,7 @@ def make_inputs(
     generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + bucket)
     args, kwargs = [], {}
     for item in spec.inputs:
-        tensor = _random_tensor(item, item.concrete_shape(spec.bucket_symbol, bucket), generator).to(device)
+        tensor = _random_tensor(item, item.concrete_shape(spec.bucket_symbol, bucket, spec.fixed), generator).to(device)
         if item.name:
             kwargs[item.name] = tensor
         else:

@@ -98,6 +98,7 @@ class RequestShaper:
         # of the outputs too (output_bucket_dims); the spec requires an input with the symbol
         self.input_dim: int = next(item.shape.index(self.symbol) for item in spec.inputs if self.symbol in item.shape)
         for i, item in enumerate(spec.inputs):
+            shape = spec.shape_of(item)  # a grid slice's fixed dimensions at their sizes
             label = f"inputs[{i}]"
             if item.name:
                 label = f"{item.name} ({label})"
@@ -107,8 +108,8 @@ class RequestShaper:
             entry = _Input(
                 label=label,
                 dtype=dtype,
-                shape=tuple(item.shape),
-                bucket_dims=tuple(d for d, dim in enumerate(item.shape) if dim == self.symbol),
+                shape=tuple(shape),
+                bucket_dims=tuple(d for d, dim in enumerate(shape) if dim == self.symbol),
                 pad=_pad_value(getattr(item, "pad", 0), item.dtype),
             )
             if item.name:

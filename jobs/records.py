@@ -123,9 +123,20 @@ class BucketResult:
     host_steady: Optional[bool] = None
     choice_reason: Optional[str] = None  # why the fastest variant by median does not serve; None where it does
     profile: Optional[BucketProfile] = None  # with `warmup --profile DIR`; a failure there never fails the bucket
+    # A grid's point: its sizes by dimension, the bucket dimension first (None in the list form)
+    point: Optional[dict[str, int]] = None
+    # What warmup proved there (jobs/grid.py): a shorter request padded up answers as eager does at its size
+    padding_proof: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def point_label(record: BucketResult | dict[str, Any]) -> str:
+    """How a record's bucket is shown and labelled: `8`, or a grid's point as `8x64`."""
+    point = record.get("point") if isinstance(record, dict) else record.point
+    bucket = record.get("bucket") if isinstance(record, dict) else record.bucket
+    return "x".join(str(size) for size in point.values()) if point else str(bucket)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class NotWarm(SetupError):
 @dataclass
 class BucketInfo:
     bucket: int
+    point: Optional[str] = field(default=None, kw_only=True)  # a grid's point, as `8x64` (jobs/grid_replica.py)
     variant: str  # what serves it now
     planned: Optional[str]  # what warmup chose (None: no serving plan for the bucket)
     reason: Optional[str]  # why it serves something else than planned, once it is settled
@@ -101,7 +102,7 @@ class BucketUsage:
 class ReplicaInfo:
     namespace: str
     device: str
-    buckets: dict[int, BucketInfo]
+    buckets: dict[Any, BucketInfo]  # by bucket; a grid's by point label, `8x64` (jobs/grid_replica.py)
     ready: ReadyWhen  # what `ready_seconds` waited for
     ready_seconds: float  # load_replica's start to its return
     ready_seconds_from_spawn: Optional[float]  # the process's spawn to ready: what a new replica waits
@@ -143,7 +144,12 @@ def load_replica(
     remote: Optional[Remote] = None,
     require_warm: bool = False,
     ready: ReadyWhen = "answering",
+    model: Optional[torch.nn.Module] = None,
+    call_lock: Optional[threading.Lock] = None,
 ) -> BucketedModel:
+    """The replica of one list-form spec (a grid's slices: jobs/grid_replica.py). `model` and
+    `call_lock`: a model already built from the same config, and the lock every call of it takes,
+    shared by the slices of a grid (one model, one call at a time, traces included)."""
     if ready not in READY_WHEN:
         raise ValueError(f"ready={ready!r}: use one of {', '.join(READY_WHEN)}")
     started, age = time.perf_counter(), process_age_seconds()
@@ -153,10 +159,10 @@ def load_replica(
     point_caches_at(local)
     compile_in_this_process()
     exit_without_collecting()
-    loader = _Loader(spec, device, require_warm, local, platform, remote, started)
+    loader = _Loader(spec, device, require_warm, local, platform, remote, started, call_lock)
     loader.start()
     try:
-        model = build_model(spec, device)
+        model = model if model is not None else build_model(spec, device)
         loader.model_built(model)
         references: dict[int, Any] = {}
         # under the call lock, as every call of the served model: the loader may be tracing already
@@ -456,6 +462,7 @@ class _Loader:
         platform: Platform,
         remote: Optional[Remote],
         started: float,
+        call_lock: Optional[threading.Lock] = None,
     ) -> None:
         self.spec, self.device, self.require_warm = spec, device, require_warm
         self.local, self.directory, self.platform, self.remote = local, local.path, platform, remote
@@ -463,7 +470,7 @@ class _Loader:
         # the served model's call lock: while Dynamo traces (and AOTAutograd, on a cache miss,
         # traces again with torch.fx, which patches torch.nn.Module's __call__ for every thread),
         # an eager call on another thread would be caught in that trace, so none runs meanwhile
-        self.call_lock = threading.Lock()
+        self.call_lock = call_lock or threading.Lock()
         self.gate = Gate.from_options(spec.check)
         self.pool: Any = None  # the memory pool every bucket's CUDA graph shares
         self.pulled: Optional[sync.Transfer] = None

@@ -8,6 +8,7 @@ so the CLI can validate a config before paying for `import torch`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -79,7 +80,10 @@ class ModelRef(_Strict):
 
 
 class InputSpec(_Strict):
-    shape: list[int | str] = Field(description="dimensions; the bucket symbol (e.g. `batch`) marks the bucketed one")
+    shape: list[int | str] = Field(
+        description="dimensions; the bucket symbol (e.g. `batch`) marks the bucketed one, a grid's other "
+        "dimensions (e.g. `seq`) theirs"
+    )
     dtype: DType = "float32"
     range: Optional[tuple[int, int]] = Field(
         default=None, description="[low, high) of integer inputs such as token ids"
@@ -118,14 +122,18 @@ class InputSpec(_Strict):
             raise ValueError(f"pad {self.pad} is not 0 or 1: the input is bool")
         return self
 
-    def concrete_shape(self, symbol: str, bucket: int) -> list[int]:
-        return [bucket if dim == symbol else int(dim) for dim in self.shape]  # the validator allows no other symbol
+    def concrete_shape(self, symbol: str, bucket: int, fixed: Optional[dict[str, int]] = None) -> list[int]:
+        """The shape at `bucket`, a grid slice's `fixed` dimensions at their sizes (the spec's
+        validator allows no other symbol)."""
+        sizes = {**(fixed or {}), symbol: bucket}
+        return [sizes[dim] if isinstance(dim, str) else dim for dim in self.shape]
 
-    def host_bytes(self, symbol: str, bucket: int) -> int:
+    def host_bytes(self, symbol: str, bucket: int, fixed: Optional[dict[str, int]] = None) -> int:
         """What making this input for `bucket` takes on the host: floating-point inputs are drawn in
         float32 and then cast (jobs/model.make_inputs)."""
         size = ITEM_BYTES[self.dtype]
-        return math.prod(self.concrete_shape(symbol, bucket)) * (max(size, 4) if self.dtype in FLOAT_DTYPES else size)
+        shape = self.concrete_shape(symbol, bucket, fixed)
+        return math.prod(shape) * (max(size, 4) if self.dtype in FLOAT_DTYPES else size)
 
 
 class CompileOptions(_Strict):
@@ -233,6 +241,18 @@ class ServeOptions(_Strict):
         return [v for v in VARIANTS if v in variants]  # one order everywhere: the report's and the plan's
 
 
+class PointChoice(_Strict):
+    """Which points of a grid of buckets are warmed and served: every one by default."""
+
+    max_product: Optional[PositiveInt] = Field(
+        default=None, description="leave out points whose sizes multiply to more (a cap on batch × seq)"
+    )
+    only: Optional[list[list[PositiveInt]]] = Field(
+        default=None,
+        description="these points alone, each its sizes in the order of `buckets` (e.g. [[1, 256], [32, 64]])",
+    )
+
+
 # A bucket is a row count: a whole number (YAML's `true` is no bucket), and one a tensor's size
 # can hold (torch's sizes are 64-bit; past 2^31 - 1 rows the kernels' own indexing is the limit).
 MAX_BUCKET = 2**31 - 1
@@ -247,7 +267,19 @@ class WarmupSpec(_Strict):
     device: Literal["auto", "cuda", "cpu"] = "auto"
     call: CallOptions = Field(default_factory=CallOptions)
     compile: CompileOptions = Field(default_factory=CompileOptions)
-    buckets: list[Bucket] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    buckets: list[Bucket] = Field(
+        default_factory=lambda: [1, 8, 32],
+        min_length=1,
+        description="sizes of the bucket dimension; or a grid, sizes by dimension name "
+        "(`{batch: [1, 8], seq: [32, 128]}`), every point of it a bucket",
+    )
+    # A grid's dimensions besides the bucket dimension, in the config's order: each point of
+    # `buckets` x these sizes is warmed and served as a bucket (`slices`). Set from a mapping
+    # given as `buckets`.
+    grid: Optional[dict[str, list[Bucket]]] = None
+    points: Optional[PointChoice] = Field(default=None, description="which points of a grid to warm and serve")
+    # A slice of a grid: its other dimensions at one size each (set by `slices`, part of identity)
+    fixed: dict[str, Bucket] = Field(default_factory=dict)
     bench: BenchOptions = Field(default_factory=BenchOptions)
     check: CheckOptions = Field(default_factory=CheckOptions)
     serve: ServeOptions = Field(default_factory=ServeOptions)
@@ -269,30 +301,141 @@ class WarmupSpec(_Strict):
             raise ValueError(f"{name!r} may hold only letters, digits, '_', '.', '-' (it becomes a metric label)")
         return name
 
+    @model_validator(mode="before")
+    @classmethod
+    def _grid_from_buckets(cls, data: Any) -> Any:
+        """`buckets: {batch: [...], seq: [...]}`: the bucket dimension's sizes stay `buckets`, the
+        other dimensions become `grid`, in the config's order."""
+        if not isinstance(data, dict) or not isinstance(data.get("buckets"), dict):
+            return data
+        if data.get("grid") is not None:
+            raise ValueError("give a grid's dimensions once, as the mapping `buckets`")
+        dims = dict(data["buckets"])
+        symbol = data.get("bucket_symbol", "batch")
+        if symbol not in dims:
+            raise ValueError(
+                f"buckets: a grid needs the bucket dimension {symbol!r} (the one a request is split along), "
+                f"as in `buckets: {{{symbol}: [1, 8], seq: [32, 128]}}`"
+            )
+        sizes = dims.pop(symbol)
+        if not dims:
+            raise ValueError(f"buckets: a grid of {symbol!r} alone is the list form: write `buckets: {sizes}`")
+        return {**data, "buckets": sizes, "grid": dims}
+
     @field_validator("buckets")
     @classmethod
     def _unique_buckets(cls, buckets: list[int]) -> list[int]:
         return validate_buckets(buckets)
 
+    @field_validator("grid")
+    @classmethod
+    def _grid_sizes(cls, grid: Optional[dict[str, list[int]]]) -> Optional[dict[str, list[int]]]:
+        if grid is None:
+            return None
+        for dim, sizes in grid.items():
+            if not isinstance(sizes, list) or not sizes:
+                raise ValueError(f"{dim}: list one size or more, e.g. [32, 128]")
+            try:
+                grid[dim] = validate_buckets(sizes)
+            except ValueError as exc:
+                raise ValueError(f"{dim}: {exc}") from None
+        return grid
+
     @model_validator(mode="after")
     def _symbol_used(self) -> WarmupSpec:
         used = False
+        others = {**(self.grid or {}), **self.fixed}
+        if self.bucket_symbol in others:
+            raise ValueError(f"{self.bucket_symbol!r} is the bucket dimension; it cannot also be fixed")
+        if self.grid and self.fixed:
+            raise ValueError("a grid slice has no grid of its own")
+        seen: set[str] = set()
         for i, spec in enumerate(self.inputs):
             for dim in spec.shape:
-                if isinstance(dim, str) and dim != self.bucket_symbol:
-                    raise ValueError(
-                        f"inputs[{i}].shape: unknown symbol {dim!r}; the bucket symbol is {self.bucket_symbol!r}"
-                    )
+                if isinstance(dim, str) and dim != self.bucket_symbol and dim not in others:
+                    known = ", ".join(repr(d) for d in (self.bucket_symbol, *others))
+                    raise ValueError(f"inputs[{i}].shape: unknown symbol {dim!r}; the dimensions are {known}")
                 used = used or dim == self.bucket_symbol
+                seen.add(str(dim))
         if not used:
             raise ValueError(
                 f"no input shape contains the bucket symbol {self.bucket_symbol!r}, so buckets would change nothing"
             )
+        for dim in others:
+            if dim not in seen:
+                raise ValueError(f"buckets: no input shape contains {dim!r}, so its sizes would change nothing")
+        if self.points is not None:
+            if not self.grid:
+                raise ValueError("`points` chooses points of a grid: give `buckets` as a mapping of dimensions")
+            self._check_points(self.points)
         named = {spec.name for spec in self.inputs if spec.name}
         for name in self.call.kwargs:
             if name in named:
                 raise ValueError(f"call.kwargs.{name} is also an input's name; keep it in one of the two")
         return self
+
+    def _check_points(self, choice: PointChoice) -> None:
+        grid = self.grid or {}
+        if choice.only is not None:
+            dims = self.grid_dims
+            for point in choice.only:
+                if len(point) != len(dims):
+                    raise ValueError(f"points.only: {point} is not one size per dimension ({', '.join(dims)})")
+                for dim, size in zip(dims, point, strict=True):
+                    sizes = self.buckets if dim == self.bucket_symbol else grid[dim]
+                    if size not in sizes:
+                        raise ValueError(f"points.only: {point}: {dim} {size} is not one of the grid's {sizes}")
+        if not self.grid_points():
+            raise ValueError("points: no point of the grid is left to warm; loosen max_product or list points")
+
+    @property
+    def grid_dims(self) -> list[str]:
+        """A grid's dimensions, the bucket dimension first: the order of a point's sizes."""
+        return [self.bucket_symbol, *(self.grid or {})]
+
+    def grid_points(self) -> list[tuple[int, ...]]:
+        """Every point of the grid that `points` keeps, sizes in `grid_dims` order; one point per
+        bucket for the list form."""
+        if not self.grid:
+            return [(bucket,) for bucket in self.buckets]
+        kept = []
+        only = {tuple(p) for p in self.points.only} if self.points and self.points.only is not None else None
+        cap = self.points.max_product if self.points else None
+        for point in itertools.product(self.buckets, *self.grid.values()):
+            if only is not None and point not in only:
+                continue
+            if cap is not None and math.prod(point) > cap:
+                continue
+            kept.append(point)
+        return kept
+
+    def slices(self) -> list[WarmupSpec]:
+        """A grid as list-form specs: one per size of its other dimensions, those dimensions fixed
+        there, the bucket dimension's sizes those of its points. Each is warmed, published and
+        served as a list-form config is, under a namespace of its own. A list-form spec is its
+        own one slice."""
+        if not self.grid:
+            return [self]
+        by_rest: dict[tuple[int, ...], list[int]] = {}
+        for point in self.grid_points():
+            by_rest.setdefault(point[1:], []).append(point[0])
+        data = self.model_dump(exclude={"grid", "points", "fixed"})
+        return [
+            WarmupSpec.model_validate(
+                {**data, "buckets": buckets, "fixed": dict(zip(self.grid, rest, strict=True))}
+            ).with_base_dir(self.base_dir)
+            for rest, buckets in by_rest.items()
+        ]
+
+    def shape_of(self, item: InputSpec) -> list[int | str]:
+        """An input's shape with a slice's fixed dimensions at their sizes: the bucket symbol, and
+        a grid's other symbols, stay."""
+        return [self.fixed.get(dim, dim) if isinstance(dim, str) else dim for dim in item.shape]
+
+    def point_label(self, bucket: int) -> str:
+        """How reports, metrics and `info()` name a bucket: `8` in the list form, `8x64` (the
+        bucket dimension first, then the fixed ones in order) in a grid's slice."""
+        return "x".join(str(size) for size in (bucket, *self.fixed.values()))
 
     @property
     def label(self) -> str:
@@ -334,6 +477,8 @@ class WarmupSpec(_Strict):
             identity["call"] = self.model_dump(include={"call"}, mode="json")["call"]
         if self.serve.outputs is not None:
             identity["outputs"] = list(self.serve.outputs)
+        if self.fixed:
+            identity["fixed"] = dict(self.fixed)
         return identity
 
     def identity_hash(self) -> str:
@@ -349,8 +494,11 @@ def check_inputs_fit(spec: WarmupSpec, host_bytes: Optional[int] = None) -> None
 
     if host_bytes is None:
         host_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    bucket = max(spec.buckets)
-    needed = sum(item.host_bytes(spec.bucket_symbol, bucket) for item in spec.inputs)
+    needed, bucket = max(
+        (sum(item.host_bytes(part.bucket_symbol, b, part.fixed) for item in part.inputs), part.point_label(b))
+        for part in spec.slices()
+        for b in part.buckets
+    )
     if needed > host_bytes // 2:
         raise SetupError(
             f"bucket {bucket}: its inputs take {needed / 1e9:.1f} GB, more than half of this host's "

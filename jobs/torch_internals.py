@@ -84,9 +84,15 @@ def import_compiler(*, to_compile: bool) -> None:
 def allow_recompiles(n_graphs: int) -> None:
     """Each static bucket is one more Dynamo cache entry for the same frame; past the limit
     (8 by default) Dynamo silently falls back to eager, which would make big bucket lists lie."""
+    global _graphs_allowed
+    # cumulative: a grid's slices compile the same model's frame, each its own buckets
+    _graphs_allowed += n_graphs
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), n_graphs + 8))
+    setattr(config, name, max(getattr(config, name), _graphs_allowed + 8))
+
+
+_graphs_allowed = 0
 
 
 def compile_kwargs(

@@ -29,7 +29,7 @@ from orchestrator.config import (
     check_cache_dir,
     default_cache_root,
     embedded_store,
-    format_buckets,
+    format_bucket_dims,
     load_spec_with_overrides,
 )
 from orchestrator.errors import (
@@ -122,7 +122,11 @@ def _local_store_option(command):
 
 def _buckets_option(command):
     """--buckets, the same for every command that runs or renders a warmup (load_spec_with_overrides)."""
-    return click.option("--buckets", metavar="1,8,32", help="Bucket sizes; overrides the config's `buckets`.")(command)
+    return click.option(
+        "--buckets",
+        metavar="1,8,32",
+        help="Bucket sizes, or a grid's by dimension ('batch=1,8 seq=32,128'); overrides the config's `buckets`.",
+    )(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -257,13 +261,14 @@ def warmup(
     try:
         with log:
             err = Console(file=log.screen)
-            if no_ray:
-                report, publish_errors = _in_process(
-                    spec, fresh, remote_store, allow_unsigned, trust, err, observe, started_at, profile_dir
-                )
-            else:
-                report, publish_errors = _on_ray(
-                    spec,
+
+            def run(part):
+                if no_ray:
+                    return _in_process(
+                        part, fresh, remote_store, allow_unsigned, trust, err, observe, started_at, profile_dir
+                    )
+                return _on_ray(
+                    part,
                     fresh,
                     remote_store,
                     allow_unsigned,
@@ -275,6 +280,11 @@ def warmup(
                     started_at,
                     profile_dir,
                 )
+
+            if spec.grid:
+                report, publish_errors = _grid(spec, run, not no_ray, ray_address, err)
+            else:
+                report, publish_errors = run(spec)
     except SetupError as exc:
         raise UserError(_pointing_at(log.kept, str(exc))) from None
     except (UserError, StoreError, IntegrityError) as exc:
@@ -308,6 +318,31 @@ def warmup(
         _fail(f"publish failed, results above stand: {publish_errors[0]}", EXIT_STORE)
     if report["summary"]["buckets_failed"]:
         sys.exit(EXIT_BUCKET_FAILED)
+
+
+def _grid(spec, run, on_ray: bool, ray_address: Optional[str], err: Console):
+    """A grid's warmup: its slices one after another (on Ray, in one connection), each as a
+    list-form config, their reports as one (reports.report.grid_report)."""
+    from contextlib import nullcontext
+
+    from orchestrator.reports.report import grid_report
+
+    if on_ray:
+        from orchestrator.fleet.driver import joined
+
+        session: Any = joined(ray_address, lambda line: err.print(line))
+    else:
+        session = nullcontext()
+    parts = spec.slices()
+    reports, errors = [], []
+    with session:
+        for i, part in enumerate(parts, start=1):
+            fixed = ", ".join(f"{dim} {size}" for dim, size in part.fixed.items())
+            err.print(f"grid: {fixed} ({i}/{len(parts)}): {spec.bucket_symbol} {', '.join(map(str, part.buckets))}")
+            report, publish_errors = run(part)
+            reports.append(report)
+            errors += publish_errors
+    return grid_report(spec, reports), errors
 
 
 def _in_process(
@@ -443,45 +478,51 @@ def pull(
         platform = cache_platform(spec)
     except SetupError as exc:
         raise UserError(str(exc)) from None
-    namespace = namespace_of(spec.label, platform, spec.identity_hash())
-    # the directory runtime.load and `orchestrate serve` read for this namespace under the cache root
-    target = (Path(to_dir).expanduser() if to_dir else cache_root(spec) / namespace).resolve()
-    if target.exists() and not target.is_dir():  # a pull would move it aside and fill a directory in its place
-        raise UserError(f"--to {target}: a file, not a directory; name the directory to fill (made where missing)")
+    if spec.grid and to_dir:
+        raise UserError("--to: a grid of buckets pulls one namespace per slice; pass --cache-dir instead")
     if store_url:
         trusted = _trusted(trust)
     else:  # the store warmup publishes to when it is given none, with its own public key
         embedded = embedded_store(cache_root(spec), allow_unsigned, trust)
         store_url, trusted = embedded.url, TrustedKeys.from_pems(embedded.trusted)
     store = open_store(store_url)
-    transfer = sync.pull(store, namespace, target, trusted, allow_unsigned=allow_unsigned)
-    summary: dict[str, Any] = {
-        "namespace": namespace,
-        "to": str(target),
-        "remote": store_url,
-        "hit": transfer is not None,
-        **(asdict(transfer) if transfer else {}),
-    }
-    if transfer is None:
-        elsewhere = sync.published_elsewhere(
-            store, spec.label, spec.identity_hash(), trusted, allow_unsigned=allow_unsigned
-        )
-        summary["platform"] = asdict(platform)
-        summary["published"] = [asdict(found) for found in elsewhere]
-        if as_json:
-            click.echo(json.dumps(summary, indent=2))
-        reason = _miss_reason(namespace, store_url, spec.label, platform, elsewhere)
-        if not allow_miss:
-            _fail(reason, EXIT_MISS)
-        click.echo(f"orchestrate: warning: {reason}; starting cold (--allow-miss)", err=True)
-    elif as_json:
-        click.echo(json.dumps(summary, indent=2))
-    else:
-        click.echo(
-            f"{namespace}: generation {transfer.generation}, {transfer.files} files "
-            f"({transfer.bytes / 1e6:.1f} MB in {transfer.shards} shards) in {transfer.seconds:.2f} s -> {target}",
-            err=True,
-        )
+    # a grid's slices each have a namespace of their own (WarmupSpec.slices)
+    summaries = []
+    for part in spec.slices():
+        namespace = namespace_of(part.label, platform, part.identity_hash())
+        # the directory runtime.load and `orchestrate serve` read for this namespace under the cache root
+        target = (Path(to_dir).expanduser() if to_dir else cache_root(spec) / namespace).resolve()
+        if target.exists() and not target.is_dir():  # a pull would move it aside and fill a directory in its place
+            raise UserError(f"--to {target}: a file, not a directory; name the directory to fill (made where missing)")
+        transfer = sync.pull(store, namespace, target, trusted, allow_unsigned=allow_unsigned)
+        summary: dict[str, Any] = {
+            "namespace": namespace,
+            "to": str(target),
+            "remote": store_url,
+            "hit": transfer is not None,
+            **(asdict(transfer) if transfer else {}),
+        }
+        summaries.append(summary)
+        if transfer is None:
+            elsewhere = sync.published_elsewhere(
+                store, part.label, part.identity_hash(), trusted, allow_unsigned=allow_unsigned
+            )
+            summary["platform"] = asdict(platform)
+            summary["published"] = [asdict(found) for found in elsewhere]
+            reason = _miss_reason(namespace, store_url, part.label, platform, elsewhere)
+            if not allow_miss:
+                if as_json:
+                    click.echo(json.dumps(summaries if spec.grid else summary, indent=2))
+                _fail(reason, EXIT_MISS)
+            click.echo(f"orchestrate: warning: {reason}; starting cold (--allow-miss)", err=True)
+        elif not as_json:
+            click.echo(
+                f"{namespace}: generation {transfer.generation}, {transfer.files} files "
+                f"({transfer.bytes / 1e6:.1f} MB in {transfer.shards} shards) in {transfer.seconds:.2f} s -> {target}",
+                err=True,
+            )
+    if as_json:
+        click.echo(json.dumps(summaries if spec.grid else summaries[0], indent=2))
 
 
 MAX_PLATFORMS_NAMED = 3  # in the one line a miss prints; --json lists every one read
@@ -640,7 +681,7 @@ def serve(
         # Ray's and Serve's own lines (a task retried while Serve shuts down, a replica's start)
         # go to the run's log, off a screen that holds this command's lines alone
         with log:
-            say(f"orchestrate: loading {spec.label} (buckets {format_buckets(spec.buckets)}) on {where}")
+            say(f"orchestrate: loading {spec.label} (buckets {format_bucket_dims(spec)}) on {where}")
             if log.redirected:
                 say(f"orchestrate: Ray's, Serve's and torch's own output goes to {log.path}")
             run_server(

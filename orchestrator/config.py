@@ -58,12 +58,24 @@ def load_spec(path: str | Path) -> WarmupSpec:
 def apply_overrides(
     spec: WarmupSpec,
     *,
-    buckets: Optional[list[int]] = None,
+    buckets: Optional[list[int] | dict[Optional[str], list[int]]] = None,
     device: Optional[str] = None,
     cache_dir: Optional[str] = None,
 ) -> WarmupSpec:
+    """`buckets`: the bucket dimension's sizes, or sizes by dimension name as parse_buckets reads
+    them (the key None for the bucket dimension); a dimension not named keeps the config's."""
     changes: dict[str, Any] = {}
-    if buckets is not None:
+    if isinstance(buckets, dict):
+        sizes = {spec.bucket_symbol: list(spec.buckets), **(spec.grid or {})}
+        for dim, values in buckets.items():
+            sizes[dim or spec.bucket_symbol] = values
+        if len(sizes) == 1:
+            changes["buckets"] = sizes[spec.bucket_symbol]
+        else:
+            changes["buckets"], changes["grid"] = sizes, None
+            if spec.points:
+                changes["points"] = _points_within(spec.points.model_dump(), sizes)
+    elif buckets is not None:
         changes["buckets"] = buckets
     if device is not None:
         changes["device"] = device
@@ -86,7 +98,7 @@ def load_spec_with_overrides(
     read and checked first, so a broken config is reported before a bad --buckets."""
     spec = load_spec(path)
     spec = apply_overrides(
-        spec, buckets=None if buckets is None else parse_buckets(buckets), device=device, cache_dir=cache_dir
+        spec, buckets=None if buckets is None else parse_bucket_dims(buckets), device=device, cache_dir=cache_dir
     )
     check_cache_dir(cache_root(spec), "--cache-dir" if cache_dir else f"config {path}: cache_dir")
     return spec
@@ -101,6 +113,39 @@ def check_cache_dir(root: Path, named: str = "--cache-dir") -> None:
 
 def parse_buckets(text: str) -> list[int]:
     """`--buckets 1,8,32` -> [1, 8, 32]; positive integers, no duplicates."""
+    return _sizes(text)
+
+
+def parse_bucket_dims(text: str) -> dict[Optional[str], list[int]]:
+    """--buckets as typed: `1,8,32` -> {None: [1, 8, 32]}, the bucket dimension's sizes; a grid's
+    dimensions by name, separated by spaces: `batch=1,8 seq=32,128`."""
+    if "=" not in text:  # `1, 8, 32`, spaces allowed
+        return {None: _sizes(text)}
+    parts = text.split()
+    out: dict[Optional[str], list[int]] = {}
+    for part in parts:
+        dim, equals, sizes = part.rpartition("=")
+        if equals and not dim.isidentifier():
+            raise ConfigError(
+                f"--buckets: {dim!r} is not a dimension name; write e.g. --buckets 'batch=1,8 seq=32,128'"
+            )
+        name = dim if equals else None
+        if name in out:
+            raise ConfigError(f"--buckets: {name or 'the bucket dimension'} is given twice")
+        out[name] = _sizes(sizes)
+    return out
+
+
+def _points_within(points: dict[str, Any], sizes: dict[str, list[int]]) -> Optional[dict[str, Any]]:
+    """The config's `points` where --buckets changed the grid: a cap stays; a list keeps the
+    points still on the grid (none left: every point)."""
+    if points.get("only") is None:
+        return points
+    kept = [p for p in points["only"] if all(size in values for size, values in zip(p, sizes.values(), strict=False))]
+    return {**points, "only": kept} if kept else None
+
+
+def _sizes(text: str) -> list[int]:
     buckets = []
     for item in (part.strip() for part in text.split(",")):
         if not (item.isascii() and item.isdecimal()) or int(item) <= 0:
@@ -115,9 +160,17 @@ def parse_buckets(text: str) -> list[int]:
 
 
 def format_buckets(buckets: list[int]) -> str:
-    """[1, 8, 32] -> `1,8,32`: the --buckets text a submitted job's command line carries, read back
-    by parse_buckets."""
+    """[1, 8, 32] -> `1,8,32`: read back by parse_buckets."""
     return ",".join(map(str, buckets))
+
+
+def format_bucket_dims(spec: WarmupSpec) -> str:
+    """The --buckets text a submitted job's command line carries, read back by parse_bucket_dims:
+    `1,8,32`, or a grid's `batch=1,8 seq=32,128`."""
+    if not spec.grid:
+        return format_buckets(spec.buckets)
+    sizes = {spec.bucket_symbol: spec.buckets, **spec.grid}
+    return " ".join(f"{dim}={format_buckets(values)}" for dim, values in sizes.items())
 
 
 def cache_root(spec: WarmupSpec) -> Path:

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from orchestrator.cache.manifest import PublicKey, TrustedKeys
 from orchestrator.config import cache_root, embedded_store, load_spec_with_overrides
+from orchestrator.jobs.grid_replica import GridModel, load_grid
 from orchestrator.jobs.padding import BadRequest
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.replica import BucketedModel, BucketInfo, NotWarm, ReplicaInfo, load_replica
@@ -30,6 +31,7 @@ __all__ = [
     "BadRequest",
     "BucketInfo",
     "BucketedModel",
+    "GridModel",
     "NotWarm",
     "ReadyWhen",
     "ReplicaInfo",
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 
-def metrics_registry(model: BucketedModel, name: Optional[str] = None) -> Any:
+def metrics_registry(model: BucketedModel | GridModel, name: Optional[str] = None) -> Any:
     """A prometheus_client CollectorRegistry with the replica's metrics, read at every scrape:
     serve it with prometheus_client.start_http_server (needs the `metrics` extra)."""
     from orchestrator.serving.metrics import metrics_registry as registry
@@ -57,7 +59,7 @@ def load(
     allow_unsigned: bool = False,
     trust: Iterable[str | Path | PublicKey] = (),
     ready: ReadyWhen = "answering",
-) -> BucketedModel:
+) -> BucketedModel | GridModel:
     """Build the config's model and serve every bucket (`buckets`: a subset) on its chosen variant.
 
     `ready="answering"` (default) returns as soon as the model is built and every bucket answers:
@@ -74,7 +76,8 @@ def load(
     if isinstance(config, WarmupSpec):
         spec = config
         if device or cache_dir:
-            spec = spec.replaced(**{k: v for k, v in {"device": device, "cache_dir": cache_dir}.items() if v})
+            directory = str(Path(cache_dir).resolve()) if cache_dir else None
+            spec = spec.replaced(**{k: v for k, v in {"device": device, "cache_dir": directory}.items() if v})
     else:
         spec = load_spec_with_overrides(
             config, device=device, cache_dir=None if cache_dir is None else str(Path(cache_dir).resolve())
@@ -90,4 +93,6 @@ def load(
     elif (root / "store").is_dir():
         store = embedded_store(root, allow_unsigned, files)
         store = Remote(store.url, allow_unsigned, trusted=TrustedKeys.from_pems(store.trusted).plus(*keys).pems())
+    if spec.grid:
+        return load_grid(spec, root, remote=store, require_warm=require_warm, ready=ready)
     return load_replica(spec, root, remote=store, require_warm=require_warm, ready=ready)

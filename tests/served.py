@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -28,7 +29,6 @@ from orchestrator.jobs.model import build_model
 ROOT = Path(__file__).resolve().parent.parent
 
 CONFIG = "tests/configs/mlp.yaml"  # examples/mlp.yaml, 2 layers deep
-READY = "orchestrate: serving mlp at "
 RESTRICTED_POD = ROOT / "tests" / "tools" / "restricted-pod"
 POD_USER = 1000  # orchestrator.deployment.k8s.RUN_AS
 START_SECONDS = 240  # Ray, Serve and a replica that loads both buckets from the cache
@@ -41,7 +41,15 @@ class Server:
     group and can be ended with it, never anyone else's."""
 
     def __init__(
-        self, cache: Path, log: Path, *, as_a_restricted_pod: bool = False, sigint_ignored: bool = False
+        self,
+        cache: Path,
+        log: Path,
+        *,
+        as_a_restricted_pod: bool = False,
+        sigint_ignored: bool = False,
+        config: str = CONFIG,
+        buckets: Optional[str] = "1,8",
+        name: str = "mlp",
     ) -> None:
         with socket.socket() as probe, socket.socket() as metrics:  # free ports, not Serve's default
             probe.bind(("127.0.0.1", 0))
@@ -52,7 +60,9 @@ class Server:
         env.pop("RAY_ADDRESS", None)  # its own instance, whatever this shell points at
         self.log, self.stdout = log, log.with_name(f"{log.name}.stdout")
         self._stderr, self._stdout = log.open("w"), self.stdout.open("w")
-        command = [sys.executable, "-m", "orchestrator", "serve", "--model", CONFIG, "--buckets", "1,8"]
+        command = [sys.executable, "-m", "orchestrator", "serve", "--model", config]
+        command += ["--buckets", buckets] if buckets else []
+        self.ready = f"orchestrate: serving {name} at "
         command += ["--device", "cpu", "--cache-dir", str(cache), "--port", str(self.port)]
         # planned: Serve routes nothing to the replica before every bucket is on warmup's choice
         command += ["--metrics-port", str(self.metrics_port), "--ready", "planned"]
@@ -77,8 +87,8 @@ class Server:
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             for line in self.log.read_text().splitlines():
-                if line.startswith(READY):
-                    self.url = line[len(READY) :].split()[0]
+                if line.startswith(self.ready):
+                    self.url = line[len(self.ready) :].split()[0]
                     self.ready_line = line
                     return
             if self.process.poll() is not None:

@@ -202,7 +202,10 @@ def test_superscript_buckets(tmp_path):
 )
 def test_every_command_with_buckets_reads_them_by_one_rule(tmp_path, command):
     help_text = " ".join(orchestrate(*command, "--help", tmp_path=tmp_path).stdout.split())  # unwrapped
-    assert "--buckets 1,8,32 Bucket sizes; overrides the config's `buckets`." in help_text
+    assert (
+        "--buckets 1,8,32 Bucket sizes, or a grid's by dimension ('batch=1,8 seq=32,128'); overrides the config's "
+        "`buckets`." in help_text
+    )
     path = config(tmp_path, "factories.py:good")
     assert_user_error(
         orchestrate(*command, "--model", str(path), "--buckets", "8,8", tmp_path=tmp_path),

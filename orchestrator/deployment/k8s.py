@@ -30,7 +30,7 @@ import yaml
 
 from orchestrator import __version__
 from orchestrator.cache.namespace import slug
-from orchestrator.config import format_buckets
+from orchestrator.config import format_bucket_dims
 from orchestrator.jobs.errors import first_line
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -159,7 +159,7 @@ def entrypoint(
         "--model",
         config_file,
         "--buckets",
-        format_buckets(spec.buckets),
+        format_bucket_dims(spec),
         "--ray-address",
         "auto",
         "--cache-dir",
@@ -355,7 +355,7 @@ def _warmup(
 
 
 def start_budget_seconds(spec: WarmupSpec) -> int:
-    return START_BASE_SECONDS + START_SECONDS_PER_BUCKET * len(spec.buckets)
+    return START_BASE_SECONDS + START_SECONDS_PER_BUCKET * len(spec.grid_points())
 
 
 def _serving(

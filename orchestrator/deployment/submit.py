@@ -19,7 +19,7 @@ from typing import Any, Optional
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from orchestrator.cache.namespace import slug
-from orchestrator.config import format_buckets
+from orchestrator.config import format_bucket_dims
 from orchestrator.errors import ClusterUnreachable
 from orchestrator.fleet.job_env import job_env_vars, note_withheld
 from orchestrator.jobs.spec import WarmupSpec
@@ -42,7 +42,8 @@ class Submission:
 
 def submission_id(spec: WarmupSpec) -> str:
     key = json.dumps(
-        {"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device, "remote": spec.remote},
+        {"identity": spec.identity_hash(), "buckets": spec.buckets, "device": spec.device, "remote": spec.remote}
+        | ({"grid": spec.grid, "points": spec.points and spec.points.model_dump()} if spec.grid else {}),
         sort_keys=True,
     )
     return f"orchestrate-{slug(spec.label, 32, keep='-')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
@@ -79,7 +80,7 @@ def submit(
             "auto",
             "--json",
             "--buckets",
-            format_buckets(spec.buckets),
+            format_bucket_dims(spec),
             *extra_args,
         ]
         _submit_once_an_agent_answers(

@@ -148,6 +148,22 @@ def run_on_ray(
             ray.shutdown()
 
 
+@contextlib.contextmanager
+def joined(address: Optional[str], say: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+    """Ray started or joined once for several runs (a grid's slices); left as found at the end."""
+    import ray
+
+    connects = not ray.is_initialized()
+    if connects and address and address != "auto":
+        _probe(address)
+    _join(ray, address, job_env_vars(), say)
+    try:
+        yield
+    finally:
+        if connects:
+            ray.shutdown()
+
+
 def ray_host() -> Host:
     """Where the calling worker runs, as Ray names it; handed to the workers as their `locate`."""
     import ray

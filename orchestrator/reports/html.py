@@ -15,11 +15,13 @@ import html
 import io
 import math
 import re
+import statistics
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.jobs.records import point_label
 from orchestrator.reports.report import as_record, cache_outcome, served_speedup, write_atomic
 
 EAGER_COLOR = "#8c8c8c"
@@ -105,7 +107,7 @@ def render_html(report: dict[str, Any]) -> str:
     # a bucket's records together: its compile record, then its ranks in order
     results = sorted(
         report.get("results") or [],
-        key=lambda r: (_int_or(str(r.get("bucket"))), r.get("rank") is not None, r.get("rank") or 0),
+        key=lambda r: (_place(r), r.get("rank") is not None, r.get("rank") or 0),
     )
     labels = [_label(r, fleet) for r in results]
     body = [
@@ -113,6 +115,7 @@ def render_html(report: dict[str, Any]) -> str:
         _section("failures", _failures_section(results, labels)),
         _section("latency", _latency_section(results, labels)),
         _section("speedup", _speedup_section(results, labels)),
+        _section("grid", _grid_section(report, results)),
         # a Ray run's timeline is where its time went: above the per-record tables
         _section("fleet", _fleet_section(report)) if fleet else "",
         _section("buckets", _buckets_section(results, labels)),
@@ -212,6 +215,60 @@ def _speedup_section(results: list[dict[str, Any]], labels: list[str]) -> str:
         "the report has one. Left of the dashed line is slower than eager. Noisy figures are hatched "
         "and labelled: their interval is too wide to trust the figure.",
     )
+
+
+def _grid_section(report: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """A grid of two dimensions: the served speedup at every point, as a heat map."""
+    grid = report.get("grid") or {}
+    if len(grid) != 2:
+        return ""
+    (rows_dim, row_sizes), (cols_dim, col_sizes) = grid.items()
+    speedups: dict[tuple[int, int], list[float]] = {}
+    for r in results:
+        point = r.get("point") or {}
+        if r.get("status") != "ok" or r.get("phase") == "compile" and r.get("rank") is None:
+            continue
+        value, _ = _served_speedup(r)
+        if value is not None and rows_dim in point and cols_dim in point:
+            speedups.setdefault((point[rows_dim], point[cols_dim]), []).append(value)
+    head = "<h2>Served speedup over the grid</h2>"
+    if not speedups:
+        return head + '<p class="none">No point of the grid was benchmarked.</p>'
+    cells = {at: statistics.median(values) for at, values in speedups.items()}
+    return head + _figure(
+        "grid",
+        _grid_chart(rows_dim, row_sizes, cols_dim, col_sizes, cells),
+        f"Eager latency divided by the served variant's at every point of the grid ({rows_dim} by {cols_dim}); "
+        "across ranks, the median. Green is faster than eager, orange slower; a blank cell was not "
+        "benchmarked (left out of the grid, or failed).",
+    )
+
+
+def _grid_chart(
+    rows_dim: str, rows: list[int], cols_dim: str, cols: list[int], cells: dict[tuple[int, int], float]
+) -> str:
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.figure import Figure
+
+    values = np.full((len(rows), len(cols)), np.nan)
+    for (row, col), value in cells.items():
+        if row in rows and col in cols:
+            values[rows.index(row), cols.index(col)] = value
+    finite = values[np.isfinite(values)]
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(0.5, float(finite.min())), vmax=max(2.0, float(finite.max())))
+    fig = Figure(figsize=(max(4.0, 1.2 + 1.1 * len(cols)), max(2.4, 1.0 + 0.6 * len(rows))))
+    ax = fig.add_subplot()
+    ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if np.isfinite(values[i, j]):
+                ax.text(j, i, f"{values[i, j]:.2f}x", ha="center", va="center", fontsize=10, color="#1f2328")
+    ax.set_xticks(range(len(cols)), [str(c) for c in cols])
+    ax.set_yticks(range(len(rows)), [str(r) for r in rows])
+    ax.set_xlabel(cols_dim)
+    ax.set_ylabel(rows_dim)
+    return _svg(fig, "grid")
 
 
 def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
@@ -1013,8 +1070,14 @@ def _events(row: dict[str, Any]) -> list[tuple[str, float]]:
     ]
 
 
+def _place(r: dict[str, Any]) -> tuple[float, ...]:
+    """Where a record sorts: by its bucket, or its grid point's sizes."""
+    point = r.get("point")
+    return tuple(point.values()) if point else (_int_or(str(r.get("bucket"))),)
+
+
 def _label(r: dict[str, Any], fleet: bool) -> str:
-    label = f"bucket {r.get('bucket')}"
+    label = f"bucket {point_label(r)}"
     if fleet:
         label += " compile" if r.get("rank") is None else f" {r.get('phase', '')} r{r.get('rank')}".rstrip()
     return label

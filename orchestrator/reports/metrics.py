@@ -38,7 +38,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from orchestrator.jobs.records import BucketResult
+from orchestrator.jobs.records import BucketResult, point_label
 
 JOB = "orchestrate_warmup"
 UNKNOWN_GPU = "unknown"  # the class of a run that failed before it learned one
@@ -155,8 +155,12 @@ class _Group:
             self.last_success.labels(*labels).set(now)
 
     def buckets(self, records: list[dict[str, Any]]) -> None:
-        for bucket in sorted({r["bucket"] for r in records}):
-            self._bucket(str(bucket), [r for r in records if r["bucket"] == bucket])
+        # a bucket's label: its size, or a grid's point as `8x64`
+        by_label: dict[str, list[dict[str, Any]]] = {}
+        for r in sorted(records, key=lambda r: tuple((r.get("point") or {"b": r["bucket"]}).values())):
+            by_label.setdefault(point_label(r), []).append(r)
+        for label, mine in by_label.items():
+            self._bucket(label, mine)
         for r in records:
             if r["compile_seconds"] is not None:
                 self.compile_duration.labels(self.model, self.mode, self.gpu, _cache(r["cache_state"])).observe(

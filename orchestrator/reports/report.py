@@ -347,6 +347,48 @@ def _summary(
     )
 
 
+def grid_report(spec: WarmupSpec, slices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A grid's warmup (`buckets` a mapping of dimensions): every slice's report as it is, under
+    `slices`, and their records together under `results` with one summary over all of them; the
+    header is the first slice's, with the grid's own dimensions and points."""
+    first = slices[0]
+    results = [record for part in slices for record in part["results"]]
+    report = {**first}
+    report.update(
+        model=spec.name,
+        config_hash=spec.identity_hash(),
+        buckets=list(spec.buckets),
+        grid={spec.bucket_symbol: list(spec.buckets), **(spec.grid or {})},
+        points=["x".join(map(str, point)) for point in spec.grid_points()],
+        namespaces=[name for part in slices for name in (part.get("namespaces") or [part["namespace"]])],
+        results=results,
+        finished_at=slices[-1]["finished_at"],
+        slices=slices,
+    )
+    summaries = [part["summary"] for part in slices]
+    summary = {**summaries[0]}
+    for key, value in summaries[0].items():
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and not key.startswith(("speedup", "throughput"))
+        ):
+            summary[key] = sum(s.get(key) or 0 for s in summaries)
+    ok = [r for r in results if r["status"] == "ok"]
+    speedups = [r["speedup"] for r in ok if r.get("speedup") is not None]
+    throughput = [r["throughput_speedup"] for r in ok if r.get("throughput_speedup") is not None]
+    states = {s["cache_state"] for s in summaries}
+    summary.update(
+        speedup_min=min(speedups, default=None),
+        speedup_median=statistics.median(speedups) if speedups else None,
+        speedup_max=max(speedups, default=None),
+        throughput_speedup_median=statistics.median(throughput) if throughput else None,
+        cache_state=states.pop() if len(states) == 1 else "partial",
+    )
+    report["summary"] = summary
+    return report
+
+
 def write_json(report: dict[str, Any], path: Path) -> None:
     write_atomic(path, json.dumps(report, indent=2) + "\n")
 
@@ -375,6 +417,13 @@ def render_table(report: dict[str, Any], console: Console, wide: bool = False) -
     """The report for people: one row per bucket that fits 80 columns (on Ray, the warm wave's
     median across ranks, the ranks that deviate or failed named below), or with `wide` one row
     per record with every field. Text from records (errors, nodes, names) is never read as markup."""
+    if report.get("slices"):  # a grid: each slice's table, named by the sizes it fixes
+        for part in report["slices"]:
+            point = part["results"][0].get("point") or {} if part["results"] else {}
+            named = ", ".join(f"{dim} {point[dim]}" for dim in list(report["grid"])[1:] if dim in point)
+            _line(console, f"{report['model']} at {named}" if named else report["model"], "bold")
+            render_table(part, console, wide)
+        return
     fleet = report["executor"]["kind"] == "ray"
     records = sorted(map(as_record, report["results"]), key=_order)
     title = Text(

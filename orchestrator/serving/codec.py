@@ -150,7 +150,11 @@ class RequestCodec:
         # Requests join along the bucket dimension: possible where every input has exactly one.
         # An input without one (the same for every row) or with several (a [seq, seq] mask) makes
         # each request a call of its own.
-        self.joinable = all(len(entry.bucket_dims) == 1 for entry in self._inputs)
+        # A grid's requests differ in their other dimensions too (seq): each is a call of its own,
+        # padded to the point that suits it (jobs/grid_replica.py).
+        self.joinable = not spec.grid and all(len(entry.bucket_dims) == 1 for entry in self._inputs)
+        # the largest size a grid takes in each of its other dimensions: above it, 413
+        self._largest = {dim: max(sizes) for dim, sizes in (spec.grid or {}).items()}
         # The dimension outputs most likely share with the inputs, for an output tensor with
         # several dimensions of the batch's size
         self._preferred_dim = next(entry.bucket_dims[0] for entry in self._inputs if entry.bucket_dims)
@@ -353,6 +357,12 @@ class RequestCodec:
                 raise RequestError(f"{entry.label} has size {shape[dim]} at dim {dim}, expected {want}: {shown}")
         if math.prod(shape) == 0:
             raise RequestError(f"{entry.label} is empty; a request needs at least one row")
+        for dim, want in enumerate(config):
+            if isinstance(want, str) and want in self._largest and shape[dim] > self._largest[want]:
+                raise TooManyRows(
+                    f"{entry.label} has {shape[dim]} at dim {dim} ({want}), more than the largest {want} bucket "
+                    f"{self._largest[want]}; send at most that many"
+                )
         for dim in entry.bucket_dims:
             if self.max_rows is not None and shape[dim] > self.max_rows:
                 raise TooManyRows(

@@ -143,7 +143,7 @@ class InferenceProtocol:
         self.model_name = spec.label
         self._spec, self._codec, self._model = spec, codec, model
         self.inputs = tuple(
-            TensorMetadata(name, DATATYPES[item.dtype], tuple(_dims(item.shape, spec.bucket_symbol)))
+            TensorMetadata(name, DATATYPES[item.dtype], tuple(_dims(item.shape)))
             for name, item in zip(codec.input_names, spec.inputs, strict=True)
         )
         self._outputs: Optional[tuple[TensorMetadata, ...]] = None
@@ -210,6 +210,9 @@ class InferenceProtocol:
         from orchestrator.jobs.padding import output_bucket_dims
 
         spec = self._spec
+        grid_dims = getattr(self._model, "output_dims", None)
+        if spec.grid and grid_dims is not None:  # a grid's replica learnt them, every dimension's
+            spec = spec.slices()[0]
         sizes = (1, 2) if spec.serve.oversize == "split" or max(spec.buckets) >= 2 else (1,)
         answers = {}
         for size in sizes:
@@ -219,6 +222,8 @@ class InferenceProtocol:
             item.shape.index(spec.bucket_symbol) for item in spec.inputs if spec.bucket_symbol in item.shape
         )
         dims = output_bucket_dims(answers, input_dim)
+        if self._spec.grid and grid_dims is not None:
+            dims = {path: tuple(found) for path, found in grid_dims().items()}
         described = []
         for name, leaf in trees.leaves(answers[1]):
             tensor = _tensor(name, leaf)
@@ -465,8 +470,9 @@ def _fits(shape: Sequence[int], model_shape: Sequence[int]) -> bool:
     )
 
 
-def _dims(shape: Sequence[int | str], symbol: str) -> list[int]:
-    return [-1 if dim == symbol else int(dim) for dim in shape]
+def _dims(shape: Sequence[int | str]) -> list[int]:
+    """A config's shape as the protocol's metadata: -1 for every bucketed dimension (a name)."""
+    return [-1 if isinstance(dim, str) else dim for dim in shape]
 
 
 def _json_bytes(value: Any) -> bytes:

@@ -26,11 +26,12 @@ from prometheus_client.registry import Collector
 from orchestrator.reports.metrics import BUILD_INFO_LABELS, build_info_labels
 
 if TYPE_CHECKING:
+    from orchestrator.jobs.grid_replica import GridModel
     from orchestrator.jobs.replica import BucketedModel
 
 
 class ReplicaCollector(Collector):
-    def __init__(self, model: BucketedModel, name: str) -> None:
+    def __init__(self, model: BucketedModel | GridModel, name: str) -> None:
         self.model, self.name = model, name
 
     def collect(self) -> Iterator[Any]:
@@ -128,7 +129,7 @@ class ReplicaCollector(Collector):
         yield build
 
 
-def metrics_registry(model: BucketedModel, name: Optional[str] = None) -> CollectorRegistry:
+def metrics_registry(model: BucketedModel | GridModel, name: Optional[str] = None) -> CollectorRegistry:
     """A registry with the replica's metrics, read from `model` at every scrape; `name`: the model
     label (default: the config's name)."""
     registry = CollectorRegistry()

@@ -1,0 +1,213 @@
+"""A grid of buckets over named dimensions (batch x seq): padding that is proven harmless.
+
+A config whose `buckets` is a mapping (`{batch: [1, 8], seq: [32, 128]}`) is warmed and served as
+slices (WarmupSpec.slices): one list-form spec per size of the other dimensions, those fixed
+there. This module holds what crosses slices: which dimensions of each input and output follow
+which grid dimension, padding a request up to a point and cutting its outputs back, and the proof
+that doing so leaves the answer unchanged.
+
+The proof (warmup, per point): a request one row and one step shorter than the point in every
+padded dimension is made from the point's own inputs, padded back up with each input's `pad`
+value, run through the variant that serves the point, cut back, and held against eager at the
+request's exact size with the correctness gate. Eager calls one step shorter in each dimension
+alone say which output dimensions follow it: an output whose size follows a dimension in any other
+way cannot be cut back, and is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from orchestrator.jobs import trees
+from orchestrator.jobs.gate import Gate, snapshot
+from orchestrator.jobs.spec import FLOAT_DTYPES, WarmupSpec
+
+Args = Sequence[Any]
+Kwargs = Mapping[str, Any]
+# Each output tensor's grid dimensions, by its path in the output tree ("output.logits"): tensor
+# dimension -> grid dimension name. A tensor with none (a pooled vector over seq) is returned whole.
+GridDims = dict[str, dict[int, str]]
+
+
+class PaddingUnsafe(ValueError):
+    """Padding a request up to a point changes its answer, or an output cannot be cut back."""
+
+
+@dataclass
+class PaddingProof:
+    """What warmup proved at one point: the request it padded, and how closely the answer held."""
+
+    request: dict[str, int]  # the exact request's sizes by dimension, padded up to the point
+    point: dict[str, int]
+    variant: str
+    max_abs_error: Optional[float]
+    tolerance_used: Optional[float]
+    output_dims: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {tensor dim: grid dim}
+
+
+def input_dims(spec: WarmupSpec) -> list[dict[int, str]]:
+    """Per input, in call order (positional then keyword, as make_inputs returns them), its
+    tensor dimensions that follow a grid dimension: the bucket dimension's and the fixed ones'."""
+    named = [spec.bucket_symbol, *spec.fixed, *(spec.grid or {})]
+    positional = [item for item in spec.inputs if not item.name]
+    keyword = [item for item in spec.inputs if item.name]
+    return [
+        {d: dim for d, dim in enumerate(item.shape) if isinstance(dim, str) and dim in named}
+        for item in (*positional, *keyword)
+    ]
+
+
+def _pad_value(dtype: str, value: float) -> bool | int | float:
+    if dtype == "bool":
+        return bool(value)
+    return float(value) if dtype in FLOAT_DTYPES else int(value)
+
+
+class InputShaper:
+    """Cuts and pads one slice's (or grid's) inputs along named dimensions."""
+
+    def __init__(self, spec: WarmupSpec) -> None:
+        self.dims = input_dims(spec)
+        items = [item for item in spec.inputs if not item.name] + [item for item in spec.inputs if item.name]
+        self.pads = [_pad_value(item.dtype, item.pad) for item in items]
+        self.positional = sum(1 for item in spec.inputs if not item.name)
+        self.names = [item.name for item in items if item.name]
+
+    def _map(self, args: Args, kwargs: Kwargs, fn: Callable[[torch.Tensor, dict[int, str], Any], torch.Tensor]):
+        values = [*args, *(kwargs[name] for name in self.names)]
+        out = [fn(value, dims, pad) for value, dims, pad in zip(values, self.dims, self.pads, strict=True)]
+        return tuple(out[: self.positional]), dict(zip(self.names, out[self.positional :], strict=True))
+
+    def cut(self, args: Args, kwargs: Kwargs, sizes: Mapping[str, int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The inputs cut to `sizes` along their named dimensions (views)."""
+
+        def cut_one(value: torch.Tensor, dims: dict[int, str], pad: Any) -> torch.Tensor:
+            for d, name in dims.items():
+                if name in sizes:
+                    value = value.narrow(d, 0, sizes[name])
+            return value
+
+        return self._map(args, kwargs, cut_one)
+
+    def pad(self, args: Args, kwargs: Kwargs, sizes: Mapping[str, int]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The inputs padded up to `sizes` along their named dimensions with each input's pad
+        value; an input already of those sizes is passed on as it is."""
+
+        def pad_one(value: torch.Tensor, dims: dict[int, str], pad: Any) -> torch.Tensor:
+            widths = [0] * (2 * value.dim())
+            short = False
+            for d, name in dims.items():
+                missing = sizes.get(name, value.shape[d]) - value.shape[d]
+                if missing < 0:
+                    raise ValueError(f"an input has {value.shape[d]} at dim {d} ({name}), more than {sizes[name]}")
+                if missing:
+                    # F.pad lists (before, after) pairs from the last dimension backwards
+                    widths[2 * (value.dim() - 1 - d) + 1] = missing
+                    short = True
+            return F.pad(value, widths, value=pad) if short else value
+
+        return self._map(args, kwargs, pad_one)
+
+
+def cut_outputs(outputs: Any, dims: GridDims, sizes: Mapping[str, int]) -> Any:
+    """Every output tensor cut to `sizes` along its grid dimensions (views)."""
+
+    def cut(path: str, leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        for d, name in dims.get(path, {}).items():
+            if name in sizes and leaf.shape[d] != sizes[name]:
+                leaf = leaf.narrow(d, 0, sizes[name])
+        return leaf
+
+    return trees.map_leaves(outputs, cut)
+
+
+def learn_output_dims(point: Mapping[str, int], at_point: Any, shorter: Mapping[str, Any]) -> GridDims:
+    """Each output tensor's grid dimensions: `at_point` is eager's output at the point, `shorter`
+    eager's output one step shorter in one dimension, by that dimension's name. A tensor dimension
+    that is the point's size there and one less in the shorter call follows that grid dimension;
+    one that changes in any other way cannot be cut back: PaddingUnsafe naming it."""
+    full = {path: leaf for path, leaf in trees.leaves(at_point) if isinstance(leaf, torch.Tensor)}
+    dims: GridDims = {path: {} for path in full}
+    for name, output in shorter.items():
+        size = point[name]
+        other = {path: leaf for path, leaf in trees.leaves(output) if isinstance(leaf, torch.Tensor)}
+        if other.keys() != full.keys():
+            only = sorted(other.keys() ^ full.keys())[0]
+            raise PaddingUnsafe(f"{only} is an output at one size of {name} and not at another")
+        for path, leaf in full.items():
+            a, b = tuple(leaf.shape), tuple(other[path].shape)
+            if len(a) != len(b):
+                raise PaddingUnsafe(f"{path} changes rank with {name} ({a} at {size}, {b} at {size - 1})")
+            for d, (x, y) in enumerate(zip(a, b, strict=True)):
+                if x == y:
+                    continue
+                if x == size and y == size - 1 and d not in dims[path]:
+                    dims[path][d] = name
+                else:
+                    raise PaddingUnsafe(
+                        f"{path} is {a} at {name} {size} and {b} at {size - 1}: its dim {d} does not follow "
+                        f"{name} one for one, so it cannot be cut back to a request's size"
+                    )
+    return dims
+
+
+def prove_padding(
+    spec: WarmupSpec,
+    bucket: int,
+    inputs: tuple[Args, Kwargs],
+    eager: Callable[..., Any],
+    served: Callable[..., Any],
+    variant: str,
+    gate: Gate,
+) -> Optional[PaddingProof]:
+    """Prove at the point (`bucket` of a grid slice `spec`) that padding a shorter request up to
+    it and cutting the answer back gives eager's answer at the request's exact size. `inputs` are
+    the point's; `served` runs the variant that serves it. None where no dimension can be padded
+    (every size 1). Raises PaddingUnsafe with one line naming the output and what to do."""
+    point = {spec.bucket_symbol: bucket, **spec.fixed}
+    shorter_by = [name for name, size in point.items() if size > 1]
+    if not shorter_by or not spec.fixed:
+        return None
+    shaper = InputShaper(spec)
+    args, kwargs = inputs
+    with torch.no_grad():
+        at_point = eager(*args, **kwargs)
+        shorter = {}
+        for name in shorter_by:
+            cut_args, cut_kwargs = shaper.cut(args, kwargs, {name: point[name] - 1})
+            shorter[name] = snapshot_tree(eager(*cut_args, **cut_kwargs))
+        dims = learn_output_dims(point, at_point, shorter)
+        request = {name: size - 1 if name in shorter_by else size for name, size in point.items()}
+        exact_args, exact_kwargs = shaper.cut(args, kwargs, request)
+        expected = snapshot(eager(*exact_args, **exact_kwargs))
+        padded_args, padded_kwargs = shaper.pad(exact_args, exact_kwargs, point)
+        answer = snapshot(cut_outputs(served(*padded_args, **padded_kwargs), dims, request))
+    shown = "x".join(str(request[name]) for name in point)
+    try:
+        verdict = gate.compare(expected, answer, call=f"{variant} padded from {shown}")
+    except Exception as exc:
+        raise PaddingUnsafe(
+            f"padding changes the answer: a request of {shown} padded to {spec.point_label(bucket)}: {exc}; "
+            "the model reads the padded positions: give it a mask input that is `pad: 0` where padded "
+            "(e.g. attention_mask), or leave this dimension out of the grid"
+        ) from None
+    return PaddingProof(
+        request=request,
+        point=point,
+        variant=variant,
+        max_abs_error=verdict.max_abs_error,
+        tolerance_used=verdict.tolerance_used,
+        output_dims={path: {str(d): name for d, name in found.items()} for path, found in dims.items() if found},
+    )
+
+
+def snapshot_tree(output: Any) -> Any:
+    """`output` with every tensor copied, its structure kept (a replay may overwrite buffers)."""
+    return trees.map_leaves(output, lambda _, leaf: leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf)

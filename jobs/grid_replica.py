@@ -1,0 +1,274 @@
+"""A serving replica of a grid of buckets (batch x seq): one model, one replica per slice.
+
+A grid config is served as its slices (WarmupSpec.slices), each a list-form replica
+(jobs/replica.py) that pads and cuts the bucket dimension; all of them share the one model
+built here and one call lock. A request of any size goes to the point where it costs least by
+warmup's measured latency of the variant serving each point (the padded positions it would
+compute, where a point has no measurement), is padded up to that point along every other grid
+dimension with each input's `pad` value, and its outputs are cut back along the dimensions that
+follow them (learnt at load as warmup's padding proof learns them, jobs/grid.py). A request
+longer than the grid's largest size in a dimension other than the bucket dimension is refused
+(BadRequest); one of more rows is split, or refused, as `serve.oversize` says.
+
+    grid = load_grid(spec, cache_root, remote=..., ready="answering")
+    grid(input_ids=ids, attention_mask=mask)   # any batch x seq; answers as eager at that size
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from orchestrator.cache import sync
+from orchestrator.cache.local import LocalCache
+from orchestrator.cache.namespace import namespace
+from orchestrator.jobs import grid as grid_shapes
+from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.errors import SetupError
+from orchestrator.jobs.model import build_model, make_inputs, resolve_device
+from orchestrator.jobs.padding import BadRequest
+from orchestrator.jobs.records import Remote
+from orchestrator.jobs.replica import BucketedModel, BucketUsage, ReplicaInfo, load_replica
+from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
+from orchestrator.jobs.variants import read_plans
+
+
+class GridModel:
+    """The served grid: call it as the model with any size in every grid dimension."""
+
+    def __init__(
+        self,
+        spec: WarmupSpec,
+        slices: list[tuple[WarmupSpec, BucketedModel]],
+        dims: grid_shapes.GridDims,
+        costs: list[dict[int, Optional[float]]],
+    ) -> None:
+        self.spec = spec
+        self.slices = slices
+        first = slices[0][1]
+        self.model, self.device = first.model, first.device
+        self.dims = dims  # output path -> {tensor dim: grid dimension}, the bucket dimension's left to each slice
+        self._shaper = grid_shapes.InputShaper(spec)
+        ordered = [item for item in spec.inputs if not item.name] + [item for item in spec.inputs if item.name]
+        # per input in call order: how messages name it, and its rank
+        self._inputs = [(item.name or f"inputs[{i}]", item.shape) for i, item in enumerate(ordered)]
+        self._other = list(spec.grid or {})
+        self._largest = {dim: max(sizes) for dim, sizes in (spec.grid or {}).items()}
+        self._costs = costs  # per slice: batch bucket -> ms of the variant serving it (None: not measured)
+        self._measured = all(ms is not None for by_bucket in costs for ms in by_bucket.values())
+        self._choices: dict[tuple[int, ...], int] = {}  # (rows, sizes...) -> slice index
+        self.buckets = [part.point_label(b) for part, _ in slices for b in part.buckets]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(args, kwargs, borrow=False)
+
+    def borrow(self, *args: Any, **kwargs: Any) -> Any:
+        """As BucketedModel.borrow: outputs may be the graph's own buffers, valid until the next call."""
+        return self._call(args, kwargs, borrow=True)
+
+    def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any], borrow: bool) -> Any:
+        rows, sizes = self._sizes(args, kwargs)
+        index = self._choose(rows, sizes)
+        part, served = self.slices[index]
+        fixed = part.fixed
+        if any(sizes[dim] != fixed[dim] for dim in self._other):
+            args, kwargs = self._shaper.pad(args, kwargs, fixed)
+            outputs = (served.borrow if borrow else served)(*args, **kwargs)
+            return grid_shapes.cut_outputs(outputs, self.dims, sizes)
+        return (served.borrow if borrow else served)(*args, **kwargs)
+
+    def _sizes(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
+        """The request's rows and its size in each other grid dimension, after checking that every
+        input agrees on them and none is larger than the grid allows; the slice's replica checks
+        everything else (dtypes, fixed dimensions, devices) once padded."""
+        shaper = self._shaper
+        if len(args) != shaper.positional or set(kwargs) != set(shaper.names):
+            named = ", ".join(shaper.names) or "none"
+            raise BadRequest(
+                f"expected {shaper.positional} positional inputs and the keyword inputs {named}; "
+                f"got {len(args)} positional and {', '.join(kwargs) or 'no keywords'}"
+            )
+        values = [*args, *(kwargs[name] for name in shaper.names)]
+        found: dict[str, tuple[int, str]] = {}
+        for value, dims, (label, shape) in zip(values, shaper.dims, self._inputs, strict=True):
+            if not isinstance(value, torch.Tensor):
+                raise BadRequest(f"{label} is a {type(value).__name__}, not a tensor")
+            if value.dim() != len(shape):
+                raise BadRequest(
+                    f"{label} has {value.dim()} dimensions {tuple(value.shape)}, expected {len(shape)}: "
+                    f"[{', '.join(map(str, shape))}]"
+                )
+            for d, name in dims.items():
+                size = value.shape[d]
+                if size == 0:
+                    raise BadRequest(f"{label} has size 0 at dim {d} ({name}); a request needs at least 1")
+                if name in found and found[name][0] != size:
+                    raise BadRequest(
+                        f"{label} has {size} at dim {d} ({name}) where {found[name][1]} has {found[name][0]}; "
+                        f"every input needs the same {name}"
+                    )
+                found.setdefault(name, (size, label))
+        sizes = {name: found[name][0] for name in self._other}
+        for name, size in sizes.items():
+            if size > self._largest[name]:
+                raise BadRequest(
+                    f"request has {size} at {name}, more than the grid's largest {name} {self._largest[name]}; "
+                    f"send at most {self._largest[name]}, or add a larger size to `buckets.{name}`"
+                )
+        return found[self.spec.bucket_symbol][0], sizes
+
+    def _choose(self, rows: int, sizes: dict[str, int]) -> int:
+        """The slice whose point costs this request least: measured milliseconds where every point
+        has them, else computed positions (padding included)."""
+        key = (rows, *sizes.values())
+        if key in self._choices:
+            return self._choices[key]
+        best: Optional[tuple[float, int]] = None
+        for index, (part, _) in enumerate(self.slices):
+            if any(part.fixed[dim] < size for dim, size in sizes.items()):
+                continue
+            buckets = part.buckets
+            fits = [b for b in buckets if b >= rows]
+            bucket = fits[0] if fits else buckets[-1]
+            calls = 1 if fits else math.ceil(rows / buckets[-1])
+            if self._measured:
+                cost = calls * float(self._costs[index][bucket] or 0.0)
+            else:
+                cost = float(calls * bucket * math.prod(part.fixed.values()))
+            if best is None or cost < best[0]:
+                best = (cost, index)
+        if best is None:  # the grid leaves out every point large enough (points.max_product)
+            shown = ", ".join(f"{name} {size}" for name, size in sizes.items())
+            raise BadRequest(f"no point of the grid takes {rows} rows at {shown}; the config's `points` leave them out")
+        if len(self._choices) < 65536:
+            self._choices[key] = best[1]
+        return best[1]
+
+    def info(self) -> ReplicaInfo:
+        """Every slice's info as one: buckets keyed by point (`8x64`)."""
+        infos = [(part, served.info()) for part, served in self.slices]
+        buckets = {}
+        for part, info in infos:
+            for bucket, row in info.buckets.items():
+                label = part.point_label(bucket)
+                buckets[label] = replace(row, point=label)
+        first = infos[0][1]
+        on_plan = [info.on_plan_seconds for _, info in infos]
+        return replace(
+            first,
+            namespace=", ".join(info.namespace for _, info in infos),
+            buckets=buckets,
+            ready_seconds=max(info.ready_seconds for _, info in infos),
+            answering_seconds=max(info.answering_seconds for _, info in infos),
+            on_plan_seconds=None if None in on_plan else max(on_plan),  # type: ignore[type-var]
+            pull=sync.combined(info.pull for _, info in infos if info.pull),
+            dynamo_frames_compiled=sum(info.dynamo_frames_compiled for _, info in infos),
+            events=[(f"{_fixed(part)}: {what}", at) for part, info in infos for what, at in info.events],
+        )
+
+    def usage(self) -> dict[str, BucketUsage]:
+        return {part.point_label(b): used for part, served in self.slices for b, used in served.usage().items()}
+
+    def variant(self, point: str) -> str:
+        for part, served in self.slices:
+            for b in part.buckets:
+                if part.point_label(b) == point:
+                    return served.variant(b)
+        raise KeyError(point)
+
+    @property
+    def loading(self) -> bool:
+        return any(served.loading for _, served in self.slices)
+
+    def wait_loaded(self, timeout: Optional[float] = None) -> bool:
+        return all(served.wait_loaded(timeout) for _, served in self.slices)
+
+    def output_dims(self) -> dict[str, set[int]]:
+        """Every output tensor's dimensions that follow the request's size, any grid dimension."""
+        dims: dict[str, set[int]] = {path: set(found) for path, found in self.dims.items()}
+        for path, found in self.slices[0][1]._dims.items():
+            dims.setdefault(path, set()).update(found)
+        return dims
+
+
+def load_grid(
+    spec: WarmupSpec,
+    cache_root: Path,
+    *,
+    remote: Optional[Remote] = None,
+    require_warm: bool = False,
+    ready: ReadyWhen = "answering",
+) -> GridModel:
+    """Every slice of the grid loaded as a replica sharing one model and one call lock; `ready`
+    as for load_replica, over all of them."""
+    device = resolve_device(spec.device)
+    parts = spec.slices()
+    lock = threading.Lock()
+    model = build_model(parts[0], device)
+    slices = []
+    for part in parts:
+        slices.append(
+            (
+                part,
+                load_replica(
+                    part, cache_root, remote=remote, require_warm=require_warm, ready="answering", model=model,
+                    call_lock=lock,
+                ),
+            )
+        )  # fmt: skip
+    with lock:
+        dims = _learn_dims(parts, model, device)
+    platform = ti.current_platform(device)
+    costs = []
+    for part in parts:
+        directory = LocalCache(cache_root, namespace(part.label, platform, part.identity_hash())).path
+        plans = read_plans(directory) if directory.is_dir() else {}
+        costs.append({b: _served_ms(plans.get(b)) for b in part.buckets})
+    grid = GridModel(spec, slices, dims, costs)
+    if ready == "planned":
+        grid.wait_loaded()
+    return grid
+
+
+def _fixed(part: WarmupSpec) -> str:
+    return ", ".join(f"{name} {size}" for name, size in part.fixed.items())
+
+
+def _served_ms(plan: Optional[dict[str, Any]]) -> Optional[float]:
+    if not plan:
+        return None
+    measure = (plan.get("variants") or {}).get(plan.get("variant")) or {}
+    ms = measure.get("ms")
+    return float(ms) if isinstance(ms, (int, float)) and ms > 0 else None
+
+
+def _learn_dims(parts: list[WarmupSpec], model: torch.nn.Module, device: torch.device) -> grid_shapes.GridDims:
+    """The outputs' dimensions that follow each grid dimension (not the bucket dimension's, which
+    each slice learns), from eager at a point and one step shorter there; a dimension whose every
+    size is 1 is never padded and needs none."""
+    dims: grid_shapes.GridDims = {}
+    shaper = grid_shapes.InputShaper(parts[0])
+    for name in parts[0].fixed:
+        part = next((p for p in parts if p.fixed[name] > 1), None)
+        if part is None:
+            continue
+        bucket = part.buckets[0]
+        point = {part.bucket_symbol: bucket, **part.fixed}
+        args, kwargs = make_inputs(part, bucket, device)
+        with torch.no_grad():
+            at_point = grid_shapes.snapshot_tree(model(*args, **kwargs))
+            cut_args, cut_kwargs = shaper.cut(args, kwargs, {name: point[name] - 1})
+            shorter = model(*cut_args, **cut_kwargs)
+        try:
+            learned = grid_shapes.learn_output_dims(point, at_point, {name: shorter})
+        except grid_shapes.PaddingUnsafe as exc:
+            raise SetupError(f"the model's outputs: {exc}") from None
+        for path, found in learned.items():
+            dims.setdefault(path, {}).update(found)
+    return dims
