@@ -286,9 +286,7 @@ def main() -> int:
     parser.add_argument("--cache-root", type=Path)
     args = parser.parse_args()
     args.device, args.reuse_cache = "cuda", False
-    out_dir = args.out_dir.resolve()
-    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (out_dir / "configs").mkdir(exist_ok=True)
+    out_dir = zoo.output_folder(args.out_dir)
     cache_root = (args.cache_root or out_dir / "cache").resolve()
     budget = zoo.Budget(args.budget)
     rows: list[dict] = []

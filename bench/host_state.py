@@ -185,9 +185,7 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=480)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
-    out_dir = args.out_dir.resolve()
-    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (out_dir / "configs").mkdir(exist_ok=True)
+    out_dir = zoo.output_folder(args.out_dir)
     zoo_args = argparse.Namespace(buckets=None, device=args.device, set=[])
     started = time.monotonic()
     results = []

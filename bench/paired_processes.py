@@ -45,21 +45,17 @@ role, config, cache = sys.argv[1:4]
 import torch
 from orchestrator.config import load_spec
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
+from orchestrator.jobs.timing import HostMeter
 
 spec = load_spec(config)
 device = resolve_device(spec.device)
 model = build_model(spec, device)
 inputs = {b: make_inputs(spec, b, device) for b in spec.buckets}
 
+meter = HostMeter()
+
 def meter_us():
-    best = float("inf")
-    for _ in range(3):
-        began = time.perf_counter()
-        total = 0
-        for i in range(1000):
-            total += i * i
-        best = min(best, time.perf_counter() - began)
-    return best * 1e6
+    return meter() * 1e6
 
 def turn(bucket):
     args, kwargs = inputs[bucket]
@@ -241,9 +237,7 @@ def main() -> int:
     parser.add_argument("--budget", type=float)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
-    out_dir = args.out_dir.resolve()
-    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (out_dir / "configs").mkdir(exist_ok=True)
+    out_dir = zoo.output_folder(args.out_dir)
     zoo_args = argparse.Namespace(buckets=None, device=args.device, set=[])
     budget = zoo.Budget(args.budget)
     rows: list[dict] = []

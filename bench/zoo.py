@@ -261,6 +261,14 @@ def merged(base: dict, over: dict) -> dict:
     return out
 
 
+def output_folder(path: Path) -> Path:
+    """OUT_DIR made ready for a run: absolute, with its logs/ and configs/ folders."""
+    out_dir = path.resolve()
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (out_dir / "configs").mkdir(exist_ok=True)
+    return out_dir
+
+
 def effective_config(model: Model, args: argparse.Namespace, out_dir: Path) -> tuple[Path, dict]:
     """The config this run warms and serves, written to OUT_DIR/configs/ (not yet checked)."""
     data = yaml.safe_load(model.config.read_text())
