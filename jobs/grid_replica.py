@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +35,7 @@ from orchestrator.jobs.errors import SetupError
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
 from orchestrator.jobs.padding import BadRequest
 from orchestrator.jobs.records import Remote
-from orchestrator.jobs.replica import BucketedModel, BucketUsage, ReplicaInfo, load_replica
+from orchestrator.jobs.replica import BucketedModel, BucketUsage, ReplicaInfo, load_replica, size_labels
 from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
 from orchestrator.jobs.variants import read_plans
 
@@ -63,6 +64,8 @@ class GridModel:
         self._costs = costs  # per slice: batch bucket -> ms of the variant serving it (None: not measured)
         self._measured = all(ms is not None for by_bucket in costs for ms in by_bucket.values())
         self._choices: dict[tuple[int, ...], int] = {}  # (rows, sizes...) -> slice index
+        self._requests: Counter[tuple[int, ...]] = Counter()  # (rows, sizes...) -> requests
+        self._counted = threading.Lock()
         self.buckets = [part.point_label(b) for part, _ in slices for b in part.buckets]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -75,6 +78,8 @@ class GridModel:
     def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any], borrow: bool) -> Any:
         rows, sizes = self._sizes(args, kwargs)
         index = self._choose(rows, sizes)
+        with self._counted:
+            self._requests[(rows,) + tuple(sizes.values())] += 1
         part, served = self.slices[index]
         fixed = part.fixed
         if any(sizes[dim] != fixed[dim] for dim in self._other):
@@ -170,10 +175,17 @@ class GridModel:
             pull=sync.combined(info.pull for _, info in infos if info.pull),
             dynamo_frames_compiled=sum(info.dynamo_frames_compiled for _, info in infos),
             events=[(f"{_fixed(part)}: {what}", at) for part, info in infos for what, at in info.events],
+            request_sizes=size_labels(self.request_sizes()),
         )
 
     def usage(self) -> dict[str, BucketUsage]:
         return {part.point_label(b): used for part, served in self.slices for b, used in served.usage().items()}
+
+    def request_sizes(self) -> dict[tuple[int, ...], int]:
+        """Every request's size since load, in the grid's dimensions (the bucket dimension first),
+        counted (a snapshot; what `orchestrate plan` plans a grid from)."""
+        with self._counted:
+            return dict(self._requests)
 
     def variant(self, point: str) -> str:
         for part, served in self.slices:

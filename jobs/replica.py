@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -118,6 +118,9 @@ class ReplicaInfo:
     events: list[tuple[str, float]] = field(default_factory=list)
     store: Optional[str] = None  # the store pulled from first (None: none was asked; `pull` None: a miss)
     platform: Optional[Platform] = None  # what the replica runs on: GPU class and versions, for metrics
+    # requests served since load by size (`3`; a grid's `3x71`, the bucket dimension first): the
+    # traffic `orchestrate plan` plans buckets from
+    request_sizes: dict[str, int] = field(default_factory=dict)
 
     @property
     def gpu(self) -> str:
@@ -265,6 +268,7 @@ class BucketedModel:
         # the calls waiting for the lock, each set once it has the lock (_wait_for_lock)
         self._waiting: deque[threading.Event] = deque()
         self._info_lock = threading.Lock()  # info and usage snapshots never wait for a model call
+        self._sizes: Counter[int] = Counter()  # rows of the requests that were checked and padded
         self._loaded = threading.Event()
         self._failure: Optional[BaseException] = None  # what wait_loaded raises: NotWarm
         self._age = process_age
@@ -313,6 +317,8 @@ class BucketedModel:
         Each chunk takes the lock on its own, and the calls that waited for it while a chunk ran
         go before the next: a long request holds up a short one by one chunk, not by all of them."""
         n = self._shaper.size(args, kwargs)  # BadRequest before anything runs
+        with self._info_lock:  # the sizes `orchestrate plan` reads (request_sizes)
+            self._sizes[n] += 1
         with torch.no_grad():
             if n <= self.buckets[-1]:
                 return self._run(args, kwargs, n, copies)
@@ -363,6 +369,7 @@ class BucketedModel:
             snapshot = copy.deepcopy(self._info)
         if self._events is not None:
             snapshot.events = self._events.snapshot()
+        snapshot.request_sizes = size_labels(self.request_sizes())
         return snapshot
 
     def usage(self) -> dict[int, BucketUsage]:
@@ -372,6 +379,16 @@ class BucketedModel:
             exact, shaped = route.exact_calls, route.shaped
             usage[bucket] = BucketUsage(shaped.calls + exact, shaped.rows + exact * bucket, shaped.padded_rows)
         return usage
+
+    def request_sizes(self) -> dict[tuple[int, ...], int]:
+        """Every request's rows since load, counted: those of a bucket's exact shapes, and those
+        checked and padded (a snapshot; what `orchestrate plan` plans buckets from)."""
+        with self._info_lock:
+            sizes: Counter[tuple[int, ...]] = Counter({(n,): count for n, count in self._sizes.items()})
+        for bucket, route in self._routes.items():
+            if route.exact_calls:
+                sizes[(bucket,)] += route.exact_calls
+        return dict(sizes)
 
     @property
     def loading(self) -> bool:
@@ -415,6 +432,11 @@ class BucketedModel:
             self._info.dynamo_frames_compiled = frames
         self._failure = failure
         self._loaded.set()
+
+
+def size_labels(sizes: dict[tuple[int, ...], int]) -> dict[str, int]:
+    """Request sizes as `info()` gives them: `3`, or `3x71` in a grid, smallest first."""
+    return {"x".join(map(str, size)): count for size, count in sorted(sizes.items())}
 
 
 class _Route:

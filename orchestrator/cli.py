@@ -902,6 +902,67 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
         ) from None
 
 
+@cli.command("plan")
+@click.option("--model", "model_path", required=True, metavar="CFG.yaml", help="Model config.")
+@click.option(
+    "--traffic",
+    required=True,
+    metavar="FILE|URL",
+    help='Request sizes: a JSONL or CSV file, one request a line keyed by dimension ({"batch": 3, "seq": 71}), '
+    "or a Prometheus URL that scrapes the model's replicas.",
+)
+@click.option("--window", default="1d", show_default=True, help="With a Prometheus URL: the time window read.")
+@click.option(
+    "--max-points", type=click.IntRange(1, 64), default=4, show_default=True, help="Buckets (grid points) at most."
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A warmup report of this model: costs from its measured latencies instead of padded sizes.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan and the comparison as JSON on stdout.")
+@click.option("--write", is_flag=True, help="Write the plan's buckets into CFG.yaml, every other line as it was.")
+def plan_command(
+    model_path: str,
+    traffic: str,
+    window: str,
+    max_points: int,
+    report_path: Optional[Path],
+    as_json: bool,
+    write: bool,
+) -> None:
+    """Choose the buckets (a grid's points) that serve a traffic at the least expected cost.
+
+    Beside the plan: the config's buckets and powers of two with as many points, each with the
+    mean cost of a request (padded positions, or milliseconds with --report), the fraction of
+    computed positions that is padding, and the compile seconds (with --report).
+
+    \b
+    Example:
+      orchestrate plan --model examples/mlp.yaml --traffic sizes.jsonl --max-points 3
+    Exit codes:
+        0  planned
+        2  usage/config error, or traffic that cannot be read
+        3  the Prometheus URL does not answer
+    """
+    spec = load_spec_with_overrides(model_path)
+    report = _load_report(report_path) if report_path else None
+    from orchestrator.planning import advice
+    from orchestrator.planning.traffic import read_traffic
+
+    counts = read_traffic(traffic, spec.grid_dims, spec.label, window)
+    candidates = advice.compare(spec, counts, max_points, report)
+    unit = "ms" if report else "positions"
+    if as_json:
+        click.echo(json.dumps(advice.as_json(spec, candidates, unit), indent=2))
+    else:
+        advice.render(spec, candidates, unit, _table_console(False))
+    if write:
+        advice.write_buckets(Path(model_path), spec, candidates[0].grid)
+        click.echo(f"orchestrate: wrote the plan's buckets into {model_path}", err=True)
+
+
 def _table_console(wide: bool) -> Console:
     """The terminal's width on a terminal; a width that cuts nothing where stdout is a file or pipe."""
     out = Console()

@@ -288,6 +288,8 @@ def test_a_grid_replica_answers_every_size_as_eager_does_at_that_size(warmed_gri
         Gate().compare(snapshot(expected), snapshot(answer), call=f"{rows}x{seq}")
     usage = served.usage()
     assert sum(u.calls for u in usage.values()) == 8  # 9 rows ran as 4 + 4 + 1
+    # every request's size, for `orchestrate plan`
+    assert served.info().request_sizes == {"1x1": 1, "1x8": 1, "2x5": 1, "3x9": 1, "4x16": 1, "9x11": 1}
     with pytest.raises(runtime.BadRequest, match="17 at seq, more than the grid's largest seq 16"):
         served(input_ids=torch.ones(1, 17, dtype=torch.int64), attention_mask=torch.ones(1, 17, dtype=torch.int64))
     with pytest.raises(runtime.BadRequest, match="every input needs the same seq"):

@@ -435,6 +435,26 @@ tests:
             exp_annotations:
               summary: Replica mlp-server-a of mlp on NVIDIA H200 compiled 2 bucket(s) at start
               description: @OrchestrateReplicaStartedCold@
+  - interval: 10m
+    input_series:
+      # mlp's replicas pad 3 rows for every real one (75%), resnet18's 1 for 9 (10%)
+      - series: 'orchestrate_replica_rows_total{namespace="serving", pod="mlp-server-a", model="mlp", gpu="NVIDIA H200", bucket="8"}'
+        values: '0+100x60'
+      - series: 'orchestrate_replica_padded_rows_total{namespace="serving", pod="mlp-server-a", model="mlp", gpu="NVIDIA H200", bucket="8"}'
+        values: '0+300x60'
+      - series: 'orchestrate_replica_rows_total{namespace="serving", pod="resnet-a", model="resnet18", gpu="NVIDIA H200", bucket="8"}'
+        values: '0+900x60'
+      - series: 'orchestrate_replica_padded_rows_total{namespace="serving", pod="resnet-a", model="resnet18", gpu="NVIDIA H200", bucket="8"}'
+        values: '0+100x60'
+    alert_rule_test:
+      - {eval_time: 5h, alertname: OrchestrateReplicaPaddingWaste, exp_alerts: []}  # pending: `for: 6h`
+      - eval_time: 8h
+        alertname: OrchestrateReplicaPaddingWaste
+        exp_alerts:
+          - exp_labels: {severity: info, model: mlp}
+            exp_annotations:
+              summary: mlp's replicas computed 75% padding rows for 6 hours
+              description: @OrchestrateReplicaPaddingWaste@
   - interval: 1m
     input_series:
       # on one class a success at the start of time and none since; on another class of the same

@@ -244,6 +244,30 @@ def test_every_dashboard_panel_returns_data(monitoring, pushed, replica):
         wait_until(lambda: query(monitoring["prometheus"], concrete), f"panel {title!r} to have data: {concrete}")
 
 
+def test_plan_reads_the_replicas_request_sizes_from_prometheus(monitoring, pushed, replica):
+    """The replica took requests of 1, 3 and 3 rows: its histogram, scraped by Prometheus, is the
+    traffic `orchestrate plan --traffic URL` plans from."""
+    sizes = f'sum by (le) (orchestrate_replica_request_size_bucket{{model="{MODEL}", dim="batch"}})'
+    wait_until(lambda: query(monitoring["prometheus"], sizes), "Prometheus to scrape the request sizes")
+    cumulative = {float(s["metric"]["le"]): float(s["value"][1]) for s in query(monitoring["prometheus"], sizes)}
+    assert [cumulative[edge] for edge in (1, 2, 3, float("inf"))] == [1, 1, 3, 3]
+    config = str(pushed["tmp"] / "tiny.yaml")
+    done = orchestrate(
+        "plan",
+        "--model",
+        config,
+        "--traffic",
+        monitoring["prometheus"],
+        "--window",
+        "10m",
+        "--max-points",
+        "2",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["buckets"] == [1, 3]
+
+
 def test_pushed_values_match_the_report(monitoring, pushed):
     report = pushed["report"]
     speedups = query(monitoring["prometheus"], f'orchestrate_speedup_ratio{{model="{MODEL}"}}')

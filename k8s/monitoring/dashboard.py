@@ -292,6 +292,21 @@ SERVING = [
         ],
     ),
     panel(
+        "Request sizes",
+        "Median and 99th percentile of the requests' size in each bucketed dimension (rows; a grid's seq too), "
+        "all replicas, over 5 minutes: what `orchestrate plan --traffic PROMETHEUS_URL` plans buckets from.",
+        "timeseries",
+        "none",
+        [
+            (
+                f"histogram_quantile({q}, sum by (model, dim, le) "
+                f"(rate(orchestrate_replica_request_size_bucket{{{SELECTOR}}}{WINDOW})))",
+                f"{{{{model}}}} {{{{dim}}}} p{int(q * 100)}",
+            )
+            for q in (0.5, 0.99)
+        ],
+    ),
+    panel(
         "Model calls per bucket",
         "Model calls per second on each bucket, all replicas (requests that arrive together are one call).",
         "timeseries",

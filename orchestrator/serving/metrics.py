@@ -5,7 +5,8 @@ plan; per bucket, whether it is on plan and since when, and the variant serving 
 until its planned variant is swapped in); cache hits and misses at load, the buckets that started
 cold (compiled at load: a cache miss) or serve another variant than warmup chose, and what its own
 pull from the store did. What it has served since (a long-running process, so counters): model calls per
-bucket, the request rows in them and the rows of padding added to reach the bucket.
+bucket, the request rows in them and the rows of padding added to reach the bucket; and a histogram
+of every request's size in each bucketed dimension (`orchestrate plan` reads it).
 
     registry = runtime.metrics_registry(model)                # model = runtime.load(...)
     prometheus_client.start_http_server(9400, registry=registry)
@@ -16,11 +17,13 @@ Labels: model, gpu (the GPU class as warmup's metrics name it, or `cpu`), bucket
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from orchestrator.reports.metrics import BUILD_INFO_LABELS, build_info_labels
@@ -120,6 +123,7 @@ class ReplicaCollector(Collector):
             rows.add_metric([*run, str(bucket)], used.rows)
             padded.add_metric([*run, str(bucket)], used.padded_rows)
         yield from (calls, rows, padded)
+        yield self._request_sizes(run)
         build = GaugeMetricFamily(
             "orchestrate_build_info", "1, labelled with the versions the replica runs", labels=list(BUILD_INFO_LABELS)
         )
@@ -127,6 +131,45 @@ class ReplicaCollector(Collector):
         labels = build_info_labels(self.name, gpu, platform)
         build.add_metric([labels[key] for key in BUILD_INFO_LABELS], 1)
         yield build
+
+    def _request_sizes(self, run: list[str]) -> HistogramMetricFamily:
+        """Every request's size in each bucketed dimension: what `orchestrate plan --traffic URL`
+        plans buckets from."""
+        spec = self.model.spec
+        dims = spec.grid_dims
+        largest = [
+            spec.max_request_rows or 4 * max(spec.buckets),
+            *(max(sizes) for sizes in (spec.grid or {}).values()),
+        ]
+        family = HistogramMetricFamily(
+            "orchestrate_replica_request_size",
+            "Requests by their size in a bucketed dimension (rows; a grid's other dimensions too)",
+            labels=["model", "gpu", "dim"],
+        )
+        sizes = self.model.request_sizes()
+        for d, dim in enumerate(dims):
+            edges = size_edges(largest[d])
+            counts = [0] * (len(edges) + 1)
+            total = 0
+            for request, count in sizes.items():
+                n = request[d]
+                counts[bisect.bisect_left(edges, n)] += count
+                total += n * count
+            cumulative, buckets = 0, []
+            for edge, count in zip([*map(str, edges), "+Inf"], counts, strict=True):
+                cumulative += count
+                buckets.append((edge, cumulative))
+            family.add_metric([*run, dim], buckets, total)
+        return family
+
+
+def size_edges(largest: int) -> list[int]:
+    """A request-size histogram's bin edges: every size to 16, then about 19% apart (a fourth
+    root of two), past `largest`: the sizes a plan can choose are these edges."""
+    edges = list(range(1, 17))
+    while edges[-1] < largest:
+        edges.append(max(edges[-1] + 1, math.ceil(edges[-1] * 2**0.25)))
+    return edges
 
 
 def metrics_registry(model: BucketedModel | GridModel, name: Optional[str] = None) -> CollectorRegistry:

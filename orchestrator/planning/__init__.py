@@ -1,0 +1,1 @@
+"""Choosing buckets from the traffic a model gets (`orchestrate plan`)."""

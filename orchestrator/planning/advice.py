@@ -1,0 +1,164 @@
+"""`orchestrate plan`: the buckets a traffic calls for, beside the config's and the usual guess.
+
+rows = compare(spec, traffic, max_points, report)   # plan, current, powers of two
+render(rows, console) / as_json(rows) / write_buckets(config_path, rows[0])
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.config import ConfigError, load_spec
+from orchestrator.jobs.spec import WarmupSpec
+from orchestrator.planning.buckets import Cost, Figures, Point, figures, plan, powers_of_two
+
+
+@dataclass
+class Candidate:
+    """A set of buckets and what it costs on the traffic (None where it cannot serve it, and why)."""
+
+    name: str
+    grid: list[list[int]]  # sorted sizes per dimension, the bucket dimension first
+    figures: Optional[Figures]
+    compile_seconds: Optional[float]
+    why_not: Optional[str] = None
+
+
+def measured_costs(report: Mapping[str, Any], dims: list[str]) -> tuple[dict[Point, float], Optional[float]]:
+    """A warmup report's served latency per point (the median across ranks), and the median
+    compile (or load) seconds of a point."""
+    by_point: dict[Point, list[float]] = {}
+    compiles = []
+    for record in report.get("results") or []:
+        if record.get("status") != "ok" or record.get("phase") == "compile" and record.get("rank") is None:
+            continue
+        point = record.get("point") or {dims[0]: record.get("bucket")}
+        if any(dim not in point for dim in dims):
+            continue
+        if record.get("served_ms"):
+            by_point.setdefault(tuple(int(point[dim]) for dim in dims), []).append(float(record["served_ms"]))
+        if record.get("compile_seconds") is not None:
+            compiles.append(float(record["compile_seconds"]))
+    return (
+        {point: statistics.median(values) for point, values in by_point.items()},
+        statistics.median(compiles) if compiles else None,
+    )
+
+
+def compare(
+    spec: WarmupSpec, traffic: Mapping[Point, int], max_points: int, report: Optional[Mapping[str, Any]] = None
+) -> list[Candidate]:
+    dims = spec.grid_dims
+    measured, compile_seconds = measured_costs(report or {}, dims)
+    cost = Cost(measured)
+    chosen = plan(traffic, max_points, cost, len(dims))
+    current = [list(spec.buckets), *(list(sizes) for sizes in (spec.grid or {}).values())]
+    guess = powers_of_two(traffic, [len(sizes) for sizes in chosen])
+    out = []
+    for name, grid in (("plan", chosen), ("config", current), ("powers of two", guess)):
+        points = 1
+        for sizes in grid:
+            points *= len(sizes)
+        seconds = compile_seconds * points if compile_seconds is not None else None
+        try:
+            out.append(Candidate(name, grid, figures(traffic, grid, cost), seconds))
+        except ValueError as exc:
+            out.append(Candidate(name, grid, None, seconds, why_not=str(exc)))
+    return out
+
+
+def buckets_value(spec: WarmupSpec, grid: list[list[int]]) -> Any:
+    """The plan in the config's own form: a list, or a grid's mapping of dimensions."""
+    if not spec.grid:
+        return grid[0]
+    return dict(zip(spec.grid_dims, grid, strict=True))
+
+
+def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, console: Console) -> None:
+    table = Table(title=f"buckets for {spec.label}'s traffic")
+    for column in ("", "buckets", "points", f"mean cost ({cost_unit})", "padding waste", "compile s"):
+        table.add_column(column, justify="right" if column not in ("", "buckets") else "left")
+    for c in candidates:
+        shown = " x ".join(
+            f"{dim} {','.join(map(str, sizes))}" for dim, sizes in zip(spec.grid_dims, c.grid, strict=True)
+        )
+        if c.figures is None:
+            table.add_row(c.name, shown, "-", f"cannot serve: {c.why_not}", "-", "-")
+            continue
+        seconds = f"{c.compile_seconds:.0f}" if c.compile_seconds is not None else "-"
+        table.add_row(
+            c.name,
+            shown,
+            str(c.figures.points),
+            f"{c.figures.mean_cost:.4g}",
+            f"{c.figures.padding_waste:.1%}",
+            seconds,
+        )
+    console.print(table)
+
+
+def as_json(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str) -> dict[str, Any]:
+    return {
+        "model": spec.label,
+        "cost_unit": cost_unit,
+        "candidates": [
+            {
+                "name": c.name,
+                "buckets": buckets_value(spec, c.grid),
+                "points": c.figures.points if c.figures else None,
+                "mean_cost": c.figures.mean_cost if c.figures else None,
+                "padding_waste": c.figures.padding_waste if c.figures else None,
+                "compile_seconds": c.compile_seconds,
+                "cannot_serve": c.why_not,
+            }
+            for c in candidates
+        ],
+        "buckets": buckets_value(spec, candidates[0].grid),
+    }
+
+
+_TOP_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\s*:")
+
+
+def write_buckets(path: Path, spec: WarmupSpec, grid: list[list[int]]) -> None:
+    """Replace the config file's `buckets` entry with the plan, leaving every other line (comments,
+    order, quoting) as it was; the result is checked as a config before it replaces the file."""
+    lines = Path(path).read_text().splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if re.match(r"^buckets\s*:", line)), None)
+    value = buckets_value(spec, grid)
+    if isinstance(value, dict):
+        block = ["buckets:\n", *(f"  {dim}: [{', '.join(map(str, sizes))}]\n" for dim, sizes in value.items())]
+    else:
+        block = [f"buckets: [{', '.join(map(str, value))}]\n"]
+    if start is None:
+        new = [*lines, *(["\n"] if lines and not lines[-1].endswith("\n") else []), *block]
+    else:
+        end = start + 1
+        while end < len(lines) and not _TOP_KEY.match(lines[end]) and not lines[end].startswith("#"):
+            end += 1
+        while end > start + 1 and not lines[end - 1].strip():  # blank lines before the next key stay
+            end -= 1
+        new = [*lines[:start], *block, *lines[end:]]
+    text = "".join(new)
+    directory = Path(path).resolve().parent
+    with tempfile.NamedTemporaryFile("w", dir=directory, prefix=".plan-", suffix=".yaml", delete=False) as scratch:
+        scratch.write(text)
+    try:
+        load_spec(scratch.name)
+    except ConfigError as exc:
+        os.unlink(scratch.name)
+        raise ConfigError(
+            f"--write: the config with the plan's buckets would not load ({exc}); edit it by hand"
+        ) from None
+    os.chmod(scratch.name, Path(path).stat().st_mode & 0o777)
+    os.replace(scratch.name, path)

@@ -1,0 +1,160 @@
+"""`orchestrate plan`: buckets chosen from a traffic, checked against brute force, and the command's
+inputs, output and config rewrite."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, orchestrate
+
+from orchestrator.planning.buckets import Cost, figures, plan, powers_of_two
+
+
+def brute_force(traffic, max_points: int, dims: int) -> float:
+    """The least mean cost of every product grid of at most `max_points` points whose sizes are
+    seen sizes (a bucket between two seen sizes only costs more), each dimension's largest kept."""
+    per_dim = [sorted({r[d] for r in traffic}) for d in range(dims)]
+    best = float("inf")
+    choices = []
+    for d in range(dims):
+        sizes = per_dim[d]
+        choices.append(
+            [
+                [*subset, sizes[-1]]
+                for k in range(len(sizes))
+                for subset in itertools.combinations(sizes[:-1], k)
+                if k + 1 <= max_points
+            ]
+        )
+    for grid in itertools.product(*choices):
+        if math.prod(len(g) for g in grid) <= max_points:
+            best = min(best, figures(traffic, [list(g) for g in grid], Cost()).mean_cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_dimension_finds_the_optimum(seed):
+    rng = random.Random(seed)
+    traffic = {(rng.randint(1, 40),): rng.randint(1, 20) for _ in range(12)}
+    for k in (1, 2, 3, 4):
+        [chosen] = plan(traffic, k, Cost(), 1)
+        assert len(chosen) <= k and chosen[-1] == max(r[0] for r in traffic)
+        assert figures(traffic, [chosen], Cost()).mean_cost == pytest.approx(brute_force(traffic, k, 1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_grid_plan_is_the_optimum_on_small_traces(seed):
+    rng = random.Random(100 + seed)
+    traffic = {(rng.choice([1, 2, 3, 8]), rng.choice([5, 9, 17, 30, 64])): rng.randint(1, 9) for _ in range(10)}
+    chosen = plan(traffic, 4, Cost(), 2)
+    assert len(chosen[0]) * len(chosen[1]) <= 4
+    assert figures(traffic, chosen, Cost()).mean_cost == pytest.approx(brute_force(traffic, 4, 2))
+
+
+def test_a_trace_of_one_size_gives_one_point():
+    assert plan({(7, 33): 500}, 6, Cost(), 2) == [[7], [33]]
+    assert plan({(5,): 3}, 4, Cost(), 1) == [[5]]
+
+
+def test_measured_costs_are_used_where_the_report_has_them():
+    # bucket 8 is as fast as bucket 4 on this device: a plan by measurement serves 3..8 from 8
+    measured = Cost({(1,): 1.0, (4,): 2.0, (8,): 2.0})
+    traffic = {(1,): 10, (3,): 10, (8,): 10}
+    assert plan(traffic, 2, measured, 1) == [[1, 8]]
+    assert powers_of_two(traffic, [2]) == [[4, 8]]
+
+
+# -- the command --------------------------------------------------------------------------------
+
+CONFIG = """\
+# the served model
+name: mlp
+model:
+  factory: {factory}
+# the buckets a fleet warms
+buckets:
+  - 1
+  - 8
+  - 32
+inputs:
+  - shape: [batch, 16]
+"""
+
+
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "mlp.yaml"
+    path.write_text(CONFIG.format(factory=ROOT / "examples" / "models.py:mlp"))
+    return path
+
+
+def test_plan_prints_the_plan_beside_the_config_and_powers_of_two_and_writes_it(tmp_path):
+    traffic = tmp_path / "sizes.jsonl"
+    traffic.write_text("".join(json.dumps({"batch": n}) + "\n" for n in [3] * 50 + [5] * 30 + [20] * 5))
+    path = config(tmp_path)
+    done = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["buckets"] == [5, 20] and answer["cost_unit"] == "positions"
+    by_name = {c["name"]: c for c in answer["candidates"]}
+    assert by_name["config"]["buckets"] == [1, 8, 32] and by_name["powers of two"]["buckets"] == [16, 32]
+    assert by_name["plan"]["mean_cost"] < by_name["powers of two"]["mean_cost"]
+    table = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "2", "--write")
+    assert table.returncode == 0, table.stderr
+    assert "powers of two" in table.stdout and "padding waste" in table.stdout
+    written = path.read_text()
+    assert written == CONFIG.format(factory=ROOT / "examples" / "models.py:mlp").replace(
+        "buckets:\n  - 1\n  - 8\n  - 32\n", "buckets: [5, 20]\n"
+    )  # comments, order and every other line as they were
+
+
+def test_a_grid_is_planned_in_its_own_form(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: grid
+        model: {{factory: {ROOT / "examples" / "models.py:mlp"}}}
+        inputs: [{{shape: [batch, seq]}}]
+        buckets: {{batch: [1, 8], seq: [32, 128]}}
+        """)
+    )
+    traffic = tmp_path / "sizes.csv"
+    traffic.write_text("batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(1, 30)] * 40 + [(4, 100)] * 10))
+    done = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["buckets"] == {"batch": [1, 4], "seq": [30, 100]}
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ("", "empty; it needs one request a line"),
+        ('{"rows": 3}\n', "line 1 has no 'batch'; every request needs its batch"),
+        ('{"batch": 0}\n', "line 1: batch 0 is not a positive whole number"),
+        ('{"batch": -2}\n', "line 1: batch -2 is not a positive whole number"),
+        ('{"batch": 2.5}\n', "line 1: batch 2.5 is not a positive whole number"),
+        ('{"batch": 2}\n{oops\n', "line 2 is not JSON"),
+    ],
+)
+def test_bad_traffic_is_one_line_exit_2(tmp_path, lines, message):
+    traffic = tmp_path / "sizes.jsonl"
+    traffic.write_text(lines)
+    done = orchestrate("plan", "--model", str(config(tmp_path)), "--traffic", str(traffic))
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert message in line
+
+
+def test_a_prometheus_that_does_not_answer_is_exit_3(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed once the block ends: nothing listens there
+    done = orchestrate("plan", "--model", str(config(tmp_path)), "--traffic", f"http://127.0.0.1:{port}")
+    assert done.returncode == 3
+    assert done.stderr.strip().endswith("Prometheus did not answer (ConnectionError); check the URL")
