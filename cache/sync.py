@@ -339,11 +339,17 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pulled_generation(directory: Path) -> int:
-    """The generation last pulled into `directory` (0: none, or no readable record)."""
+def pulled_generation(directory: Path, store_url: Optional[str] = None) -> int:
+    """The generation last pulled into `directory` (0: none, or no readable record). With
+    `store_url`, 0 where the last pull came from another store: generations count per store, and
+    a new store's first generation is no rollback of another's (a record from before stores were
+    recorded counts as this store's)."""
     try:
-        generation = json.loads((directory / APPLIED_MARKER).read_text()).get("generation", 0)
+        record = json.loads((directory / APPLIED_MARKER).read_text())
+        generation, source = record.get("generation", 0), record.get("store")
     except (OSError, ValueError, AttributeError):
+        return 0
+    if store_url is not None and source is not None and source != store_url:
         return 0
     return generation if isinstance(generation, int) else 0
 
@@ -373,7 +379,7 @@ def pull(
             if head is None:
                 return None
             manifest, digest = head
-            seen = pulled_generation(directory)
+            seen = pulled_generation(directory, store.url)
             if manifest.generation < seen:
                 raise IntegrityError(
                     f"{_where(store, namespace, manifest.generation)}: generation {manifest.generation} is older "
@@ -387,7 +393,12 @@ def pull(
                 if rel not in present or not _matches(present[rel], entry)
             }
             transfer = Transfer(generation=manifest.generation, files=len(needed))
-            marker = json.dumps({"namespace": namespace, "generation": manifest.generation, "manifest": digest}) + "\n"
+            marker = (
+                json.dumps(
+                    {"namespace": namespace, "generation": manifest.generation, "manifest": digest, "store": store.url}
+                )
+                + "\n"
+            )
             if refused is not None:  # read-only: a directory that is current already is all it can be
                 if needed or _read_text(directory / APPLIED_MARKER) != marker:
                     raise _unwritable(directory, refused)

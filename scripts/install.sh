@@ -5,9 +5,9 @@
 #   TORCH_VERSION=2.11.0 scripts/install.sh
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/install.sh   # CPU wheels from PyTorch's index
 #   INSTALL_WITH_PIP=1 scripts/install.sh   # pip for every package, not uv (which pip installs first)
-# CPU torch where no NVIDIA GPU answers, else the default CUDA build. torch goes in first and by
-# itself: a plain `torch` requirement resolved from PyPI on a machine with no GPU would pull a
-# multi-GB CUDA build nobody uses.
+# CPU torch where no NVIDIA GPU answers (from PyTorch's CPU index where it answers, else the default
+# index, saying so), else the default CUDA build. torch goes in first and by itself: a plain `torch`
+# requirement resolved from PyPI on a machine with no GPU would pull a multi-GB CUDA build nobody uses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=
@@ -23,6 +23,7 @@ done
 extras=${EXTRAS:-serve${tests:+,dev}}
 python=${PYTHON:-python3}
 step() { echo "install: $*" >&2; }
+CPU_INDEX=https://download.pytorch.org/whl/cpu
 
 if [ -n "$tests" ]; then
   tests/setup-system.sh
@@ -96,8 +97,23 @@ elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; the
   step "torch ${TORCH_VERSION:-latest} (cuda): a multi-GB download"
   install "torch${TORCH_VERSION:+==$TORCH_VERSION}"
 else
-  step "torch ${TORCH_VERSION:-2.13.0} (cpu)"
-  install "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  # PyTorch's own index of CPU wheels where it answers: the default index (PyPI) has only the CUDA
+  # build for Linux x86_64, several GB with its NVIDIA libraries
+  cpu_index=${TORCH_INDEX_URL:-}
+  if [ -z "$cpu_index" ] && .venv/bin/python - "$CPU_INDEX" <<'PROBE' 2>/dev/null; then
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5).close()
+PROBE
+    cpu_index=$CPU_INDEX
+  fi
+  if [ -n "$cpu_index" ]; then
+    step "torch ${TORCH_VERSION:-2.13.0} (cpu) from $cpu_index"
+    install "torch==${TORCH_VERSION:-2.13.0}" --index-url "$cpu_index"
+  else
+    step "torch ${TORCH_VERSION:-2.13.0} (cpu): $CPU_INDEX does not answer, so from the default index;" \
+      "from PyPI on Linux x86_64 that is the CUDA build (GBs): set TORCH_INDEX_URL to a CPU wheel index to avoid it"
+    install "torch==${TORCH_VERSION:-2.13.0}"
+  fi
 fi
 # an import hook for the one package `orchestrator` (setuptools' default editable mode), not the
 # checkout on sys.path: its other folders (cache/, jobs/, tests/) are no import names of ours

@@ -1399,6 +1399,24 @@ def test_a_store_rolled_back_to_an_older_generation_is_refused_by_a_node_that_pu
     assert tree(target) == {**ARTIFACTS, "inductor/new.py": b"new"} and sync.pulled_generation(target) == 2
 
 
+def test_a_new_store_s_first_generation_is_no_rollback_of_another_store_s(store, tmp_path):
+    """A node that pulled generation 2 from one store (the local one beside its cache) then pulls
+    the same namespace from a new store, which has only its generation 1: generations count per
+    store, so that is no rollback (the rollback of one store is refused by the test above)."""
+    (tmp_path / "first-store").mkdir()
+    first = open_store(f"file://{tmp_path / 'first-store'}")
+    node = make_cache(tmp_path / "a", ARTIFACTS)
+    sync.publish(first, node, NS, KEY, allow_unsigned=False, buckets=[1])
+    make_cache(node, {"inductor/new.py": b"new"})
+    sync.publish(first, node, NS, KEY, allow_unsigned=False, buckets=[2])
+    target = tmp_path / "node"
+    assert sync.pull(first, NS, target, TRUST, allow_unsigned=False).generation == 2
+    sync.publish(store, make_cache(tmp_path / "b", ARTIFACTS), NS, KEY, allow_unsigned=False, buckets=[1])
+    assert sync.pull(store, NS, target, TRUST, allow_unsigned=False).generation == 1
+    assert sync.pulled_generation(target, store.url) == 1 and sync.pulled_generation(target, first.url) == 0
+    assert sync.pull(store, NS, target, TRUST, allow_unsigned=False).files == 0  # current: nothing to fetch
+
+
 def test_a_pulled_directory_records_namespace_generation_and_manifest_digest(store, tmp_path):
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     target = tmp_path / "node"
@@ -1407,6 +1425,7 @@ def test_a_pulled_directory_records_namespace_generation_and_manifest_digest(sto
         "namespace": NS,
         "generation": 1,
         "manifest": manifest_digest(store.read(sync._manifest_key(NS, 1), 1 << 26)),
+        "store": store.url,
     }
     # a record without a readable whole-number generation counts as none
     assert sync.pulled_generation(tmp_path / "never-pulled") == 0

@@ -40,6 +40,7 @@ case "$*" in
     printf '%s\\n' '#!/bin/sh' "$UV" > "$here/uv"; chmod +x "$here/uv" ;;
   *"-m pip config list") [ -z "$PIP_CONFIG" ] || printf '%s\\n' "$PIP_CONFIG" ;;
   "--version") echo "Python 3.11.0" ;;
+  "- https://download.pytorch.org/whl/cpu") [ -n "$CPU_INDEX_ANSWERS" ] || exit 1 ;;  # the CPU index probe
   "-c import torch") [ -e "$here/torch-installed" ] || exit 1 ;;
   *"print("*) echo "torch 2.13.0" ;;
 esac
@@ -109,10 +110,33 @@ def test_the_main_jobs_install_never_calls_apt_and_says_each_step(checkout):
     # the steps, without the installers' own lines under them ("install:   ...")
     steps = [line for line in proc.stderr.splitlines() if line.startswith("install: ") and line[9] != " "]
     assert [step.split(" ")[1] for step in steps] == ["venv", "installer:", "torch", "package", "done:"]
-    assert "install: installer: uv 0.13.9" in steps and "install: torch 2.13.0 (cpu)" in steps
+    assert "install: installer: uv 0.13.9" in steps
+    # PyTorch's CPU index did not answer (the stand-in's default): the default index, and why
+    assert (
+        "install: torch 2.13.0 (cpu): https://download.pytorch.org/whl/cpu does not answer, so from the default "
+        "index; from PyPI on Linux x86_64 that is the CUDA build (GBs): set TORCH_INDEX_URL to a CPU wheel index "
+        "to avoid it"
+    ) in steps
     # uv's own account: a line per stage, none per package
     assert "install:   resolved 10 packages in 436ms" in proc.stderr.splitlines()
     assert "torch==2.13.0" not in proc.stderr.replace("torch 2.13.0", "")
+
+
+def test_the_cpu_build_comes_from_pytorchs_cpu_index_where_it_answers(checkout):
+    proc, calls = install(checkout, env={"CPU_INDEX_ANSWERS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    (torch_call,) = [call.split(" | ")[0] for call in calls if call.startswith("uv pip install") and "torch==" in call]
+    assert torch_call.endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+    assert "install: torch 2.13.0 (cpu) from https://download.pytorch.org/whl/cpu" in proc.stderr.splitlines()
+    # an index of the user's own is taken as it is, without asking PyTorch's (a fresh venv and record)
+    (checkout / ".venv" / "bin" / "torch-installed").unlink()
+    (checkout.parent / "record").unlink()
+    proc, calls = install(checkout, env={"TORCH_INDEX_URL": "https://mirror.example/cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert not [call for call in calls if call.startswith("python - https://download.pytorch.org")]
+    assert [
+        call for call in calls if call.startswith("uv pip install") and "--index-url https://mirror.example/cpu" in call
+    ]
 
 
 def test_uv_is_given_pips_own_sources_and_pins_a_variable_beating_a_file(checkout):
