@@ -509,7 +509,7 @@ def pull(
             )
             summary["platform"] = asdict(platform)
             summary["published"] = [asdict(found) for found in elsewhere]
-            reason = _miss_reason(namespace, store_url, part.label, platform, elsewhere)
+            reason = _miss_reason(namespace, store_url, part.label, platform, elsewhere, allow_miss)
             if not allow_miss:
                 if as_json:
                     click.echo(json.dumps(summaries if spec.grid else summary, indent=2))
@@ -528,14 +528,19 @@ def pull(
 MAX_PLATFORMS_NAMED = 3  # in the one line a miss prints; --json lists every one read
 
 
-def _miss_reason(namespace: str, store_url: str, model: str, here: Any, elsewhere: list[Any]) -> str:
+def _miss_reason(
+    namespace: str, store_url: str, model: str, here: Any, elsewhere: list[Any], allow_miss: bool = False
+) -> str:
     """Why a pull missed, in one line: the platforms this model's config was published for and
     this one, by the fields that tell them apart; otherwise that nothing was published for it."""
     from orchestrator.cache.namespace import describe, differing
 
     missing = f"namespace {namespace} was never published to {store_url}"
     if not elsewhere:
-        return f"{missing}; run `orchestrate warmup --remote` first, or pass --allow-miss to start cold"
+        # with --allow-miss given, the line goes on to say that it starts cold
+        return f"{missing}; run `orchestrate warmup --remote` first" + (
+            "" if allow_miss else ", or pass --allow-miss to start cold"
+        )
     exact = [found for found in elsewhere if found.same_config]
     shown = exact or elsewhere
     subject = (

@@ -107,6 +107,11 @@ def test_a_store_without_this_model_says_to_warm_it(store, trust, tmp_path):
     [line] = error_lines(proc.stderr)
     assert line.endswith("; run `orchestrate warmup --remote` first, or pass --allow-miss to start cold")
     assert json.loads(proc.stdout)["published"] == []
+    # given --allow-miss, the warning does not ask for it again
+    allowed = pull_mlp("--remote", store.url, "--trust", trust, "--to", str(tmp_path / "replica"), "--allow-miss")
+    assert allowed.returncode == 0, allowed.stderr
+    [warning] = error_lines(allowed.stderr)
+    assert warning.endswith("; run `orchestrate warmup --remote` first; starting cold (--allow-miss)")
 
 
 def test_a_manifest_without_a_config_matches_by_model_name_and_says_probably(store, trust, tmp_path):
