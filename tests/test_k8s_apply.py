@@ -168,3 +168,15 @@ def test_apply_without_k8s_is_a_usage_error():
     proc = orchestrate("submit", "--apply", "--model", "examples/mlp.yaml", "--ray-address", "http://h:8265")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["orchestrate: error: --apply goes with --k8s"]
+
+
+def test_apply_without_the_kubernetes_package_says_which_extra_exit_2(tmp_path):
+    """The kubernetes package missing is this machine's setup, not an unreachable cluster: exit 2.
+    A package of that name that fails to import stands for its absence, earlier on the path."""
+    (tmp_path / "kubernetes").mkdir()
+    (tmp_path / "kubernetes" / "__init__.py").write_text("raise ImportError('no kubernetes here')\n")
+    proc = orchestrate(*SUBMIT, env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "orchestrate: error: --apply needs the kubernetes client: pip install 'torch-warmup-orchestrator[k8s]'"
+    )

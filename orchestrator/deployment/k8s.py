@@ -31,6 +31,7 @@ import yaml
 from orchestrator import __version__
 from orchestrator.cache.namespace import slug
 from orchestrator.config import format_bucket_dims
+from orchestrator.errors import UserError
 from orchestrator.jobs.errors import first_line
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -472,6 +473,11 @@ class ApplyFailed(Exception):
     """The cluster could not be reached, or its API server refused a manifest: one line."""
 
 
+class MissingClient(UserError):
+    """--apply without the kubernetes package: a setup problem of this machine (exit 2), not the
+    cluster's."""
+
+
 FIELD_MANAGER = "orchestrate"
 APPLY_PATCH = "application/apply-patch+yaml"
 
@@ -485,7 +491,9 @@ def apply_manifests(documents: list[dict[str, Any]], log: Callable[[str], None])
         from kubernetes import client
         from kubernetes import config as kube_config
     except ImportError:
-        raise ApplyFailed("--apply needs the kubernetes client: pip install 'torch-warmup-orchestrator[k8s]'") from None
+        raise MissingClient(
+            "--apply needs the kubernetes client: pip install 'torch-warmup-orchestrator[k8s]'"
+        ) from None
     try:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):  # in a pod: its service account
             kube_config.load_incluster_config()
