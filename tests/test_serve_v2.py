@@ -102,6 +102,7 @@ def test_model_metadata_names_the_configs_inputs_and_the_models_outputs(codec):
     protocol = InferenceProtocol(SPEC, codec, lambda *args, **kwargs: calls.append(args) or model(*args, **kwargs))
     assert protocol.get("model") == {
         "name": "scorer",
+        "versions": ["1"],
         "platform": "pytorch",
         "inputs": [
             {"name": "arr_0", "datatype": "FP32", "shape": [-1, 4]},
@@ -460,6 +461,10 @@ def test_mutated_bodies_decode_or_are_refused_in_one_line(protocol):
         ("GET", "/v2/models/scorer", "model"),
         ("GET", "/v2/models/scorer/ready", "model ready"),
         ("POST", "/v2/models/scorer/infer", "infer"),
+        # the one version, as KServe clients address it
+        ("GET", "/v2/models/scorer/versions/1", "model"),
+        ("GET", "/v2/models/scorer/versions/1/ready", "model ready"),
+        ("POST", "/v2/models/scorer/versions/1/infer", "infer"),
     ],
 )
 def test_routes(protocol, method, path, endpoint):
@@ -473,9 +478,9 @@ def test_routes(protocol, method, path, endpoint):
         ("GET", "/v2/models/mlp/ready", 404, "unknown model 'mlp'; this server serves 'scorer'", None),
         (
             "POST",
-            "/v2/models/scorer/versions/1/infer",
+            "/v2/models/scorer/versions/2/infer",
             404,
-            "scorer has one version here; leave /versions/... out",
+            "scorer has version 1 only here",
             None,
         ),
         (
@@ -583,12 +588,18 @@ def test_tritonclient_finds_a_live_ready_server_and_its_model(client):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready(MODEL) and not client.is_model_ready("resnet")
     assert client.get_server_metadata()["extensions"] == ["binary_tensor_data"]
-    assert client.get_model_metadata(MODEL) == {
-        "name": MODEL,
-        "platform": "pytorch",
-        "inputs": [{"name": "arr_0", "datatype": "FP32", "shape": [-1, ROWS]}],
-        "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, ROWS]}],
-    }
+    assert client.is_model_ready(MODEL, "1") and not client.is_model_ready(MODEL, "2")  # as KServe clients ask
+    assert (
+        client.get_model_metadata(MODEL)
+        == client.get_model_metadata(MODEL, "1")
+        == {
+            "name": MODEL,
+            "versions": ["1"],
+            "platform": "pytorch",
+            "inputs": [{"name": "arr_0", "datatype": "FP32", "shape": [-1, ROWS]}],
+            "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, ROWS]}],
+        }
+    )
     error = raised(lambda: client.get_model_metadata("resnet"))
     assert (error.status(), error.message()) == ("404", "unknown model 'resnet'; this server serves 'mlp'")
 
@@ -680,7 +691,7 @@ def tritonclient_bad_requests(triton) -> dict[str, tuple[dict[str, Any], str, st
         "a version": (
             {"model_version": "2", "inputs": [given()]},
             "404",
-            "mlp has one version here; leave /versions/... out",
+            "mlp has version 1 only here",
         ),
     }
 

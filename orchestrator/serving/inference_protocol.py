@@ -48,6 +48,8 @@ from orchestrator.serving.codec import JSON, Answer, Cut, NotFinite, OutputError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY = "application/octet-stream"  # an answer that carries raw tensor bytes after its JSON
+# the model's one version, as KServe and Triton clients address it (/v2/models/NAME/versions/1/...)
+VERSION = "1"
 PLATFORM = "pytorch"
 EXTENSIONS = ("binary_tensor_data",)
 # the config's dtypes (orchestrator.jobs.spec.DType) as the protocol names them
@@ -161,7 +163,10 @@ class InferenceProtocol:
             if parts[1] != self.model_name:
                 raise ProtocolError(f"unknown model {parts[1]!r}; this server serves {self.model_name!r}", 404)
             if parts[2:3] == ("versions",):
-                raise ProtocolError(f"{self.model_name} has one version here; leave /versions/... out", 404)
+                # KServe clients address a version: the one this server has is VERSION
+                if parts[3:4] != (VERSION,):
+                    raise ProtocolError(f"{self.model_name} has version {VERSION} only here", 404)
+                found = _MODEL_ROUTES.get(parts[4:])
         if found is None:
             routes = f"/v2, /v2/health/live, /v2/health/ready, /v2/models/{self.model_name}[/ready, /infer]"
             raise ProtocolError(f"no route {method} {path}; the v2 routes are {routes}", 404)
@@ -190,6 +195,7 @@ class InferenceProtocol:
     def metadata(self) -> dict[str, Any]:
         return {
             "name": self.model_name,
+            "versions": [VERSION],
             "platform": PLATFORM,
             "inputs": [tensor.to_json() for tensor in self.inputs],
             "outputs": [tensor.to_json() for tensor in self.outputs()],
