@@ -369,3 +369,18 @@ def test_pull_fills_every_slice_of_a_grid_and_refuses_one_directory_for_all(warm
     assert refused.stderr.strip().endswith(
         "--to: a grid of buckets pulls one namespace per slice; pass --cache-dir instead"
     )
+
+
+@pytest.mark.slow
+def test_the_html_report_draws_the_served_speedup_over_the_grid(warmed_grid):
+    from orchestrator.reports.html import render_html
+
+    _, _, report, _ = warmed_grid
+    page = render_html(report)
+    assert page.count('data-chart="grid"') == 1
+    for record in report["results"]:
+        label = "x".join(map(str, record["point"].values()))
+        assert f"bucket {label}" in page  # every point named in the tables and charts
+    speedups = {f"{r['eager_ms'] / r['served_ms']:.2f}x" for r in report["results"]}
+    grid_chart = page[page.index('data-chart="grid"') : page.index("</svg>", page.index('data-chart="grid"'))]
+    assert all(text in grid_chart for text in speedups)  # each point's served speedup, in its cell
