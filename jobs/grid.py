@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from orchestrator.jobs import trees
 from orchestrator.jobs.gate import Gate, snapshot
-from orchestrator.jobs.spec import FLOAT_DTYPES, WarmupSpec
+from orchestrator.jobs.padding import pad_value
+from orchestrator.jobs.spec import WarmupSpec
 
 Args = Sequence[Any]
 Kwargs = Mapping[str, Any]
@@ -62,21 +63,16 @@ def input_dims(spec: WarmupSpec) -> list[dict[int, str]]:
     ]
 
 
-def _pad_value(dtype: str, value: float) -> bool | int | float:
-    if dtype == "bool":
-        return bool(value)
-    return float(value) if dtype in FLOAT_DTYPES else int(value)
-
-
 class InputShaper:
     """Cuts and pads one slice's (or grid's) inputs along named dimensions."""
 
     def __init__(self, spec: WarmupSpec) -> None:
         self.dims = input_dims(spec)
-        items = [item for item in spec.inputs if not item.name] + [item for item in spec.inputs if item.name]
-        self.pads = [_pad_value(item.dtype, item.pad) for item in items]
+        # in call order, as make_inputs returns them: positional, then keyword
+        self.items = [item for item in spec.inputs if not item.name] + [item for item in spec.inputs if item.name]
+        self.pads = [pad_value(item.pad, item.dtype) for item in self.items]
         self.positional = sum(1 for item in spec.inputs if not item.name)
-        self.names = [item.name for item in items if item.name]
+        self.names = [item.name for item in self.items if item.name]
 
     def _map(self, args: Args, kwargs: Kwargs, fn: Callable[[torch.Tensor, dict[int, str], Any], torch.Tensor]):
         values = [*args, *(kwargs[name] for name in self.names)]

@@ -56,9 +56,8 @@ class GridModel:
         self.model, self.device = first.model, first.device
         self.dims = dims  # output path -> {tensor dim: grid dimension}, the bucket dimension's left to each slice
         self._shaper = grid_shapes.InputShaper(spec)
-        ordered = [item for item in spec.inputs if not item.name] + [item for item in spec.inputs if item.name]
-        # per input in call order: how messages name it, and its rank
-        self._inputs = [(item.name or f"inputs[{i}]", item.shape) for i, item in enumerate(ordered)]
+        # per input in call order: how messages name it, and its shape
+        self._inputs = [(item.name or f"inputs[{i}]", item.shape) for i, item in enumerate(self._shaper.items)]
         self._other = list(spec.grid or {})
         self._largest = {dim: max(sizes) for dim, sizes in (spec.grid or {}).items()}
         self._costs = costs  # per slice: batch bucket -> ms of the variant serving it (None: not measured)

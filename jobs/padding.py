@@ -110,7 +110,7 @@ class RequestShaper:
                 dtype=dtype,
                 shape=tuple(shape),
                 bucket_dims=tuple(d for d, dim in enumerate(shape) if dim == self.symbol),
-                pad=_pad_value(getattr(item, "pad", 0), item.dtype),
+                pad=pad_value(getattr(item, "pad", 0), item.dtype),
             )
             if item.name:
                 self._named[item.name] = entry
@@ -365,7 +365,7 @@ def _index(device: torch.device) -> int:
     return torch.cuda.current_device() if device.type == "cuda" else 0
 
 
-def _pad_value(value: float, dtype: str) -> bool | int | float:
+def pad_value(value: float, dtype: str) -> bool | int | float:
     """The pad value as the input's type (the spec allows whole numbers for integer inputs and 0
     or 1 for bool ones)."""
     if dtype == "bool":
