@@ -675,6 +675,7 @@ class _Loader:
             compiled = self._compile("compiled")
 
             def run(*a: Any, **k: Any) -> Any:
+                ti.cudagraph_trees_on_this_thread()  # whichever thread serves: torch 2.11 has none there
                 ti.mark_step()
                 return compiled(*a, **k)
 

@@ -13,8 +13,9 @@ import os
 import platform as host_platform
 import sys
 import tempfile
+import threading
 import types
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
@@ -415,6 +416,20 @@ def saved_function_takes_self(function: Any) -> bool:
 def mark_step() -> None:
     """Tell CUDA-graph trees a new inference step begins, so replays may reuse output memory."""
     torch.compiler.cudagraph_mark_step_begin()
+
+
+def cudagraph_trees_on_this_thread() -> None:
+    """Give this thread its own manager of CUDA-graph trees (`mode="reduce-overhead"`) where it
+    has none. Inductor keeps the manager in a thread-local made on the thread that imports its
+    module: later releases make one for any other thread on its first call, torch 2.11 fails an
+    assertion there instead. A manager shared between threads crashes the process (2.11), so
+    each serving thread records its own graphs on its first calls, as later releases do."""
+    from torch._inductor import cudagraph_trees as trees
+
+    local = trees.local
+    if hasattr(local, "tree_manager_containers") or torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    local.tree_manager_containers, local.tree_manager_locks = {}, defaultdict(threading.Lock)
 
 
 @dataclass

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import orchestrate
+from conftest import ROOT, orchestrate
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -99,3 +99,55 @@ def test_a_model_that_syncs_the_host_serves_without_graphs_and_says_why(tmp_path
         # a host sync: no whole graph for Dynamo, or no capture
         assert result["variants"]["aot"]["ok"] is False and result["variants"]["aot"]["reason"]
         assert result["variant"] in ("eager", "compiled")
+
+
+def test_a_compiled_variant_with_graph_trees_serves_from_any_thread(tmp_path):
+    """`compiled` under reduce-overhead replays CUDA-graph trees, whose manager Inductor keeps per
+    thread: the replica records on its loader thread and every serving thread records and replays its own."""
+    import threading
+
+    from orchestrator import runtime
+    from orchestrator.config import load_spec_with_overrides
+    from orchestrator.jobs.model import build_model, make_inputs
+
+    config = tmp_path / "mlp.yaml"
+    models = (ROOT / "examples" / "models.py").resolve()
+    config.write_text(
+        f"name: mlp-trees\nmodel: {{factory: '{models}:mlp', kwargs: {{layers: 24, width: 256}}}}\n"
+        "inputs: [{shape: [batch, 256]}]\nbuckets: [1, 8]\ncompile: {mode: reduce-overhead}\n"
+        "serve: {variants: [eager, compiled]}\nbench: {iterations: 40, warmup: 5}\n"
+    )
+    report = warmup(str(config), tmp_path / "cache")
+    # 24 launch-bound layers: one replay beats 72 kernel launches at both buckets
+    assert [r["variant"] for r in report["results"]] == ["compiled", "compiled"], report["results"]
+
+    served = runtime.load(str(config), cache_dir=tmp_path / "cache", device="cuda", ready="planned")
+    assert {b: i.variant for b, i in served.info().buckets.items()} == {1: "compiled", 8: "compiled"}
+    spec = load_spec_with_overrides(str(config), device="cuda")
+    eager = build_model(spec, torch.device("cuda"))
+    eager.load_state_dict(served.model.state_dict())
+    answers: dict[str, list] = {}
+
+    failures: dict[str, BaseException] = {}
+
+    def serve(name: str) -> None:
+        answers[name] = []
+        try:
+            for n in (1, 8, 5):
+                args, _ = make_inputs(spec, n, torch.device("cuda"))
+                answers[name].append((served(*args), args))
+        except BaseException as exc:  # re-raised below, on the test's thread
+            failures[name] = exc
+
+    threads = [threading.Thread(target=serve, args=(f"thread {i}",)) for i in range(2)]
+    for thread in threads:  # one after the other: each a thread that never saw Inductor before
+        thread.start()
+        thread.join()
+    serve("main")
+    assert not failures, failures
+    assert sorted(answers) == ["main", "thread 0", "thread 1"]
+    with torch.no_grad():
+        for name, calls in answers.items():
+            for got, args in calls:
+                torch.testing.assert_close(got, eager(*args), atol=1e-3, rtol=1e-3, msg=name)
+    assert all(i.variant == "compiled" for i in served.info().buckets.values())

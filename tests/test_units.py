@@ -396,3 +396,25 @@ def test_tidying_a_node_the_job_left_clean_removes_its_empty_directory(tmp_path)
     tidy_node(job)
     assert list(tmp_path.iterdir()) == []
     tidy_node(job)  # and a node it never reached is nothing to tidy
+
+
+def test_every_thread_gets_a_manager_of_cuda_graph_trees_of_its_own():
+    import threading
+
+    from torch._inductor import cudagraph_trees as trees
+
+    managers = {}
+
+    def look(name: str) -> None:
+        ti.cudagraph_trees_on_this_thread()
+        ti.cudagraph_trees_on_this_thread()  # a second call keeps what the first gave
+        managers[name] = trees.get_obj(trees.local, "tree_manager_containers")
+
+    for name in ("a", "b"):
+        thread = threading.Thread(target=look, args=(name,))
+        thread.start()
+        thread.join()
+    look("main")
+    assert managers["main"] is trees.get_obj(trees.local, "tree_manager_containers")
+    # never one shared between threads: on torch 2.11 that crashes the process
+    assert len({id(m) for m in managers.values()}) == 3
