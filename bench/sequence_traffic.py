@@ -13,8 +13,9 @@ its logits read at the real positions; both built from configs with random weigh
        - `torch.compile(dynamic=True)` (mode default);
        - the list-form replica, every request padded to 256 by hand, cut back;
        - the grid replica (`runtime.load`), which pads to the point that costs least;
-       - the lower bound: a CUDA graph per exact shape (`torch.compile(mode="reduce-overhead",
-         dynamic=True)`: cudagraph trees record one per shape seen).
+       - a CUDA graph per exact shape, no padding at all (`torch.compile(mode="reduce-overhead",
+         dynamic=True)`: cudagraph trees record one per shape seen, and pay their bookkeeping and
+         the shape guards at every call).
      A first pass calls each method once per request (compiles, recompiles and recordings happen
      there, untimed); the second is timed, the methods interleaved request by request: per request
      the wall time from the call to its outputs ready on the host's side (a synchronize), p50 and
@@ -110,7 +111,12 @@ def padded_to_longest(request):
     n, s = request["input_ids"].shape
     pad = lambda t: torch.nn.functional.pad(t, (0, LONGEST - s))
     out = longest(**{k: pad(v) for k, v in request.items()})
-    return {k: v[:, :s] for k, v in out.items()} if isinstance(out, dict) else out
+    # the outputs along the sequence cut back; the others (a pooled output) kept whole
+    cut = lambda v: v[:, :s] if v.dim() > 1 and v.shape[1] == LONGEST else v
+    return {k: cut(v) for k, v in out.items()} if isinstance(out, dict) else cut(out)
+
+def plain(out):  # a model's output class and a replica's dict of the same outputs compare alike
+    return dict(out) if isinstance(out, dict) else out
 
 # Dynamo's recompile limit is per thread: the replicas' loaders raised theirs, not this one's, and
 # the model's frame holds every point's entry already
@@ -120,6 +126,7 @@ dynamic = torch.compile(model, dynamic=True)
 bound = torch.compile(model, dynamic=True, mode="reduce-overhead" if CUDA else "default")
 def graph_per_shape(request):
     if CUDA:
+        ti.cudagraph_trees_on_this_thread()  # the replicas' loader threads may have imported the trees first
         torch.compiler.cudagraph_mark_step_begin()
     out = bound(**request)
     return snapshot_tree(out)
@@ -136,12 +143,18 @@ seconds = {}
 errors = {name: 0.0 for name in methods}
 mismatches = {}
 with torch.no_grad():
-    for name, fn in methods.items():  # first passes: compiles, recompiles, recordings
+    failed = {}
+    for name, fn in list(methods.items()):  # first passes: compiles, recompiles, recordings
         began = time.perf_counter()
-        # cudagraph trees warm a new shape at its first call and record it at its second
-        for request in traffic * (2 if name == "graph per exact shape" else 1):
-            fn(request)
-        sync()
+        try:
+            # cudagraph trees warm a new shape at its first call and record it at its second
+            for request in traffic * (2 if name == "graph per exact shape" else 1):
+                fn(request)
+            sync()
+        except Exception as exc:  # the other methods are still measured; the row says why not this one
+            failed[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            del methods[name]
+            continue
         seconds[name] = time.perf_counter() - began
         print(f"{name}: first pass {seconds[name]:.1f} s", file=sys.stderr, flush=True)
     latency = {name: [] for name in methods}
@@ -155,7 +168,7 @@ with torch.no_grad():
             sync()
             latency[name].append((time.perf_counter() - began) * 1e3)
             if i % 10 == 0:
-                answers[name] = snapshot(out)
+                answers[name] = snapshot(plain(out))
         if i % 10 == 0:
             for name, answer in answers.items():
                 try:
@@ -187,7 +200,10 @@ for name, values in latency.items():
                   "requests_per_s": 1e3 * len(values) / sum(values), "first_pass_s": seconds[name],
                   "max_abs_error": errors[name], "mismatch": mismatches.get(name)}
 for name in computed:
-    rows[name]["padding_waste"] = 1 - real / computed[name]
+    if name in methods:
+        rows[name]["padding_waste"] = 1 - real / computed[name]
+for name, why in failed.items():
+    rows[name] = {"error": why}
 print(json.dumps({"rows": rows, "requests": len(traffic), "median_seq": int(lengths.median()),
                   "info": {k: v.variant for k, v in grid.info().buckets.items()}}), flush=True)
 import os
@@ -252,6 +268,9 @@ def main() -> int:
             lines.append(f"| {name} | {result.get('error')} | | | | | | |")
             continue
         for method, row in result["rows"].items():
+            if "error" in row:
+                lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | |")
+                continue
             waste = f"{row['padding_waste']:.1%}" if "padding_waste" in row else ""
             lines.append(f"| {name} | {method} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['requests_per_s']:.0f} | "
                          f"{waste} | {row['first_pass_s']:.1f} | {row['max_abs_error']:.2g} |")  # fmt: skip
