@@ -22,6 +22,7 @@ its plan (or refused with a reason). A failed pull fails the load either way.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import gc
 import os
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -56,6 +57,18 @@ from orchestrator.jobs.timing import process_age_seconds
 from orchestrator.jobs.variants import read_plans, replays_into_buffers
 
 COMPILED_VARIANTS = ("compiled", "graphed", "aot")  # what needs Dynamo and Inductor in the replica
+# Inductor and Triton find their caches through the environment, one pair per process, while the
+# slices of a grid load from directories of their own: a load points them at its own for as long
+# as it reads them, one load at a time.
+_CACHE_POINTING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _reading(local: LocalCache) -> Iterator[None]:
+    with _CACHE_POINTING:
+        point_caches_at(local)
+        yield
+
 
 # what torch.no_grad() calls, without its context manager's cost (BucketedModel.__call__)
 _is_grad_enabled = torch.is_grad_enabled
@@ -664,7 +677,8 @@ class _Loader:
             if not saved:
                 raise aot.Unexportable("the serving plan names no aot function")
             aot.check_platform(saved["platform"], self.platform)
-            loaded = aot.load(self.directory / saved["path"], model)
+            with _reading(self.local):
+                loaded = aot.load(self.directory / saved["path"], model)
             if self.device.type != "cuda":
                 return loaded, 0.0
             started = time.perf_counter()
@@ -679,7 +693,7 @@ class _Loader:
                 ti.mark_step()
                 return compiled(*a, **k)
 
-            with self.call_lock, torch.no_grad():
+            with _reading(self.local), self.call_lock, torch.no_grad():
                 run(*args, **kwargs)  # the trace and the cache load (or the compile)
             # CUDA-graph trees' warm-up and recording (trees are per thread: a serving thread records
             # its own on its first calls)
@@ -689,7 +703,7 @@ class _Loader:
             return run, 0.0
         fn = model if variant == "eager-graphed" else self._compile("graphed")
         if variant == "graphed":
-            with self.call_lock, torch.no_grad():
+            with _reading(self.local), self.call_lock, torch.no_grad():
                 fn(*args, **kwargs)  # the trace and the cache load (or the compile)
         started = time.perf_counter()
         call = GraphedCall(fn, args, kwargs, pool=self.pool)
