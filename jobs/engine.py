@@ -183,10 +183,13 @@ class Session:
         profile_dir: Optional[Path] = None,
         profile_prefix: Optional[str] = None,
         build_ahead: Sequence[int] = (),
+        model: Optional[torch.nn.Module] = None,
     ) -> None:
         """build_ahead: buckets whose aot functions child processes compile beside this one's
         compiles (jobs/aot_builds.py), started before the model is built here: for a process that
-        compiles (warmup, a compile unit), not one that loads what the compile wave published."""
+        compiles (warmup, a compile unit), not one that loads what the compile wave published.
+        model: one already built from the same config (a Ray rank's sessions of a grid's slices
+        share one), else built here."""
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
         # `warmup --profile DIR`: each benchmarked bucket's variants profiled into DIR, trace
         # files named `<profile_prefix>-b<bucket>-<variant>.json.gz` (jobs/profiling.py)
@@ -207,14 +210,20 @@ class Session:
         except OSError as exc:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
         try:
-            self._set_up(spec, remote, fresh, trace_ahead, build_ahead)
+            self._set_up(spec, remote, fresh, trace_ahead, build_ahead, model)
         except BaseException:
             self.close()
             self.local.remove_if_empty()  # a model that does not build leaves no empty namespace behind
             raise
 
     def _set_up(
-        self, spec: WarmupSpec, remote: Optional[Remote], fresh: bool, trace_ahead: bool, build_ahead: Sequence[int]
+        self,
+        spec: WarmupSpec,
+        remote: Optional[Remote],
+        fresh: bool,
+        trace_ahead: bool,
+        build_ahead: Sequence[int],
+        model: Optional[torch.nn.Module],
     ) -> None:
         self.store: Optional[Store] = open_store(remote.url) if remote else None
         self.key: Optional[SigningKey] = SigningKey.from_env(remote.key_file) if remote else None
@@ -237,7 +246,7 @@ class Session:
         second = "graphed" in self.candidates and uncaptured != (options.mode, options.options)
         # the children build their own models: started first, they build them beside this one
         self._build_ahead(build_ahead, twin=second)
-        self.model = build_model(spec, self.device)
+        self.model = model if model is not None else build_model(spec, self.device)
         self.event("model built")
         if self.ahead is not None:
             self.ahead.allow(processes_for(self.model, self.device, len(self.ahead.buckets)))
@@ -487,6 +496,9 @@ class Session:
         self.events.append((what, time.time()))
 
     def _bucket(self, bucket: int) -> _BucketWork:
+        # another session of this process (a Ray rank's, for another slice of a grid) may have
+        # pointed Inductor's and Triton's caches at its own namespace since
+        point_caches_at(self.local)
         if bucket not in self._work:
             result = BucketResult(
                 bucket=bucket,

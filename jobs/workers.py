@@ -159,21 +159,22 @@ class CompileWorker:
 
 class RankWorker:
     """One rank for the whole job, in a process of its own: it sets up while the compile wave
-    runs, loads each bucket when told it is published, and benchmarks at the end. Every method
-    may run in a restarted process (the worker died and the cluster restarted it), so each one
-    first makes sure what it builds on is there."""
+    runs, loads each bucket when told it is published, and benchmarks at the end. For a grid it
+    is the rank of every slice (`jobs`, one per slice): a session per slice, all sharing one model.
+    Every method may run in a restarted process (the worker died and the cluster restarted it),
+    so each one first makes sure what it builds on is there."""
 
-    def __init__(self, job: FleetJob, rank: int, spare_cpu: bool, publish_plans: bool = False) -> None:
+    def __init__(self, jobs: list[FleetJob], rank: int, spare_cpu: bool, publish_plans: bool = False) -> None:
         # publish_plans: this rank's measurements choose its GPU class's serving variants (one
         # rank per class publishes them; the others' plans stay on their nodes)
-        self.job, self.rank, self.spare_cpu, self.publish_plans = job, rank, spare_cpu, publish_plans
+        self.jobs, self.rank, self.spare_cpu, self.publish_plans = jobs, rank, spare_cpu, publish_plans
         self._up = time.time()  # the cluster's part of this process's start is over; torch is not imported yet
         # Read when torch is first imported (later, in this fresh process). A rank only loads:
         # Inductor's default would start a pool of a worker per CPU, each importing torch, at the
         # first load, for nothing, and beside the benchmarks.
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         threads_as_a_plain_process()
-        self._session: Optional[Session] = None
+        self._sessions: dict[int, Session] = {}
         self._fatal: Optional[Exception] = None  # set-up or store failure: every bucket of the rank fails
 
     def prepare(self) -> None:
@@ -187,64 +188,72 @@ class RankWorker:
         def set_up(session: Session) -> None:
             from orchestrator.jobs import torch_internals as ti
 
-            for bucket in self.job.spec.buckets:
+            for bucket in session.spec.buckets:
                 session.reference(bucket)
             session.event("references done")
             if self.spare_cpu:
-                for bucket in self.job.spec.buckets:
+                for bucket in session.spec.buckets:
                     session.trace(bucket)
                 ti.prime_compiler(session.device)
                 session.event("compiler primed")
-                session.warm_layouts(self.job.spec.buckets)
+                session.warm_layouts(session.spec.buckets)
 
-        self._step(set_up)
+        for part in range(len(self.jobs)):
+            self._step(part, set_up)
 
-    def load(self, bucket: int) -> Optional[BucketResult]:
-        """Pull what is published and load one bucket (a cache hit); its record, or None when
-        the rank has failed (reported by `finish`)."""
+    def load(self, bucket: int, part: int = 0) -> Optional[BucketResult]:
+        """Pull what is published and load one bucket of slice `part` (a cache hit); its record,
+        or None when the rank has failed (reported by `finish`)."""
 
         def pull_and_load(session: Session) -> BucketResult:
             session.pull()
             return session.warm(bucket, benchmark=False)
 
-        return self._step(pull_and_load)
+        return self._step(part, pull_and_load)
 
-    def finish(self, buckets: list[int]) -> WorkerAnswer:
-        """Benchmark `buckets` (loading any this process has not: after a restart) and report."""
+    def finish(self, buckets: list[list[int]]) -> list[WorkerAnswer]:
+        """Benchmark each slice's buckets, `buckets[part]` (loading any this process has not:
+        after a restart), one slice after another; an answer per slice."""
         if self._fatal is not None:
             raise self._fatal
-        session = self._ready()
-        if any(not session.loaded(b) for b in buckets):
-            session.pull()
-        for bucket in buckets:  # compiling has stopped: loading what is missing (cache hits) may interleave
-            session.warm(bucket)
-        if self.publish_plans:
-            session.publish_plans()
-        return answer(session.run(), self.job.locate(), buckets)
+        answers = []
+        for part, of_part in enumerate(buckets):
+            session = self._ready(part)
+            if any(not session.loaded(b) for b in of_part):
+                session.pull()
+            for bucket in of_part:  # compiling has stopped: loading what is missing (cache hits) may interleave
+                session.warm(bucket)
+            if self.publish_plans:
+                session.publish_plans()
+            answers.append(answer(session.run(), self.jobs[part].locate(), of_part))
+        return answers
 
-    def _ready(self) -> Session:
+    def _ready(self, part: int) -> Session:
         from orchestrator.jobs.engine import Session
 
-        if self._session is None:
+        if part not in self._sessions:
+            job = self.jobs[part]
+            shared = next(iter(self._sessions.values()), None)
             # Ranks of one node share its cache directory and only read the store: what they
             # load was compiled and published by the compile wave.
-            self._session = Session(
-                self.job.spec,
-                self.job.node_cache_dir(),
+            self._sessions[part] = Session(
+                job.spec,
+                job.node_cache_dir(),
                 rank=self.rank,
-                remote=self.job.remote,
+                remote=job.remote,
                 trace_ahead=self.spare_cpu,
                 earlier_events=(("worker up", self._up),),
-                profile_dir=self.job.profile_dir,
-                profile_prefix=f"{self.job.spec.label}-r{self.rank}",
+                profile_dir=job.profile_dir,
+                profile_prefix=f"{job.spec.label}-r{self.rank}",
+                model=shared.model if shared is not None else None,
             )
-        return self._session
+        return self._sessions[part]
 
-    def _step(self, work: Callable[[Session], Any]) -> Any:
+    def _step(self, part: int, work: Callable[[Session], Any]) -> Any:
         if self._fatal is not None:
             return None
         try:
-            return work(self._ready())
+            return work(self._ready(part))
         except ENDS_THE_JOB:
             raise  # the driver stops the job at once
         except Exception as exc:  # reported by `finish`, where the driver gathers the rank's outcome

@@ -281,9 +281,9 @@ def warmup(
                     profile_dir,
                 )
 
-            if spec.grid:
-                report, publish_errors = _grid(spec, run, not no_ray, ray_address, err)
-            else:
+            if spec.grid and no_ray:
+                report, publish_errors = _grid(spec, run, err)
+            else:  # on Ray, a grid's points fan out at once, as buckets do
                 report, publish_errors = run(spec)
     except SetupError as exc:
         raise UserError(_pointing_at(log.kept, str(exc))) from None
@@ -320,28 +320,19 @@ def warmup(
         sys.exit(EXIT_BUCKET_FAILED)
 
 
-def _grid(spec, run, on_ray: bool, ray_address: Optional[str], err: Console):
-    """A grid's warmup: its slices one after another (on Ray, in one connection), each as a
-    list-form config, their reports as one (reports.report.grid_report)."""
-    from contextlib import nullcontext
-
+def _grid(spec, run, err: Console):
+    """A grid's warmup in this process: its slices one after another, each as a list-form
+    config, their reports as one (reports.report.grid_report)."""
     from orchestrator.reports.report import grid_report
 
-    if on_ray:
-        from orchestrator.fleet.driver import joined
-
-        session: Any = joined(ray_address, lambda line: err.print(line))
-    else:
-        session = nullcontext()
     parts = spec.slices()
     reports, errors = [], []
-    with session:
-        for i, part in enumerate(parts, start=1):
-            fixed = ", ".join(f"{dim} {size}" for dim, size in part.fixed.items())
-            err.print(f"grid: {fixed} ({i}/{len(parts)}): {spec.bucket_symbol} {', '.join(map(str, part.buckets))}")
-            report, publish_errors = run(part)
-            reports.append(report)
-            errors += publish_errors
+    for i, part in enumerate(parts, start=1):
+        fixed = ", ".join(f"{dim} {size}" for dim, size in part.fixed.items())
+        err.print(f"grid: {fixed} ({i}/{len(parts)}): {spec.bucket_symbol} {', '.join(map(str, part.buckets))}")
+        report, publish_errors = run(part)
+        reports.append(report)
+        errors += publish_errors
     return grid_report(spec, reports), errors
 
 
@@ -389,14 +380,15 @@ def _on_ray(
     started_at: datetime,
     profile_dir: Optional[Path] = None,
 ):
-    """Compile wave and warm wave on Ray; the store defaults to a signed directory beside the cache."""
+    """Compile wave and warm wave on Ray (a grid's every point at once); the store defaults to a
+    signed directory beside the cache."""
     from orchestrator.fleet.driver import run_on_ray
     from orchestrator.progress import FleetProgress
-    from orchestrator.reports.report import build_fleet_report
+    from orchestrator.reports.report import build_fleet_report, grid_report
 
     remote_store = remote_store or embedded_store(cache_root(spec), allow_unsigned, trust)
     with FleetProgress(err, on_record=observe) as progress:
-        fleet = run_on_ray(
+        fleets = run_on_ray(
             spec,
             cache_root(spec),
             remote_store,
@@ -406,8 +398,12 @@ def _on_ray(
             observer=progress,
             profile_dir=profile_dir,
         )
-    report = build_fleet_report(spec, fleet, remote_store.url, started_at)
-    return report, report["remote"]["publish_errors"]
+    reports = [
+        build_fleet_report(part, fleet, remote_store.url, started_at)
+        for part, fleet in zip(spec.slices(), fleets, strict=True)
+    ]
+    errors = [error for report in reports for error in report["remote"]["publish_errors"]]
+    return (grid_report(spec, reports) if spec.grid else reports[0]), errors
 
 
 def _metrics(spec, port: Optional[int]):

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from orchestrator.jobs.records import BucketResult
+from orchestrator.jobs.records import BucketResult, point_label
 
 
 class _Bars:
@@ -98,57 +98,60 @@ class BucketProgress(_Bars):
 
 
 class FleetProgress(_Bars):
-    """Implements orchestrator.fleet.driver.FleetObserver. On a terminal, a bar per bucket that
-    counts its compile units, the ranks that loaded it and the ranks done with it (benchmarked or
-    failed); a line per compile unit, load and rank always (the only output in logs)."""
+    """Implements orchestrator.fleet.driver.FleetObserver. On a terminal, a bar per bucket (per
+    point of a grid) that counts its compile units, the ranks that loaded it and the ranks done
+    with it (benchmarked or failed); a line per compile unit, load and rank always (the only
+    output in logs)."""
 
     def __init__(self, console: Console, on_record: Callable[[BucketResult], None] = lambda record: None) -> None:
         super().__init__(console)
         self.on_record = on_record
-        self._tasks: dict[int, TaskID] = {}
+        self._tasks: dict[str, TaskID] = {}
         self._units = self._ranks = 0
-        self._compiled: dict[int, int] = {}
-        self._loaded: dict[int, set[Optional[int]]] = {}
-        self._reported: dict[int, set[Optional[int]]] = {}  # ranks whose warm record of the bucket is in
-        self._failed: dict[int, set[Optional[int]]] = {}
+        self._compiled: dict[str, int] = {}
+        self._loaded: dict[str, set[Optional[int]]] = {}
+        self._reported: dict[str, set[Optional[int]]] = {}  # ranks whose warm record of the point is in
+        self._failed: dict[str, set[Optional[int]]] = {}
 
-    def planned(self, buckets: list[int], units_per_bucket: int, ranks: int) -> None:
-        self._units, self._ranks = units_per_bucket, ranks
-        for bucket in buckets:
-            self._compiled[bucket] = 0
-            self._loaded[bucket], self._reported[bucket], self._failed[bucket] = set(), set(), set()
+    def planned(self, points: list[str], units_per_point: int, ranks: int) -> None:
+        self._units, self._ranks = units_per_point, ranks
+        for point in map(str, points):
+            self._compiled[point] = 0
+            self._loaded[point], self._reported[point], self._failed[point] = set(), set(), set()
             if self.live:
-                self._tasks[bucket] = self._bars.add_task(self._describe(bucket), total=units_per_bucket + 2 * ranks)
+                self._tasks[point] = self._bars.add_task(self._describe(point), total=units_per_point + 2 * ranks)
 
-    def loaded(self, rank: int, bucket: int) -> None:
-        self._loaded[bucket].add(rank)
-        self._refresh(bucket)
+    def loaded(self, rank: int, point: str) -> None:
+        point = str(point)
+        self._loaded[point].add(rank)
+        self._refresh(point)
 
     def record(self, record: BucketResult) -> None:
         self.on_record(record)
-        bucket = record.bucket
-        if bucket not in self._compiled:
+        point = point_label(record)
+        if point not in self._compiled:
             return
         if record.phase == "compile":
-            self._compiled[bucket] += 1
-        else:  # a rank's last word on the bucket: benchmarked (loaded before, or in `finish`), or failed
-            self._reported[bucket].add(record.rank)
-            (self._loaded if record.status == "ok" else self._failed)[bucket].add(record.rank)
-        self._refresh(bucket)
+            self._compiled[point] += 1
+        else:  # a rank's last word on the point: benchmarked (loaded before, or in `finish`), or failed
+            self._reported[point].add(record.rank)
+            (self._loaded if record.status == "ok" else self._failed)[point].add(record.rank)
+        self._refresh(point)
 
-    def _describe(self, bucket: int) -> str:
-        failed = len(self._failed[bucket])
+    def _describe(self, point: str) -> str:
+        failed = len(self._failed[point])
+        name = f"point {point:>7}" if "x" in point else f"bucket {point:>4}"
         return (
-            f"bucket {bucket:>4} · compiled {self._compiled[bucket]}/{self._units} · loaded "
-            f"{len(self._loaded[bucket])}/{self._ranks} · ranks done {len(self._reported[bucket])}/{self._ranks}"
+            f"{name} · compiled {self._compiled[point]}/{self._units} · loaded "
+            f"{len(self._loaded[point])}/{self._ranks} · ranks done {len(self._reported[point])}/{self._ranks}"
             + (f" ({failed} failed)" if failed else "")
         )
 
-    def _refresh(self, bucket: int) -> None:
-        if self.live and bucket in self._tasks:  # a failed rank counts as loaded: it never will be
-            loaded = len(self._loaded[bucket] | self._failed[bucket])
-            done = self._compiled[bucket] + loaded + len(self._reported[bucket])
-            self._bars.update(self._tasks[bucket], description=self._describe(bucket), completed=done)
+    def _refresh(self, point: str) -> None:
+        if self.live and point in self._tasks:  # a failed rank counts as loaded: it never will be
+            loaded = len(self._loaded[point] | self._failed[point])
+            done = self._compiled[point] + loaded + len(self._reported[point])
+            self._bars.update(self._tasks[point], description=self._describe(point), completed=done)
 
 
 class RunLog:

@@ -92,6 +92,17 @@ def test_compile_units_are_dealt_over_their_class_gpus_no_more_per_gpu_than_thei
     assert [u.home for u in compile_units(cpu, [1, 2])] == [None, None]  # no GPU: Ray spreads them over CPUs
 
 
+def test_a_grids_points_are_units_of_their_own_dealt_over_the_gpus_together():
+    planned = targets(nodes_from_ray(RAY_NODES))  # H200: ranks 0 and 2; A10G: rank 1
+    # two slices (seq 64 and seq 128), the second leaving out batch 32 (points.max_product)
+    units = [u for u in compile_units(planned, [1, 8, 32], [[1, 8, 32], [1, 8]]) if u.gpu_class == "H200"]
+    assert [(u.part, u.bucket, u.home) for u in units] == [(0, 1, 0), (0, 8, 2), (0, 32, 0), (1, 1, 2), (1, 8, 0)]
+    for target in planned:  # 3 units on rank 0's GPU: each gets a third of what the rank leaves
+        assert RANK_GPU_SHARE + sum(u.num_gpus for u in units if u.home == target.rank) <= 1
+    assert {u.num_gpus for u in units} == {0.1633}
+    assert [u.part for u in compile_units(planned, [1, 8])] == [0] * 4  # the list form: one part
+
+
 def test_a_rank_primes_its_compiler_only_with_a_cpu_to_spare():
     planned = targets(nodes_from_ray(RAY_NODES))
     assert all(has_spare_cpu(t, planned, compile_units(planned, [1, 8, 32])) for t in planned)  # 16 CPUs, 3 units

@@ -30,13 +30,13 @@ def test_a_bar_per_bucket_counts_compiles_loads_and_ranks_done():
     console = Console(file=io.StringIO(), force_terminal=True, width=200)
     with FleetProgress(console, on_record=seen.append) as progress:
         observer: FleetObserver = progress
-        observer.planned([1, 8], units_per_bucket=1, ranks=2)
+        observer.planned(["1", "8"], units_per_point=1, ranks=2)
         observer.record(BucketResult(phase="compile", rank=None, bucket=1, status="ok"))
-        observer.loaded(0, 1)
+        observer.loaded(0, "1")
         bars = {task.description.split(" · ")[0]: task for task in progress._bars.tasks}
         assert bars["bucket    1"].description.endswith("compiled 1/1 · loaded 1/2 · ranks done 0/2")
         assert (bars["bucket    1"].completed, bars["bucket    1"].total) == (2, 5)
-        observer.loaded(1, 1)
+        observer.loaded(1, "1")
         for rank in (0, 1):
             observer.record(warm(rank, 1))
         # bucket 8 failed to compile: its ranks never load it, yet its bar completes with their records
@@ -50,11 +50,23 @@ def test_a_bar_per_bucket_counts_compiles_loads_and_ranks_done():
     assert len(seen) == 6  # every record still reaches the metrics observer
 
 
+def test_a_grid_has_a_bar_per_point():
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    with FleetProgress(console) as progress:
+        progress.planned(["1x8", "2x8"], units_per_point=1, ranks=1)
+        progress.record(BucketResult(phase="compile", rank=None, bucket=2, point={"batch": 2, "seq": 8}, status="ok"))
+        progress.loaded(0, "2x8")
+        bars = {task.description.split(" · ")[0]: task for task in progress._bars.tasks}
+        assert sorted(bars) == ["point     1x8", "point     2x8"]
+        assert bars["point     2x8"].description.endswith("compiled 1/1 · loaded 1/1 · ranks done 0/1")
+        assert bars["point     1x8"].completed == 0  # bucket 2 of the other slice counts nowhere else
+
+
 def test_in_logs_the_fleet_writes_lines_only():
     out = io.StringIO()
     with FleetProgress(Console(file=out, force_terminal=False, width=200)) as progress:
-        progress.planned([1], units_per_bucket=1, ranks=1)
-        progress.loaded(0, 1)
+        progress.planned(["1"], units_per_point=1, ranks=1)
+        progress.loaded(0, "1")
         progress.line("rank 0 (127.0.0.1) loaded bucket 1: ok")
     assert out.getvalue() == "rank 0 (127.0.0.1) loaded bucket 1: ok\n"
 

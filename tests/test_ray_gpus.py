@@ -162,3 +162,47 @@ def test_gpus_held_by_another_job_fail_the_reservation_with_one_line_and_exit_6(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_grids_points_compile_at_once_across_the_ranks_and_every_rank_warms_them_all(head, tmp_path):
+    (tmp_path / "models.py").write_text(
+        "from torch import nn\n\ndef tiny():\n    return nn.Sequential(nn.Linear(16, 16), nn.GELU())\n"
+    )
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(
+        textwrap.dedent("""
+        name: tinygrid
+        model: {factory: models.py:tiny}
+        inputs: [{shape: [batch, seq, 16], pad: 0}]
+        buckets: {batch: [1, 2], seq: [4, 8]}
+        bench: {iterations: 5, warmup: 1}
+    """)
+    )
+    proc = orchestrate(
+        "warmup", "--model", str(cfg), "--ray-address", f"127.0.0.1:{PORT}", "--json",
+        cache_dir=tmp_path / "cache", env=head,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["grid"] == {"batch": [1, 2], "seq": [4, 8]} and report["points"] == ["1x4", "1x8", "2x4", "2x8"]
+    assert [part["executor"]["compile_units"] for part in report["slices"]] == [2, 2]
+    # one run of both waves for the whole grid: every point's unit compiles beside the others
+    units = [row for part in report["slices"] for row in part["executor"]["timeline"] if row["wave"] == "compile"]
+    assert len(units) == 4 and max(row["started_s"] for row in units) < min(row["ended_s"] for row in units)
+    assert "(class, point) units" in proc.stderr and "compile point 2x8 [H200]" in proc.stderr
+    warm = [r for r in report["results"] if r["phase"] == "warm"]
+    by_rank: dict[int, list[str]] = {}
+    for record in warm:
+        assert record["status"] == "ok" and record["cache_state"] == "hit", record
+        assert record["padding_proof"]["point"] == record["point"]
+        by_rank.setdefault(record["rank"], []).append("x".join(map(str, record["point"].values())))
+    assert {rank: sorted(points) for rank, points in by_rank.items()} == {r: report["points"] for r in (0, 1)}
+    assert report["summary"]["buckets_failed"] == 0
+    # the report reads as an in-process grid's does: a fleet table per slice, a heat map of the grid
+    saved = tmp_path / "report.json"
+    saved.write_text(proc.stdout)
+    table = orchestrate("report", str(saved))
+    assert table.returncode == 0 and "tinygrid at seq 4" in table.stdout and "tinygrid at seq 8" in table.stdout
+    from orchestrator.reports.html import render_html
+
+    assert render_html(report).count('data-chart="grid"') == 1

@@ -1,4 +1,5 @@
 """Warmup across a Ray cluster: compile each (GPU class, bucket) once, then warm every rank.
+A grid's points fan out the same way, every point of every slice at once.
 
 Compile wave: one process per (class, bucket), dealt over the ranks' GPUs (reserved in a
 placement group) so buckets compile in parallel; each compiles its bucket, checks it and
@@ -76,24 +77,25 @@ class FleetObserver(Protocol):
 
     def line(self, text: str) -> None: ...
 
-    def planned(self, buckets: list[int], units_per_bucket: int, ranks: int) -> None: ...
+    # points: each bucket's label (`8`), or each point's of a grid (`8x64`)
+    def planned(self, points: list[str], units_per_point: int, ranks: int) -> None: ...
 
     def record(self, record: BucketResult) -> None: ...  # every bucket record, as it comes
 
-    def loaded(self, rank: int, bucket: int) -> None: ...
+    def loaded(self, rank: int, point: str) -> None: ...
 
 
 class Quiet:
     def line(self, text: str) -> None:
         pass
 
-    def planned(self, buckets: list[int], units_per_bucket: int, ranks: int) -> None:
+    def planned(self, points: list[str], units_per_point: int, ranks: int) -> None:
         pass
 
     def record(self, record: BucketResult) -> None:
         pass
 
-    def loaded(self, rank: int, bucket: int) -> None:
+    def loaded(self, rank: int, point: str) -> None:
         pass
 
 
@@ -107,7 +109,9 @@ def run_on_ray(
     fresh: bool = False,
     observer: FleetObserver = Quiet(),
     profile_dir: Optional[Path] = None,
-) -> FleetRun:
+) -> list[FleetRun]:
+    """One FleetRun per slice of the spec (WarmupSpec.slices: the list form is its own one), all
+    from one run of both waves."""
     import ray
 
     started = time.perf_counter()
@@ -129,20 +133,31 @@ def run_on_ray(
             planned = targets(nodes, ranks)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
-        units = compile_units(planned, spec.buckets)
+        parts = spec.slices()
+        units = compile_units(planned, spec.buckets, [part.buckets for part in parts] if spec.grid else None)
         observer.line(
             f"ray: {len(nodes)} nodes, {len(planned)} ranks "
-            f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} (class, bucket) units"
+            f"({', '.join(sorted({t.gpu_class for t in planned}))}); compiling {len(units)} "
+            f"(class, {'point' if spec.grid else 'bucket'}) units"
         )
-        observer.planned(list(spec.buckets), len(units) // len(spec.buckets), len(planned))
-        fleet = FleetRun(nodes, planned, units, address=address)
-        fleet.wave_seconds["start"] = time.perf_counter() - started
+        points = [part.point_label(bucket) for part in parts for bucket in part.buckets]
+        observer.planned(points, len(units) // len(points), len(planned))
+        fleets = [
+            FleetRun(nodes, planned, [u for u in units if u.part == i], address=address) for i in range(len(parts))
+        ]
+        start_seconds = time.perf_counter() - started
         wave_started = time.perf_counter()
-        job = FleetJob(spec, Path(cache_root), remote, ray_host, profile_dir=profile_dir)
-        FleetDriver(ray, job, fresh, observer, fleet).run()
-        fleet.wave_seconds["warm"] = time.perf_counter() - wave_started - fleet.wave_seconds["compile"]
-        fleet.wall_seconds = time.perf_counter() - started
-        return fleet
+        jobs = [FleetJob(part, Path(cache_root), remote, ray_host, profile_dir=profile_dir) for part in parts]
+        driver = FleetDriver(ray, jobs, fresh, observer, fleets)
+        driver.run()
+        for fleet in fleets:  # one run: every slice's waves are the same
+            fleet.wave_seconds.update(
+                start=start_seconds,
+                compile=driver.compile_seconds,
+                warm=time.perf_counter() - wave_started - driver.compile_seconds,
+            )
+            fleet.wall_seconds = time.perf_counter() - started
+        return fleets
     finally:
         if connects:
             ray.shutdown()
@@ -277,11 +292,18 @@ def _probe(address: str) -> None:
 
 
 class FleetDriver:
-    """One fleet warmup on a joined cluster, from the planned units and ranks to the last answer."""
+    """One fleet warmup on a joined cluster, from the planned units and ranks to the last answer.
+    `jobs` and `fleets`: one per slice of a grid (one for the list form); the units and ranks are
+    the first fleet's, every slice's units together."""
 
-    def __init__(self, ray: Any, job: FleetJob, fresh: bool, observer: FleetObserver, fleet: FleetRun) -> None:
-        self.ray, self.job, self.fresh, self.observer, self.fleet = ray, job, fresh, observer, fleet
-        self.spec = job.spec
+    def __init__(
+        self, ray: Any, jobs: list[FleetJob], fresh: bool, observer: FleetObserver, fleets: list[FleetRun]
+    ) -> None:
+        self.ray, self.jobs, self.fresh, self.observer, self.fleets = ray, jobs, fresh, observer, fleets
+        self.fleet = FleetRun(
+            fleets[0].nodes, fleets[0].targets, [u for fleet in fleets for u in fleet.units], address=fleets[0].address
+        )
+        self.compile_seconds = 0.0
 
     def run(self) -> None:
         """Both waves at once. Rank processes start with the compile units, so their interpreter,
@@ -305,7 +327,7 @@ class FleetDriver:
                     if unit.home is not None
                     else {"scheduling_strategy": "SPREAD"}
                 )
-                compilers[unit] = compiler.options(num_cpus=unit.num_cpus, **placement).remote(self.job)
+                compilers[unit] = compiler.options(num_cpus=unit.num_cpus, **placement).remote(self.jobs[unit.part])
             rank = ray.remote(**_PROCESS)(RankWorker)
             for target in planned:
                 placement = (
@@ -315,7 +337,7 @@ class FleetDriver:
                 )
                 # no CPU reserved: a rank mostly waits, and a reserved CPU could starve the compile units
                 ranks[target] = rank.options(num_cpus=0, **placement).remote(
-                    self.job,
+                    self.jobs,
                     target.rank,
                     spare_cpu=has_spare_cpu(target, planned, units),
                     publish_plans=target.rank == min(t.rank for t in planned if t.gpu_class == target.gpu_class),
@@ -341,12 +363,15 @@ class FleetDriver:
             actor.compile.remote(unit.bucket, unit.compile_threads, self.fresh): ("compile", unit)
             for unit, actor in compilers.items()
         }
-        waiting.update({actor.prepare.remote(): ("load", (target, None)) for target, actor in ranks.items()})
+        waiting.update({actor.prepare.remote(): ("load", (target, 0, None)) for target, actor in ranks.items()})
         compiling = Counter(unit.gpu_class for unit in compilers)
-        failed: set[tuple[str, int]] = set()  # (class, bucket)
+        failed: set[tuple[str, int, int]] = set()  # (class, slice, bucket)
 
-        def good(gpu_class: str) -> list[int]:
-            return [b for b in self.spec.buckets if (gpu_class, b) not in failed]
+        def good(gpu_class: str) -> list[list[int]]:
+            return [
+                [b for b in job.spec.buckets if (gpu_class, part, b) not in failed]
+                for part, job in enumerate(self.jobs)
+            ]
 
         for (kind, what), outcome in _gather(self.ray, waiting):  # calls added to `waiting` below are waited for too
             if isinstance(outcome, Exception):
@@ -355,8 +380,8 @@ class FleetDriver:
                 if isinstance(cause, ENDS_THE_JOB):  # as in one process: the job stops, with the store's one line
                     raise cause
             if kind == "load":
-                target, bucket = what
-                self._loaded(target, bucket, outcome)
+                target, part, bucket = what
+                self._loaded(target, part, bucket, outcome)
                 continue
             if kind == "finish":
                 self._finished(what, outcome, good(what.gpu_class))
@@ -366,20 +391,23 @@ class FleetDriver:
             of_class = [t for t in ranks if t.gpu_class == what.gpu_class]
             for target in of_class:
                 if error is None:
-                    waiting[ranks[target].load.remote(what.bucket)] = ("load", (target, what.bucket))
+                    load = ranks[target].load.remote(what.bucket, what.part)
+                    waiting[load] = ("load", (target, what.part, what.bucket))
                 else:
-                    failed.add((what.gpu_class, what.bucket))
+                    failed.add((what.gpu_class, what.part, what.bucket))
                     self._result(
-                        _failed_record(
-                            what.bucket, target.rank, target.gpu_class, "warm", f"not loaded: {error}", target.node.ip
-                        )
-                    )
+                        what.part,
+                        self._failed_record(
+                            what.part, what.bucket, target.rank, target.gpu_class, "warm", f"not loaded: {error}",
+                            target.node.ip,
+                        ),
+                    )  # fmt: skip
             compiling[what.gpu_class] -= 1
             if not compiling[what.gpu_class]:  # the class has stopped compiling: its ranks benchmark
                 waiting.update({ranks[t].finish.remote(good(what.gpu_class)): ("finish", t) for t in of_class})
             if not +compiling:
                 self._raise_if_nothing_could_start(list(compilers))
-                self.fleet.wave_seconds["compile"] = time.perf_counter() - started
+                self.compile_seconds = time.perf_counter() - started
 
     def _tidy(self, actors: list[Any]) -> None:
         """Once the killed workers are gone, remove what they left on each node (tidy_node). Best
@@ -389,36 +417,65 @@ class FleetDriver:
             gone = [actor.__ray_ready__.remote() for actor in actors]  # fails once the actor is dead
             ray.wait(gone, num_returns=len(gone), timeout=TIDY_SECONDS)
             tidy = ray.remote(num_cpus=0, max_retries=0)(tidy_node)
-            done = [tidy.options(scheduling_strategy=_on_node(node)).remote(self.job) for node in self.fleet.nodes]
+            done = [
+                tidy.options(scheduling_strategy=_on_node(node)).remote(job)
+                for node in self.fleet.nodes
+                for job in self.jobs
+            ]
             ray.wait(done, num_returns=len(done), timeout=TIDY_SECONDS)
         except Exception as exc:  # the job's own outcome matters more than its scratch
             logging.getLogger("ray").warning("tidying the nodes after the job failed: %s", exc)
 
-    def _result(self, record: BucketResult) -> None:
-        self.fleet.results.append(record)
+    def _result(self, part: int, record: BucketResult) -> None:
+        self.fleets[part].results.append(record)
         self.observer.record(record)
+
+    def _failed_record(
+        self, part: int, bucket: int, rank: Optional[int], gpu_class: str, phase: str, error: str, node: str = "unknown"
+    ) -> BucketResult:
+        """A record the driver writes for a task that gave none: a rank's node is known, a compile
+        task's (placed by Ray) is not."""
+        spec = self.jobs[part].spec
+        return BucketResult(
+            bucket=bucket,
+            point={spec.bucket_symbol: bucket, **spec.fixed} if spec.fixed else None,
+            rank=rank,
+            gpu=gpu_class,
+            phase=phase,
+            status="failed",
+            node=node,
+            error=error,
+        )
+
+    def _label(self, part: int, bucket: int) -> str:
+        """`bucket 8`, or a grid's `point 8x64`, for the progress lines."""
+        spec = self.jobs[part].spec
+        return f"point {spec.point_label(bucket)}" if spec.fixed else f"bucket {bucket}"
 
     def _compiled(self, unit: CompileUnit, outcome: WorkerAnswer | Exception) -> Optional[str]:
         """Record one finished compile task; the error that failed its bucket, if any."""
         report = self.observer.line
+        name = self._label(unit.part, unit.bucket)
         if isinstance(outcome, Exception):
-            record = _failed_record(unit.bucket, None, unit.gpu_class, "compile", _task_error("compile", outcome))
-            self._result(record)
+            record = self._failed_record(
+                unit.part, unit.bucket, None, unit.gpu_class, "compile", _task_error("compile", outcome)
+            )
+            self._result(unit.part, record)
             self.fleet.compile_errors.append(outcome)
-            report(f"compile bucket {unit.bucket} [{unit.gpu_class}]: FAILED {record.error}")
+            report(f"compile {name} [{unit.gpu_class}]: FAILED {record.error}")
             return record.error
         run = outcome.run
-        self.fleet.runs.append(TaskRun(run, "compile", None, unit.bucket, time.time()))
+        self.fleets[unit.part].runs.append(TaskRun(run, "compile", None, unit.bucket, time.time()))
         error = None
         for record in outcome.results:
             record.phase, record.rank = "compile", None
-            self._result(record)
+            self._result(unit.part, record)
             if record.status != "ok":
                 error = f"compile task failed at {record.error}"
             elif not run.publish:
                 error = f"compile task could not publish: {run.publish_error}"
             report(
-                f"compile bucket {unit.bucket} [{unit.gpu_class}] on {record.node}: {record.status}, "
+                f"compile {name} [{unit.gpu_class}] on {record.node}: {record.status}, "
                 f"{_seconds(record.compile_seconds)}, {_lookups(record)}"
                 + (f", published generation {run.publish.generation}" if run.publish else "")
                 + (f" ({record.error})" if record.error else "")
@@ -433,36 +490,45 @@ class FleetDriver:
         if setup and len(setup) == len(units):
             raise SetupError(str(setup[0]))  # nothing could run anywhere: a config problem, exit 2
 
-    def _loaded(self, target: Target, bucket: Optional[int], outcome: Any) -> None:
+    def _loaded(self, target: Target, part: int, bucket: Optional[int], outcome: Any) -> None:
         if bucket is None or not isinstance(outcome, BucketResult):
             return  # set-up, or a failure that `finish` reports
-        self.observer.loaded(target.rank, bucket)
+        self.observer.loaded(target.rank, self.jobs[part].spec.point_label(bucket))
         self.observer.line(
-            f"rank {target.rank} ({target.node.ip}) loaded bucket {bucket}: {outcome.status}, "
+            f"rank {target.rank} ({target.node.ip}) loaded {self._label(part, bucket)}: {outcome.status}, "
             f"{_seconds(outcome.compile_seconds)}, {_lookups(outcome)}"
         )
 
-    def _finished(self, target: Target, outcome: WorkerAnswer | Exception, buckets: list[int]) -> None:
+    def _finished(self, target: Target, outcome: list[WorkerAnswer] | Exception, buckets: list[list[int]]) -> None:
         report = self.observer.line
         if isinstance(outcome, Exception):
-            for bucket in buckets:
-                self._result(
-                    _failed_record(
-                        bucket, target.rank, target.gpu_class, "warm", _task_error("warm", outcome), target.node.ip
-                    )
-                )
+            for part, of_part in enumerate(buckets):
+                for bucket in of_part:
+                    self._result(
+                        part,
+                        self._failed_record(
+                            part, bucket, target.rank, target.gpu_class, "warm", _task_error("warm", outcome),
+                            target.node.ip,
+                        ),
+                    )  # fmt: skip
             report(f"warm rank {target.rank} ({target.node.ip}): FAILED {outcome}")
             return
-        run = outcome.run
-        self.fleet.runs.append(TaskRun(run, "warm", target.rank, None, time.time()))
-        ok = [r for r in outcome.results if r.status == "ok"]
-        for record in outcome.results:
-            record.phase, record.rank = "warm", target.rank
-            self._result(record)
+        ok: list[BucketResult] = []
+        pulls = []
+        for part, answered in enumerate(outcome):
+            run = answered.run
+            self.fleets[part].runs.append(TaskRun(run, "warm", target.rank, None, time.time()))
+            pulls.append(run.pull.seconds if run.pull else None)
+            ok += [r for r in answered.results if r.status == "ok"]
+            for record in answered.results:
+                record.phase, record.rank = "warm", target.rank
+                self._result(part, record)
         speedups = [r.served_speedup for r in ok if r.served_speedup]
+        pulled = [p for p in pulls if p is not None]
         report(
-            f"warm rank {target.rank} ({target.node.ip}, {target.gpu_class}): {len(ok)}/{len(buckets)} ok, "
-            f"pull {_seconds(run.pull.seconds if run.pull else None)}, "
+            f"warm rank {target.rank} ({target.node.ip}, {target.gpu_class}): "
+            f"{len(ok)}/{sum(len(b) for b in buckets)} ok, "
+            f"pull {_seconds(sum(pulled) if pulled else None)}, "
             f"load {_seconds(sum(r.compile_seconds or 0 for r in ok))}, "
             f"misses {sum(r.cache_misses or 0 for r in ok)}"
             + (f", served {min(speedups):.2f}-{max(speedups):.2f}x eager" if speedups else "")
@@ -528,14 +594,6 @@ def _gather(ray: Any, refs: dict[Any, Any]):
             except ValueError:  # a rank's method: Ray cannot force those; the caller kills the rank
                 pass
         raise
-
-
-def _failed_record(
-    bucket: int, rank: Optional[int], gpu_class: str, phase: str, error: str, node: str = "unknown"
-) -> BucketResult:
-    """A record the driver writes for a task that gave none: a rank's node is known, a compile
-    task's (placed by Ray) is not."""
-    return BucketResult(bucket=bucket, rank=rank, gpu=gpu_class, phase=phase, status="failed", node=node, error=error)
 
 
 def _lookups(record: BucketResult) -> str:

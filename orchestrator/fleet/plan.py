@@ -1,5 +1,5 @@
-"""Who does what: targets (ranks) grouped by GPU class, one compile per (class, bucket), then
-every rank warms. Pure data, no Ray: the driver turns it into tasks, tests check it directly."""
+"""Who does what: targets (ranks) grouped by GPU class, one compile per (class, bucket) (per
+(class, point) of a grid), then every rank warms. Pure data, no Ray: the driver turns it into tasks, tests check it directly."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class CompileUnit:
     # still start (the alternative is a unit that never fits in its rank's bundle).
     num_cpus: float = 1.0
     home: Optional[int] = None  # the rank whose GPU it shares; None without GPUs (spread over CPUs)
+    part: int = 0  # the slice of a grid the bucket belongs to (WarmupSpec.slices); 0 in the list form
 
 
 def nodes_from_ray(ray_nodes: list[dict[str, Any]]) -> list[Node]:
@@ -89,23 +90,27 @@ def targets(nodes: list[Node], ranks: Optional[int] = None) -> list[Target]:
     return [Target(rank, node) for rank, node in enumerate(order)]
 
 
-def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUnit]:
-    """One unit per (GPU class, bucket), all compiling at once. A class's units are dealt
-    round-robin over its GPU ranks (ordered across nodes), so no GPU gets more than
-    ceil(buckets / GPUs) of them; what the rank leaves of its GPU is split among that many."""
+def compile_units(
+    targets_: list[Target], buckets: list[int], parts: Optional[list[list[int]]] = None
+) -> list[CompileUnit]:
+    """One unit per (GPU class, bucket), all compiling at once; with `parts` (a grid's slices,
+    each its buckets) one per (GPU class, point) of every slice, `part` naming the slice. A
+    class's units are dealt round-robin over its GPU ranks (ordered across nodes), so no GPU gets
+    more than ceil(units / GPUs) of them; what the rank leaves of its GPU is split among that many."""
+    work = [(part, bucket) for part, of_part in enumerate(parts or [buckets]) for bucket in of_part]
     units = []
     for gpu_class in sorted({t.gpu_class for t in targets_}):
         gpu_ranks = [t for t in targets_ if t.gpu_class == gpu_class and t.node.gpus > 0]
         if not gpu_ranks:  # CPU workers: Ray spreads the units over the class's nodes
             nodes = {t.node for t in targets_ if t.gpu_class == gpu_class}
-            alone = _units_per_node(targets_, gpu_class, len(buckets)) == 1
+            alone = _units_per_node(targets_, gpu_class, len(work)) == 1
             threads = max(1, min(n.cpus for n in nodes)) if alone else 1
-            units += [CompileUnit(gpu_class, bucket, 0.0, threads) for bucket in buckets]
+            units += [CompileUnit(gpu_class, bucket, 0.0, threads, part=part) for part, bucket in work]
             continue
-        share = _floor((1 - RANK_GPU_SHARE) / math.ceil(len(buckets) / len(gpu_ranks)))
-        homes = [gpu_ranks[i % len(gpu_ranks)] for i in range(len(buckets))]
+        share = _floor((1 - RANK_GPU_SHARE) / math.ceil(len(work) / len(gpu_ranks)))
+        homes = [gpu_ranks[i % len(gpu_ranks)] for i in range(len(work))]
         on_node = Counter(home.node for home in homes)
-        for bucket, home in zip(buckets, homes, strict=True):
+        for (part, bucket), home in zip(work, homes, strict=True):
             here = on_node[home.node]
             units.append(
                 CompileUnit(
@@ -115,6 +120,7 @@ def compile_units(targets_: list[Target], buckets: list[int]) -> list[CompileUni
                     compile_threads=max(1, home.node.cpus // here),
                     num_cpus=min(1.0, _floor(home.node.cpus / here)),
                     home=home.rank,
+                    part=part,
                 )
             )
     return units
