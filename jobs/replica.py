@@ -59,7 +59,7 @@ from orchestrator.jobs.variants import read_plans, replays_into_buffers
 COMPILED_VARIANTS = ("compiled", "graphed", "aot")  # what needs Dynamo and Inductor in the replica
 # Inductor and Triton find their caches through the environment, one pair per process, while the
 # slices of a grid load from directories of their own: a load points them at its own for as long
-# as it reads them, one load at a time.
+# as it reads them, one load at a time (Inductor's hit and miss counters are process-wide too).
 _CACHE_POINTING = threading.Lock()
 
 
@@ -172,7 +172,8 @@ def load_replica(
     device = resolve_device(spec.device)
     platform = ti.current_platform(device)
     local = LocalCache(cache_root, namespace(spec.label, platform, spec.identity_hash())).prepare()
-    point_caches_at(local)
+    if call_lock is None:  # a replica of its own: the process's caches are its, for whatever else compiles here
+        point_caches_at(local)
     compile_in_this_process()
     exit_without_collecting()
     loader = _Loader(spec, device, require_warm, local, platform, remote, started, call_lock)
@@ -590,12 +591,20 @@ class _Loader:
         """Each bucket on its plan, largest first (it sizes the shared pool); NotWarm, where one
         missed the cache under require_warm (nothing loads after it)."""
         failure: Optional[BaseException] = None
+        unplanned: Optional[BaseException] = None  # under require_warm: a bucket never warmed here
         for bucket in sorted(self.spec.buckets, reverse=True):
             if self._abandoned:
-                return failure
+                return failure or unplanned
             row = initial_row(bucket, self._plans)
             runner = None
-            if row.planned in (None, "eager"):
+            if row.planned is None and self.require_warm:
+                unplanned = unplanned or NotWarm(
+                    f"bucket {self.spec.point_label(bucket)}: no serving plan in {self.directory}; warm this "
+                    "platform first (orchestrate warmup) or pull what was warmed (orchestrate pull), or load "
+                    "without require_warm"
+                )
+                row.reason = f"not warm, serving eager: {unplanned}"
+            elif row.planned in (None, "eager"):
                 pass
             elif failure is not None:
                 row.reason = f"{row.planned} not loaded, serving eager: {failure}"
@@ -608,7 +617,7 @@ class _Loader:
             self._serving.wait()
             served = self._served
             if self._abandoned or served is None:
-                return failure
+                return failure or unplanned
             if runner is not None:
                 served._switch(row, runner, self.events.add(f"bucket {bucket} on {row.variant}"))
             elif row.planned in (None, "eager"):
@@ -617,7 +626,7 @@ class _Loader:
                 self.events.add(f"bucket {bucket} stays eager")
                 served._settle(row, None)
             settled.add(bucket)
-        return failure
+        return failure or unplanned
 
     def _pull(self) -> None:
         if self.remote is not None:
@@ -637,11 +646,13 @@ class _Loader:
         planned = str(row.planned)
         args, kwargs = make_inputs(self.spec, row.bucket, self.device)
         memory_before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else None
-        window = ti.CounterWindow()
         started = time.perf_counter()
         try:
-            runner, capture_seconds = self._build(planned, args, kwargs, plan.get("artifacts", {}))
-            stats = window.stats()
+            # one load at a time reads the caches, so its counters count its own lookups alone
+            with _reading(self.local):
+                window = ti.CounterWindow()
+                runner, capture_seconds = self._build(planned, args, kwargs, plan.get("artifacts", {}))
+                stats = window.stats()
             row.cache_hits, row.cache_misses = stats.cache_hits, stats.cache_misses
             if self.require_warm and stats.cache_misses:
                 raise NotWarm(
@@ -677,8 +688,7 @@ class _Loader:
             if not saved:
                 raise aot.Unexportable("the serving plan names no aot function")
             aot.check_platform(saved["platform"], self.platform)
-            with _reading(self.local):
-                loaded = aot.load(self.directory / saved["path"], model)
+            loaded = aot.load(self.directory / saved["path"], model)
             if self.device.type != "cuda":
                 return loaded, 0.0
             started = time.perf_counter()
@@ -693,7 +703,7 @@ class _Loader:
                 ti.mark_step()
                 return compiled(*a, **k)
 
-            with _reading(self.local), self.call_lock, torch.no_grad():
+            with self.call_lock, torch.no_grad():
                 run(*args, **kwargs)  # the trace and the cache load (or the compile)
             # CUDA-graph trees' warm-up and recording (trees are per thread: a serving thread records
             # its own on its first calls)
@@ -703,7 +713,7 @@ class _Loader:
             return run, 0.0
         fn = model if variant == "eager-graphed" else self._compile("graphed")
         if variant == "graphed":
-            with _reading(self.local), self.call_lock, torch.no_grad():
+            with self.call_lock, torch.no_grad():
                 fn(*args, **kwargs)  # the trace and the cache load (or the compile)
         started = time.perf_counter()
         call = GraphedCall(fn, args, kwargs, pool=self.pool)

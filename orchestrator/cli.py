@@ -571,8 +571,8 @@ def _miss_reason(
 @click.option(
     "--require-warm",
     is_flag=True,
-    help="Refuse a compiled bucket that misses the cache: it stays on eager (with --ready planned the server "
-    "does not start).",
+    help="Refuse a compiled bucket that misses the cache, and a bucket never warmed for this platform: it "
+    "stays on eager (with --ready planned the server does not start).",
 )
 @click.option(
     "--ready",

@@ -407,3 +407,18 @@ def test_a_replica_refuses_a_tampered_store_and_leaves_no_namespace_behind(rows_
     with pytest.raises(sync.BadShard, match="does not match its sha256"):
         runtime.load(rows_config, cache_dir=replica, remote=store.url, allow_unsigned=True)
     assert not (replica / name).exists()
+
+
+def test_a_model_never_warmed_here_is_refused_with_require_warm(rows_config, tmp_path):
+    never = r"bucket \d+: no serving plan in .*; warm this platform first \(orchestrate warmup\)"
+    with pytest.raises(runtime.NotWarm, match=never):
+        runtime.load(rows_config, cache_dir=tmp_path / "planned", require_warm=True, ready="planned")
+    # answering first: every bucket serves eager with the refusal, and waiting for the plan raises it
+    answering = runtime.load(rows_config, cache_dir=tmp_path / "answering", require_warm=True)
+    with pytest.raises(runtime.NotWarm, match=never):
+        answering.wait_loaded()
+    assert all(row.variant == "eager" and "not warm" in str(row.reason) for row in answering.info().buckets.values())
+    args, _, want = eager_of(rows_config, 4)
+    torch.testing.assert_close(answering(*args), want)
+    # without require_warm, the same cache serves eager as before: nothing was asked to be warm
+    assert runtime.load(rows_config, cache_dir=tmp_path / "answering").wait_loaded(60)
