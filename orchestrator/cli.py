@@ -922,6 +922,13 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
     type=click.Path(dir_okay=False, path_type=Path),
     help="A warmup report of this model: costs from its measured latencies instead of padded sizes.",
 )
+@click.option(
+    "--max-compile-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="A compile budget for the plan (needs --report): at most as many points as the report's "
+    "median compile seconds of a point fit in it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the comparison as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the plan's buckets into CFG.yaml, every other line as it was.")
 def plan_command(
@@ -930,6 +937,7 @@ def plan_command(
     window: str,
     max_points: int,
     report_path: Optional[Path],
+    max_compile_seconds: Optional[float],
     as_json: bool,
     write: bool,
 ) -> None:
@@ -953,7 +961,7 @@ def plan_command(
     from orchestrator.planning.traffic import read_traffic
 
     counts = read_traffic(traffic, spec.grid_dims, spec.label, window)
-    candidates = advice.compare(spec, counts, max_points, report)
+    candidates = advice.compare(spec, counts, max_points, report, max_compile_seconds)
     unit = "ms" if report else "positions"
     if as_json:
         click.echo(json.dumps(advice.as_json(spec, candidates, unit), indent=2))

@@ -158,3 +158,28 @@ def test_a_prometheus_that_does_not_answer_is_exit_3(tmp_path):
     done = orchestrate("plan", "--model", str(config(tmp_path)), "--traffic", f"http://127.0.0.1:{port}")
     assert done.returncode == 3
     assert done.stderr.strip().endswith("Prometheus did not answer (ConnectionError); check the URL")
+
+
+def test_a_compile_budget_caps_the_points_at_what_the_reports_compiles_fit(tmp_path):
+    from orchestrator.config import load_spec
+    from orchestrator.errors import UserError
+    from orchestrator.planning.advice import compare
+
+    spec = load_spec(config(tmp_path))
+    report = {
+        "results": [
+            {"status": "ok", "phase": "warm", "rank": 0, "bucket": b, "served_ms": ms, "compile_seconds": 10.0}
+            for b, ms in [(1, 1.0), (8, 2.0), (32, 5.0)]
+        ]
+    }
+    traffic = {(1,): 10, (3,): 10, (8,): 10, (20,): 10}
+    assert len(compare(spec, traffic, 4, report)[0].grid[0]) == 4
+    planned = compare(spec, traffic, 4, report, max_compile_seconds=25)[0]  # 2 compiles of 10 s fit
+    assert len(planned.grid[0]) == 2 and planned.compile_seconds == 20.0
+    with pytest.raises(UserError, match="one point alone compiles in 10.0 s by the report; raise the budget"):
+        compare(spec, traffic, 4, report, max_compile_seconds=5)
+    sizes = tmp_path / "sizes.jsonl"
+    sizes.write_text('{"batch": 3}\n')
+    done = orchestrate("plan", "--model", str(config(tmp_path)), "--traffic", str(sizes), "--max-compile-seconds", "60")
+    assert done.returncode == 2
+    assert "--max-compile-seconds needs what a point costs to compile: pass --report" in done.stderr

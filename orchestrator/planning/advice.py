@@ -6,6 +6,7 @@ render(rows, console) / as_json(rows) / write_buckets(config_path, rows[0])
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.config import ConfigError, load_spec
+from orchestrator.errors import UserError
 from orchestrator.jobs.spec import WarmupSpec
 from orchestrator.planning.buckets import Cost, Figures, Point, figures, plan, powers_of_two
 
@@ -56,10 +58,31 @@ def measured_costs(report: Mapping[str, Any], dims: list[str]) -> tuple[dict[Poi
 
 
 def compare(
-    spec: WarmupSpec, traffic: Mapping[Point, int], max_points: int, report: Optional[Mapping[str, Any]] = None
+    spec: WarmupSpec,
+    traffic: Mapping[Point, int],
+    max_points: int,
+    report: Optional[Mapping[str, Any]] = None,
+    max_compile_seconds: Optional[float] = None,
 ) -> list[Candidate]:
+    """The plan, the config's buckets and powers of two, each with its figures. With
+    `max_compile_seconds`, the plan holds at most the points whose compiles fit in it, each point
+    costing the report's median compile seconds (a warmup compiles points alike: their graphs
+    differ in sizes only)."""
     dims = spec.grid_dims
     measured, compile_seconds = measured_costs(report or {}, dims)
+    if max_compile_seconds is not None:
+        if compile_seconds is None:
+            raise UserError(
+                "--max-compile-seconds needs what a point costs to compile: pass --report with a warmup "
+                "report of this model"
+            )
+        fit = math.floor(max_compile_seconds / compile_seconds)
+        if fit < 1:
+            raise UserError(
+                f"--max-compile-seconds {max_compile_seconds:g}: one point alone compiles in {compile_seconds:.1f} s "
+                "by the report; raise the budget"
+            )
+        max_points = min(max_points, fit)
     cost = Cost(measured)
     chosen = plan(traffic, max_points, cost, len(dims))
     current = [list(spec.buckets), *(list(sizes) for sizes in (spec.grid or {}).values())]
