@@ -270,3 +270,17 @@ def test_serves_replica_options_carry_no_secret(monkeypatch):
     env = call["ray_actor_options"]["runtime_env"]["env_vars"]
     assert env == {**PATHS, **SETTINGS}
     assert not any(value in repr(call) for value in SECRETS.values())
+
+
+def test_a_ray_token_given_is_sent_unless_the_auth_mode_says_otherwise():
+    from orchestrator.fleet.job_env import send_the_ray_token_given
+
+    for given, mode in [
+        ({"RAY_AUTH_TOKEN": "t"}, "token"),
+        ({"RAY_AUTH_TOKEN_PATH": "/run/ray/token"}, "token"),
+        ({"RAY_AUTH_TOKEN": "t", "RAY_AUTH_MODE": "disabled"}, "disabled"),  # an explicit mode is kept
+        ({}, None),  # no token: nothing to send
+    ]:
+        environ = dict(given)
+        send_the_ray_token_given(environ)
+        assert environ.get("RAY_AUTH_MODE") == mode, given

@@ -152,7 +152,9 @@ def test_a_job_runs_to_success_and_its_report_comes_back(submitted):
 
 
 def test_a_broken_config_fails_the_job_and_the_cli_says_why(ray_head, tmp_path):
-    proc = submit(ray_head, config(tmp_path, "no_such_module:make"), "--wait")
+    # the token alone, as a user sets it: it is sent without RAY_AUTH_MODE=token beside it
+    env = {k: v for k, v in ray_head["env"].items() if k != "RAY_AUTH_MODE"}
+    proc = submit({**ray_head, "env": env}, config(tmp_path, "no_such_module:make"), "--wait")
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["status"] == "FAILED"
     errors = [line for line in proc.stderr.splitlines() if line.startswith("orchestrate: error: job ")]

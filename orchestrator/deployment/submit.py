@@ -21,7 +21,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from orchestrator.cache.namespace import slug
 from orchestrator.config import format_bucket_dims
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.fleet.job_env import job_env_vars, note_withheld
+from orchestrator.fleet.job_env import job_env_vars, note_withheld, send_the_ray_token_given
 from orchestrator.jobs.spec import WarmupSpec
 
 FINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -58,6 +58,7 @@ def runtime_env(config_path: Path) -> dict[str, Any]:
 def submit(
     address: str, spec: WarmupSpec, config_path: Path, *, extra_args: list[str], wait: bool, log: Callable[[str], None]
 ) -> Submission:
+    send_the_ray_token_given()
     from ray.job_submission import JobSubmissionClient
 
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from orchestrator.errors import ClusterUnreachable
-from orchestrator.fleet.job_env import job_env_vars, note_withheld
+from orchestrator.fleet.job_env import job_env_vars, note_withheld, send_the_ray_token_given
 from orchestrator.fleet.plan import (
     RANK_GPU_SHARE,
     CompileUnit,
@@ -194,6 +194,7 @@ def _join(ray: Any, address: Optional[str], env: dict[str, str], say: Optional[C
     """Start or join Ray; `say` names, once, the file its log records go to (default: stderr)."""
     if ray.is_initialized():
         return
+    send_the_ray_token_given()
     with _ray_logs_held() as held:
         _init(ray, address, env)
     _write_ray_logs_to_session(ray, held, say)

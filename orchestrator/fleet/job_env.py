@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Optional
 
 from orchestrator.jobs.workers import TORCH_THREADS_ENV
@@ -104,6 +104,15 @@ def note_withheld(environ: Optional[Mapping[str, str]] = None, log: Optional[Cal
         "environment or identity (IRSA, instance profile, Workload Identity) or from a mounted file "
         "named by ORCHESTRATE_CACHE_SIGNING_KEY_FILE / AWS_SHARED_CREDENTIALS_FILE"
     )
+
+
+def send_the_ray_token_given(environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """Ray's clients send RAY_AUTH_TOKEN (or the file RAY_AUTH_TOKEN_PATH names) only where
+    RAY_AUTH_MODE is `token`; a user who set the token means it to be sent. An explicit
+    RAY_AUTH_MODE is kept. Called before this process first talks to a cluster."""
+    environ = os.environ if environ is None else environ
+    if (environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH")) and not environ.get("RAY_AUTH_MODE"):
+        environ["RAY_AUTH_MODE"] = "token"
 
 
 def _stderr(line: str) -> None:
