@@ -184,3 +184,12 @@ def test_a_workers_answer_unpickles_without_torch(tmp_path):
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
     )
+
+
+def test_a_compile_units_publish_that_added_nothing_says_its_generation_stands():
+    from orchestrator.cache.sync import Transfer
+    from orchestrator.fleet.driver import _published
+
+    assert _published(Transfer(generation=3, files=12)) == ", published generation 3"
+    # a warm rerun: the store held it all, as the report's "nothing new to publish" says after it
+    assert _published(Transfer(generation=4, files=0)) == ", nothing new to publish (generation 4 stands)"

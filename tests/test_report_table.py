@@ -448,9 +448,21 @@ def test_each_built_variants_build_seconds_are_summed_and_a_twin_left_out_is_no_
 
     console = Console(width=80, record=True, file=io.StringIO(), force_terminal=True)
     render_table(process_report([bucket(1), bucket(8)]), console)
-    text = prose(console.export_text(clear=False))
+    text = prose(console.export_text())
     assert "serving variants built in (all buckets): eager-graphed 1.0 s, aot 8.5 s" in text
+    assert "not built" not in text  # a choice that needs nothing of the reader: --wide and the report
+    render_table(process_report([bucket(1), bucket(8)]), console, wide=True)
+    text = prose(console.export_text(clear=False))
     assert "variant graphed not served for bucket 1, 8: not built: aot is the same compiled code" in text
     styled = console.export_text(styles=True)
     twin_line = next(line for line in styled.splitlines() if "not built" in line)
     assert "\x1b[33m" not in twin_line  # yellow is for what went wrong
+
+
+def test_the_wide_fleet_lines_call_a_compile_wave_that_hit_the_cache_a_load():
+    for state, word in (("miss", "compile"), ("hit", "cache load")):
+        fleet = store_fleet(warm=False)
+        fleet.results = [replace(r, cache_state=state) if r.phase == "compile" else r for r in fleet.results]
+        text = prose(rendered(build_fleet_report(spec(), fleet, URL, STARTED), wide=True, width=200))
+        assert f"bucket 8: compile wave 2.00 s ({word}); warm load across 2 ranks" in text, text
+        assert "cold compile" not in text

@@ -478,7 +478,7 @@ class FleetDriver:
             report(
                 f"compile {name} [{unit.gpu_class}] on {record.node}: {record.status}, "
                 f"{_seconds(record.compile_seconds)}, {_lookups(record)}"
-                + (f", published generation {run.publish.generation}" if run.publish else "")
+                + (_published(run.publish) if run.publish else "")
                 + (f" ({record.error})" if record.error else "")
             )
         return error
@@ -608,6 +608,14 @@ def _task_error(phase: str, exc: Exception) -> str:
     from orchestrator.jobs.errors import brief
 
     return f"{phase} task: {brief(getattr(exc, 'cause', None) or exc)}"
+
+
+def _published(transfer: Any) -> str:
+    """A compile unit's publish: a new generation, or the one that stands where it added nothing
+    (the report's "nothing new to publish" then agrees)."""
+    if transfer.files == 0:
+        return f", nothing new to publish (generation {transfer.generation} stands)"
+    return f", published generation {transfer.generation}"
 
 
 def _seconds(value: Optional[float]) -> str:
