@@ -19,7 +19,9 @@ class VariantMeasure:
     ms: Optional[float] = None  # median per-call latency, interleaved with the other variants
     p90_ms: Optional[float] = None
     spread_ms: Optional[float] = None  # half the interquartile range of the samples
-    build_seconds: Optional[float] = None  # a graphed variant: its compile (or cache load) and capture
+    # a built variant: its compile (or cache load) and capture (`compiled`: the bucket's compile
+    # and graph recording); none for eager, which builds nothing
+    build_seconds: Optional[float] = None
     reason: Optional[str] = None  # why it is not ok: unavailable here, not capturable, wrong output
     speedup_interval: Optional[list[float]] = None  # [low, high] 95% of eager ms / this variant's ms
     # every per-call latency in timing order: sample i of each variant is from the same iteration

@@ -147,6 +147,11 @@ def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles
     assert list(result["variants"]) == ["eager", "compiled", "aot"]
     built = result["variants"]["aot"]
     assert built["ok"] and built["ms"] > 0 and built["build_seconds"] > 0, built
+    # every built variant says what it took, compiled too (the bucket's compile and recording)
+    assert result["variants"]["compiled"]["build_seconds"] == pytest.approx(
+        result["compile_seconds"] + (result["graph_record_seconds"] or 0)
+    )
+    assert result["variants"]["eager"]["build_seconds"] is None
     # the function was compiled by a second process, beside the warmup's own compile, whose
     # staging directory is gone with it
     builders = (tmp_path / "builds").read_text().split()
