@@ -973,9 +973,13 @@ def plan_command(
 
 
 def _table_console(wide: bool) -> Console:
-    """The terminal's width on a terminal; a width that cuts nothing where stdout is a file or pipe."""
+    """The terminal's width on a terminal; a width that cuts nothing where stdout is a file or pipe.
+    `--wide` is one line per record whatever the window: a window narrower than the table folds
+    whole lines (`| less -RS` scrolls them instead), never a value over several."""
     out = Console()
-    return out if out.is_terminal else Console(width=240 if wide else 160)
+    if wide:
+        return Console(width=max(out.width, 240), force_terminal=out.is_terminal)
+    return out if out.is_terminal else Console(width=160)
 
 
 def _load_report(path: Path) -> dict[str, Any]:

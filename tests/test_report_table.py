@@ -466,3 +466,55 @@ def test_the_wide_fleet_lines_call_a_compile_wave_that_hit_the_cache_a_load():
         text = prose(rendered(build_fleet_report(spec(), fleet, URL, STARTED), wide=True, width=200))
         assert f"bucket 8: compile wave 2.00 s ({word}); warm load across 2 ranks" in text, text
         assert "cold compile" not in text
+
+
+def in_a_terminal(args: list[str], columns: int = 80) -> list[str]:
+    """`orchestrate ARGS` in a real pseudo-terminal of `columns` columns: its lines as the window
+    shows them before folding (escape sequences removed)."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import select
+    import struct
+    import sys
+    import termios
+
+    from conftest import ROOT
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal's size is read from the pty, not from COLUMNS
+        os.environ.pop("COLUMNS", None)
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "orchestrator", *args])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    out = b""
+    while select.select([fd], [], [], 120)[0]:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out.decode(errors="replace")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode()).replace("\r", "").splitlines()
+
+
+def test_in_an_80_column_terminal_the_table_fits_and_wide_keeps_each_record_on_one_line(tmp_path):
+    import json
+
+    report = process_report([measured(1, eager_ms=2.0, noisy=True), measured(8, eager_ms=3.0)])
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(report))
+    lines = in_a_terminal(["report", str(saved)])
+    assert lines and all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert any(line.startswith("noisy:") for line in lines)  # the footer folds inside the window
+    wide = in_a_terminal(["report", str(saved), "--wide"])
+    # every header and value whole on one line: the window folds lines, never a value over several
+    header = next(line for line in wide if line.startswith("phase"))
+    assert all(name in header for name in ("compile s", "cache hit/miss", "compiled ms", "served speedup", "max |err|"))
+    records = [line.split() for line in wide if line.startswith("compile ")]
+    assert [row[:3] for row in records] == [["compile", "1", "ok"], ["compile", "8", "ok"]]
+    assert all({"0/2", "eager-graphed", "12.50"} <= set(row) for row in records), records
