@@ -216,13 +216,20 @@ def run(command: list[str], log: Path, timeout: float) -> subprocess.CompletedPr
         return subprocess.run(command, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=ROOT, timeout=timeout)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def traffic_arguments(doc: str, requests: int) -> argparse.ArgumentParser:
+    """What every traffic benchmark takes: where its output goes, how many requests, the seconds
+    it may run and the device (cpu: a check of the script with tiny models)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--models", default="encoder,decoder")
-    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=requests)
     parser.add_argument("--budget", type=float, default=540)
     parser.add_argument("--device", default="cuda", help="cpu: a check of this script with tiny models")
+    return parser
+
+
+def main() -> int:
+    parser = traffic_arguments(__doc__, 2000)
+    parser.add_argument("--models", default="encoder,decoder")
     args = parser.parse_args()
     out_dir = args.out_dir.resolve()
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)

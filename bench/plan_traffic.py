@@ -1,0 +1,284 @@
+"""Buckets planned from a traffic against powers of two, both measured on that traffic.
+
+    python bench/plan_traffic.py OUT_DIR [--traces long-tailed,bimodal,uniform,recorded] [--points 6]
+                                 [--requests 1500] [--budget SECONDS] [--device cuda|cpu]
+
+The model: bench/sequence_traffic.py's Hugging Face encoder (a MiniLM-sized BERT, float16, random
+weights) called with its attention mask, bucketed over batch x seq.
+  1. Calibration: `orchestrate warmup --no-ray` of a dense grid (batch 1, 4, 16, 32 x seq 32, 64,
+     128, 256). Its report prices every point in milliseconds: what `orchestrate plan --report`
+     interpolates between.
+  2. Per trace, `--requests` requests from a fixed seed:
+       - uniform: batch 1..32 and seq 1..256, each uniform;
+       - long-tailed: seq log-normal of median 60 cut to 1..256, batch log-uniform over 1..32;
+       - bimodal: 70% short requests (seq 8..48, batch 1..4), 30% long ones (seq 160..256,
+         batch 16..32);
+       - recorded: the calibration grid's replica serves a mixture of the three, and the trace is
+         what the replica itself recorded (`info().request_sizes`), as a JSONL of sizes.
+     `orchestrate plan --traffic TRACE --max-points P --report calibration.json --json` gives the
+     plan and powers of two with as many sizes per dimension, each with its predicted mean latency
+     of a request. Both are warmed (`orchestrate warmup --no-ray`), then a fresh process loads both
+     replicas (`runtime.load(ready="planned")`) and replays the trace through each: one untimed
+     pass, then a timed one, the two replicas interleaved request by request (alternating which
+     goes first), each request timed from the call to its outputs on the host (a synchronize).
+     Figures: p50, p99, mean and throughput (requests over the summed latencies), and the
+     prediction's error, predicted mean / measured mean - 1. Every 20th answer of both replicas is
+     checked against eager at the request's exact size with the correctness gate.
+
+Output: OUT_DIR/plan_traffic.json and a Markdown table on stdout; a trace whose turn comes after
+`--budget` seconds is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sequence_traffic import MODELS, TINY, run, traffic_arguments  # noqa: E402  (bench/ is not a package)
+
+CALIBRATION = {"batch": [1, 4, 16, 32], "seq": [32, 64, 128, 256]}
+TRACES = ("long-tailed", "bimodal", "uniform", "recorded")
+
+
+def config(name: str, buckets: dict[str, list[int]], out_dir: Path, device: str) -> Path:
+    factory, kwargs = MODELS["encoder"]
+    data = {
+        "name": name,
+        "model": {"factory": f"{ROOT / 'examples' / 'huggingface.py'}:{factory}",
+                  "kwargs": kwargs if device == "cuda" else TINY["encoder"],
+                  "dtype": "float16" if device == "cuda" else None},
+        "inputs": [
+            {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64", "range": [1, 30000], "pad": 0},
+            {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64", "range": [1, 2], "pad": 0},
+        ],
+        "buckets": buckets,
+        "compile": {"mode": "default"},
+        "serve": {"variants": ["eager", "compiled", "graphed"] if device == "cuda" else ["eager", "compiled"]},
+        "bench": {"iterations": 40, "warmup": 5},
+        "device": device,
+    }  # fmt: skip
+    path = out_dir / "configs" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def synthetic(kind: str, requests: int, seed: int = 0) -> list[tuple[int, int]]:
+    """(batch, seq) per request."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(requests):
+        if kind == "uniform":
+            out.append((rng.randint(1, 32), rng.randint(1, 256)))
+        elif kind == "long-tailed":
+            seq = min(256, max(1, round(math.exp(rng.gauss(math.log(60), 0.8)))))
+            out.append((min(32, max(1, int(math.exp(rng.random() * math.log(32))))), seq))
+        elif kind == "bimodal":
+            if rng.random() < 0.7:
+                out.append((rng.randint(1, 4), rng.randint(8, 48)))
+            else:
+                out.append((rng.randint(16, 32), rng.randint(160, 256)))
+        else:
+            raise ValueError(kind)
+    return out
+
+
+def write_trace(sizes: list[tuple[int, int]], path: Path) -> None:
+    path.write_text("".join(json.dumps({"batch": n, "seq": s}) + "\n" for n, s in sizes))
+
+
+def read_trace(path: Path) -> list[tuple[int, int]]:
+    return [(row["batch"], row["seq"]) for row in map(json.loads, path.read_text().splitlines())]
+
+
+def orchestrate(args: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "orchestrator", *args], log, timeout)
+
+
+def warm(path: Path, cache: Path, out_dir: Path, timeout: float) -> dict[str, Any]:
+    began = time.perf_counter()
+    done = orchestrate(["warmup", "--no-ray", "--model", str(path), "--cache-dir", str(cache), "--json"],
+                       out_dir / "logs" / f"warmup-{path.stem}.log", timeout)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"warmup of {path.stem} exited {done.returncode} (logs/warmup-{path.stem}.log)")
+    report = json.loads(done.stdout)
+    (out_dir / f"warmup-{path.stem}.json").write_text(json.dumps(report, indent=1))
+    return {"seconds": time.perf_counter() - began, "compile_seconds": report["summary"]["compile_seconds_total"]}
+
+
+# argv: device, cache, trace JSONL, requests-out JSONL (or "-"), then the configs to replay the
+# trace through. One JSON line on stdout: per config its latencies' figures.
+PROBE = r"""
+import json, statistics, sys, time
+import torch
+from orchestrator import runtime
+from orchestrator.config import load_spec
+from orchestrator.jobs.gate import Gate, snapshot
+
+device, cache, trace, record_to, configs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+CUDA = device == "cuda"
+sync = torch.cuda.synchronize if CUDA else (lambda: None)
+replicas = {path: runtime.load(path, cache_dir=cache, ready="planned") for path in configs}
+first = next(iter(replicas.values()))
+gate = Gate.from_options(load_spec(configs[0]).check)
+generator = torch.Generator().manual_seed(1)
+requests = []
+for line in open(trace):
+    size = json.loads(line)
+    ids = torch.randint(1, 30000, (size["batch"], size["seq"]), generator=generator).to(device)
+    requests.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+latency = {path: [] for path in configs}
+mismatches = {}
+with torch.no_grad():
+    for request in requests:  # untimed: every replica's first call at each point, and the host's warm-up
+        for replica in replicas.values():
+            replica(**request)
+    sync()
+    for i, request in enumerate(requests):
+        order = configs if i % 2 == 0 else configs[::-1]
+        answers = {}
+        for path in order:
+            sync()
+            began = time.perf_counter()
+            out = replicas[path](**request)
+            sync()
+            latency[path].append((time.perf_counter() - began) * 1e3)
+            if i % 20 == 0:
+                answers[path] = snapshot(dict(out))
+        if answers:
+            expected = snapshot(dict(first.model(**request)))
+            for path, answer in answers.items():
+                try:
+                    gate.compare(expected, answer, call=f"{tuple(request['input_ids'].shape)}")
+                except Exception as exc:
+                    mismatches.setdefault(path, str(exc)[:300])
+if record_to != "-":  # what a replica recorded of the traffic it served: sizes in the grid's dimensions
+    with open(record_to, "w") as sink:  # each request was served twice, untimed and timed
+        for (batch, seq), count in sorted(first.request_sizes().items()):
+            sink.write("".join(json.dumps({"batch": batch, "seq": seq}) + "\n" for _ in range(count // 2)))
+
+def quantile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+print(json.dumps({path: {"p50_ms": statistics.median(v), "p99_ms": quantile(v, 0.99), "mean_ms": statistics.fmean(v),
+                         "requests_per_s": 1e3 * len(v) / sum(v), "mismatch": mismatches.get(path),
+                         "variants": sorted({r.variant for r in replicas[path].info().buckets.values()})}
+                  for path, v in latency.items()}), flush=True)
+import os
+os._exit(0)
+"""
+
+
+def replay(device: str, cache: Path, trace: Path, configs: list[Path], out_dir: Path, name: str, timeout: float,
+           record_to: str = "-") -> dict[str, Any]:  # fmt: skip
+    with (out_dir / "logs" / f"replay-{name}.log").open("w") as sink:
+        done = subprocess.run([sys.executable, "-c", PROBE, device, str(cache), str(trace), record_to,
+                               *map(str, configs)], stdout=subprocess.PIPE, stderr=sink, text=True, cwd=ROOT,
+                              timeout=timeout)  # fmt: skip
+    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+    if line is None:
+        raise RuntimeError(f"replay {name} exited {done.returncode} (logs/replay-{name}.log)")
+    return json.loads(line)
+
+
+def plan(model: Path, trace: Path, points: int, calibration: Path, out_dir: Path, name: str) -> dict[str, Any]:
+    done = orchestrate(["plan", "--model", str(model), "--traffic", str(trace), "--max-points", str(points),
+                        "--report", str(calibration), "--json"], out_dir / "logs" / f"plan-{name}.log", 120)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"plan for {name} exited {done.returncode} (logs/plan-{name}.log)")
+    return json.loads(done.stdout)
+
+
+def main() -> int:
+    parser = traffic_arguments(__doc__, 1500)
+    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--points", type=int, default=6, help="grid points of the plan (and of powers of two)")
+    args = parser.parse_args()
+    out_dir = args.out_dir.resolve()
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def left() -> float:
+        return args.budget - (time.monotonic() - started)
+
+    cache = out_dir / "cache"
+    calibration_config = config("calibration", CALIBRATION, out_dir, args.device)
+    results: dict[str, Any] = {"calibration": warm(calibration_config, cache, out_dir, left())}
+    calibration = out_dir / "warmup-calibration.json"
+    print(f"calibration: warmed in {results['calibration']['seconds']:.0f} s", file=sys.stderr, flush=True)
+    for name in args.traces.split(","):
+        if left() < 60:
+            results[name] = {"error": f"skipped: {left():.0f} s of the budget left"}
+            continue
+        trace = out_dir / f"trace-{name}.jsonl"
+        try:
+            if name == "recorded":
+                mixture = [size for kind in TRACES[:3] for size in synthetic(kind, args.requests // 3, seed=7)]
+                random.Random(7).shuffle(mixture)
+                write_trace(mixture, out_dir / "trace-mixture.jsonl")
+                replay(args.device, cache, out_dir / "trace-mixture.jsonl", [calibration_config], out_dir,
+                       "recording", left(), record_to=str(trace))  # fmt: skip
+            else:
+                write_trace(synthetic(name, args.requests), trace)
+            sizes = read_trace(trace)
+            planned = plan(calibration_config, trace, args.points, calibration, out_dir, name)
+            by_name = {c["name"]: c for c in planned["candidates"]}
+            configs = {kind: config(f"{name}-{kind.replace(' ', '-')}", by_name[kind]["buckets"], out_dir, args.device)
+                       for kind in ("plan", "powers of two")}  # fmt: skip
+            warmed = {kind: warm(path, cache, out_dir, left()) for kind, path in configs.items()}
+            measured = replay(args.device, cache, trace, list(configs.values()), out_dir, name, left())
+            rows = {}
+            for kind, path in configs.items():
+                figures = measured[str(path)]
+                predicted = by_name[kind]["mean_cost"]
+                rows[kind] = {
+                    **figures,
+                    "buckets": by_name[kind]["buckets"],
+                    "predicted_mean_ms": predicted,
+                    "prediction_error": predicted / figures["mean_ms"] - 1 if predicted else None,
+                    "padding_waste": by_name[kind]["padding_waste"],
+                    "warmup": warmed[kind],
+                }
+            results[name] = {
+                "requests": len(sizes),
+                "distinct_sizes": len(Counter(sizes)),
+                "rows": rows,
+                "p50_gain": 1 - rows["plan"]["p50_ms"] / rows["powers of two"]["p50_ms"],
+            }
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            results[name] = {"error": str(exc)}
+        print(f"{name}: {json.dumps(results[name])[:300]}", file=sys.stderr, flush=True)
+        (out_dir / "plan_traffic.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "plan_traffic.json").write_text(json.dumps(results, indent=1))
+    lines = ["| trace | buckets | p50 ms | p99 ms | mean ms | predicted ms | error | requests/s | padding waste |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, result in results.items():
+        if name == "calibration":
+            continue
+        if "rows" not in result:
+            lines.append(f"| {name} | {result.get('error')} | | | | | | | |")
+            continue
+        for kind, row in result["rows"].items():
+            error = f"{row['prediction_error']:+.0%}" if row["prediction_error"] is not None else "-"
+            lines.append(f"| {name} | {kind}: {row['buckets']} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+                         f"{row['mean_ms']:.3f} | {row['predicted_mean_ms']:.3f} | {error} | "
+                         f"{row['requests_per_s']:.0f} | {row['padding_waste']:.1%} |")  # fmt: skip
+        lines.append(f"| {name} | plan's p50 gain over powers of two: {result['p50_gain']:.0%} | | | | | | | |")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
