@@ -825,3 +825,34 @@ def test_warmup_refuses_an_unwritable_page_before_running(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.startswith("orchestrate: error: --html") and "bucket" not in out.stderr
+
+
+PHONE = """
+document.querySelectorAll('details').forEach(d => { d.open = true; });
+const wide = e => e.scrollWidth > e.clientWidth + 1;
+return {
+  viewport: document.documentElement.clientWidth,
+  page_scrolls: document.documentElement.scrollWidth > document.documentElement.clientWidth,
+  charts: Array.from(document.querySelectorAll('figure svg'), s => [
+    s.closest('figure').id, s.getBoundingClientRect().width, wide(s.closest('figure'))]),
+  cues: Array.from(document.querySelectorAll('.table-wrap, figure'), e =>
+    [wide(e), getComputedStyle(e).backgroundAttachment, getComputedStyle(e).backgroundImage]),
+};
+"""
+
+
+@pytest.mark.parametrize("kind", ["process", "fleet"])
+def test_on_a_phone_charts_keep_a_legible_size_and_what_scrolls_shows_it(browser, tmp_path, kind):
+    """At 390 px a chart scaled to the window would draw its text 2-3 px high: it keeps 560 px and
+    scrolls inside its figure, the page never sideways; a box that scrolls shows a shadow."""
+    page = tmp_path / f"{kind}.html"
+    page.write_text(page_of(kind))
+    open_page(browser, page, width=390)
+    seen = browser.execute_script(PHONE)
+    assert seen["viewport"] <= 390 and not seen["page_scrolls"], seen["viewport"]
+    assert len(seen["charts"]) >= 2
+    for name, width, scrolls in seen["charts"]:
+        assert width >= 559.5 and scrolls, (name, width)
+    assert any(scrolls for scrolls, _, _ in seen["cues"])  # some table is wider than a phone too
+    for _, attachment, image in seen["cues"]:
+        assert attachment == "local, local, scroll, scroll" and image.count("gradient(") == 4, (attachment, image)

@@ -59,11 +59,23 @@ p.sub { color: var(--muted); margin: 0 0 18px; }
 .card { background: var(--bg); border: 1px solid var(--line); border-radius: 8px; padding: 8px 12px; }
 .card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
 .card .v { font-size: 17px; font-weight: 600; overflow-wrap: anywhere; }
-figure { margin: 12px 0; }
-figure svg { max-width: 100%; height: auto; display: block; }
-figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
+/* a chart shrinks with its window down to 560 px, where its smallest text is still about 7 px;
+   below that (a phone) it keeps that size and scrolls sideways inside its figure */
+figure { margin: 12px 0; overflow-x: auto; }
+figure svg { max-width: 100%; min-width: 560px; height: auto; display: block; }
+figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; position: sticky; left: 0; }
 /* a table wider than its section (a narrow window) scrolls inside it: the page never does */
 .table-wrap { max-width: 100%; overflow-x: auto; }
+/* what scrolls shows it: a shadow on each side that has more to see, gone at the end (the white
+   covers scroll with the content, the shadows stay with the box) */
+.table-wrap, figure {
+  background: linear-gradient(to right, #fff 40%, rgba(255, 255, 255, 0)) left center / 28px 100% no-repeat local,
+              linear-gradient(to left, #fff 40%, rgba(255, 255, 255, 0)) right center / 28px 100% no-repeat local,
+              radial-gradient(farthest-side at 0 50%, rgba(0, 0, 0, .22), rgba(0, 0, 0, 0)) left center / 12px 100%
+                no-repeat scroll,
+              radial-gradient(farthest-side at 100% 50%, rgba(0, 0, 0, .22), rgba(0, 0, 0, 0)) right center / 12px 100%
+                no-repeat scroll;
+}
 table { border-collapse: collapse; margin: 8px 0 12px; font-size: 13.5px; }
 th, td { border-bottom: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: var(--bg); font-weight: 600; vertical-align: bottom; }
@@ -1011,7 +1023,13 @@ def _svg(fig: Any, salt: str, layout: bool = True) -> str:
         fig.set_layout_engine("tight")
     buf = io.StringIO()
     with mpl.rc_context({"svg.fonttype": "path", "svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+        # transparent: on the page's white it looks the same, and the figure's scroll shadows show through
+        fig.savefig(
+            buf,
+            format="svg",
+            transparent=True,
+            metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
+        )
     svg = buf.getvalue()
     return svg[svg.index("<svg") :]
 
