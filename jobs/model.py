@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.jobs.errors import SetupError, brief
+from orchestrator.jobs.errors import SetupError, brief, install_hint
 from orchestrator.jobs.spec import FLOAT_DTYPES, InputSpec, ModelRef, WarmupSpec
 
 
@@ -53,8 +53,7 @@ def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
             raise SetupError(f"model.factory: importing module {ref.target!r} {_raised(exc)}") from exc
         except Exception as exc:
             raise SetupError(
-                f"model.factory: cannot import module {ref.target!r}: {brief(exc)}; "
-                "install it or use 'path/to/file.py:callable'"
+                f"model.factory: cannot import module {ref.target!r}: {brief(exc)}; {install_hint(ref.target)}"
             ) from exc
     target: Any = module
     for part in ref.attribute.split("."):

@@ -418,3 +418,19 @@ def test_every_thread_gets_a_manager_of_cuda_graph_trees_of_its_own():
     assert managers["main"] is trees.get_obj(trees.local, "tree_manager_containers")
     # never one shared between threads: on torch 2.11 that crashes the process
     assert len({id(m) for m in managers.values()}) == 3
+
+
+def test_a_missing_torchvision_is_told_the_build_that_matches_this_torch(monkeypatch):
+    from importlib import metadata
+
+    from orchestrator.jobs.errors import install_hint
+
+    assert install_hint("mymodels.zoo") == "install it or use 'path/to/file.py:callable'"
+    for torch_version, command in [
+        ("2.13.0+cpu", "'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu"),
+        ("2.11.0+cu130", "'torchvision==0.26.*' --index-url https://download.pytorch.org/whl/cu130"),
+        ("2.13.0", "'torchvision==0.28.*'"),  # PyPI's own build: from PyPI
+    ]:
+        monkeypatch.setattr(metadata, "version", lambda name, v=torch_version: v)
+        hint = install_hint("torchvision.models")
+        assert hint.endswith(f".venv/bin/pip install {command}") and torch_version in hint, hint

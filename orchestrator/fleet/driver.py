@@ -56,7 +56,7 @@ def preflight(spec: WarmupSpec) -> None:
     """Fail in the driver, at once, on what would fail every worker: a factory that is not there.
     Only located, not imported: importing it imports torch, seconds in which the workers could
     already be starting (a factory that is there but fails is still reported, by the workers)."""
-    from orchestrator.jobs.errors import SetupError
+    from orchestrator.jobs.errors import SetupError, install_hint
     from orchestrator.jobs.spec import check_inputs_fit
 
     check_inputs_fit(spec)
@@ -68,7 +68,7 @@ def preflight(spec: WarmupSpec) -> None:
     elif importlib.util.find_spec(ref.target.partition(".")[0]) is None:
         raise SetupError(
             f"model.factory: cannot import module {ref.target!r}: no module named "
-            f"{ref.target.partition('.')[0]!r} here; install it or use 'path/to/file.py:callable'"
+            f"{ref.target.partition('.')[0]!r} here; {install_hint(ref.target)}"
         )
 
 
