@@ -389,3 +389,54 @@ def test_the_html_report_draws_the_served_speedup_over_the_grid(warmed_grid):
     speedups = {f"{r['eager_ms'] / r['served_ms']:.2f}x" for r in report["results"]}
     grid_chart = page[page.index('data-chart="grid"') : page.index("</svg>", page.index('data-chart="grid"'))]
     assert all(text in grid_chart for text in speedups)  # each point's served speedup, in its cell
+
+
+@pytest.mark.slow
+def test_requests_in_the_same_sequence_bucket_join_one_call_and_each_answers_as_eager(warmed_grid):
+    """What `orchestrate serve` does with requests that arrive together: those that fall in the
+    same seq of the grid run as one call, each padded to the longest with its inputs' pad values,
+    and each answer is cut back to the request's own rows and length."""
+    import numpy as np
+
+    from orchestrator import runtime
+    from orchestrator.jobs.model import build_model
+    from orchestrator.serving.codec import RequestCodec, RequestError
+
+    config, cache, _, _ = warmed_grid
+    served = runtime.load(config, cache_dir=cache, ready="planned")
+    spec = load_spec(config)
+    codec = RequestCodec(spec, "cpu", served.dims)
+    eager = build_model(spec.slices()[0], torch.device("cpu"))
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(1, 5), (1, 12), (2, 7), (3, 16), (1, 8)]  # seq 5-8 in 8, 12 and 16 in 16; 4 rows each
+    bodies, expected = [], []
+    for rows, seq in shapes:
+        ids = torch.randint(1, 100, (rows, seq), generator=generator)
+        mask = torch.ones(rows, seq, dtype=torch.int64)  # the config's range for it: [1, 2)
+        bodies.append(json.dumps({"inputs": {"input_ids": ids.tolist(), "attention_mask": mask.tolist()}}))
+        with torch.no_grad():
+            expected.append(eager(input_ids=ids, attention_mask=mask))
+    requests = [codec.decode(body) for body in bodies]
+    groups = codec.groups(requests)
+    assert groups == [[0, 2, 4], [1, 3]]
+    answers = [None] * len(requests)
+    calls_before = sum(u.calls for u in served.usage().values())
+    for group in groups:
+        members = [requests[i] for i in group]
+        args, kwargs = codec.join(members)
+        assert kwargs["input_ids"].shape == (sum(r.size for r in members), max(r.sizes["seq"] for r in members))
+        for i, answer in zip(group, codec.split(served(*args, **kwargs), members), strict=True):
+            answers[i] = answer
+    assert sum(u.calls for u in served.usage().values()) - calls_before == 2  # five requests, two calls
+    for (rows, seq), answer, want in zip(shapes, answers, expected, strict=True):
+        got = json.loads(answer.body)["outputs"]
+        hidden = np.asarray(got["last_hidden_state"])
+        assert hidden.shape == (rows, seq, 32)
+        np.testing.assert_allclose(hidden, want.last_hidden_state.numpy(), atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(got["pooler_output"]), want.pooler_output.numpy(), atol=2e-5, rtol=1e-4)
+    # a request whose inputs disagree on its length is refused before it joins any call
+    mismatched = {"inputs": {"input_ids": [[5] * 6], "attention_mask": [[1] * 7]}}
+    with pytest.raises(
+        RequestError, match=r"attention_mask\) has 7 at dim 1 \(seq\) where inputs\[0\] \(input_ids\) has 6"
+    ):
+        codec.decode(json.dumps(mismatched))

@@ -29,6 +29,7 @@ not hold up) is refused the same way, naming what is wrong.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import math
@@ -36,11 +37,12 @@ import tokenize
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
+from orchestrator.jobs import grid as grid_shapes
 from orchestrator.jobs import trees
 from orchestrator.jobs.errors import first_line
 from orchestrator.jobs.spec import FLOAT_DTYPES, InputSpec, WarmupSpec
@@ -119,6 +121,8 @@ class Request:
     wire: str = JSON  # how it came, and how its answer goes
     # a protocol of its own (orchestrator.serving.inference_protocol) writes the answer; None: `wire`'s
     encoder: Optional[Encoder] = None
+    # a grid's request: its size in each other dimension (`{"seq": 71}`); empty in the list form
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,11 @@ class _Input:
 class RequestCodec:
     """Decodes requests for one model config and shapes batches of them."""
 
-    def __init__(self, spec: WarmupSpec, device: torch.device | str) -> None:
+    def __init__(
+        self, spec: WarmupSpec, device: torch.device | str, grid_dims: Optional[grid_shapes.GridDims] = None
+    ) -> None:
+        """grid_dims: a grid replica's output dimensions by grid dimension (GridModel.dims), which
+        cutting a joined call's answer back to each request's own sizes needs."""
         self.device = torch.device(device)
         self.symbol = spec.bucket_symbol
         self.largest_bucket = max(spec.buckets)
@@ -150,9 +158,16 @@ class RequestCodec:
         # Requests join along the bucket dimension: possible where every input has exactly one.
         # An input without one (the same for every row) or with several (a [seq, seq] mask) makes
         # each request a call of its own.
-        # A grid's requests differ in their other dimensions too (seq): each is a call of its own,
-        # padded to the point that suits it (jobs/grid_replica.py).
-        self.joinable = not spec.grid and all(len(entry.bucket_dims) == 1 for entry in self._inputs)
+        # A grid's requests join where they fall in the same sizes of its other dimensions (seq 40
+        # and 61 both in 64): each is padded to the longest of its call with its inputs' pad values,
+        # as the replica pads any request to its point (proven harmless at warmup), and its answer
+        # is cut back to its own sizes, which takes the replica's output dimensions.
+        self.joinable = all(len(entry.bucket_dims) == 1 for entry in self._inputs) and (
+            not spec.grid or grid_dims is not None
+        )
+        self._grid_dims = grid_dims or {}
+        self._grid = spec.grid or {}
+        self._shaper = grid_shapes.InputShaper(spec) if spec.grid else None
         # the largest size a grid takes in each of its other dimensions: above it, 413
         self._largest = {dim: max(sizes) for dim, sizes in (spec.grid or {}).items()}
         # The dimension outputs most likely share with the inputs, for an output tensor with
@@ -200,7 +215,25 @@ class RequestCodec:
             )
         args = tuple(t for entry, t in zip(self._inputs, tensors, strict=True) if not entry.spec.name)
         kwargs = {entry.spec.name: t for entry, t in zip(self._inputs, tensors, strict=True) if entry.spec.name}
-        return Request(args, kwargs, size, wire, encoder)
+        return Request(args, kwargs, size, wire, encoder, self._other_sizes(tensors))
+
+    def _other_sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
+        """A grid's request's size in each other dimension, the same in every input that has it
+        (a request is padded as a whole, so one that disagrees with itself is refused here)."""
+        sizes: dict[str, tuple[int, str]] = {}
+        if self._shaper is None:
+            return {}
+        for entry, tensor, dims in zip(self._inputs, tensors, self._shaper.dims, strict=True):
+            for d, name in dims.items():
+                if name == self.symbol:
+                    continue
+                size, first = sizes.setdefault(name, (tensor.shape[d], entry.label))
+                if tensor.shape[d] != size:
+                    raise RequestError(
+                        f"{entry.label} has {tensor.shape[d]} at dim {d} ({name}) where {first} has {size}; "
+                        f"every input needs the same {name}"
+                    )
+        return {name: size for name, (size, _) in sizes.items()}
 
     def _json_tensors(self, body: bytes | str) -> list[torch.Tensor]:
         try:
@@ -419,15 +452,27 @@ class RequestCodec:
             return [[i] for i in range(len(requests))]
         limit = self.largest_bucket if self.oversize == "error" else math.inf
         out: list[list[int]] = []
-        rows = 0
+        # a group per size in the other dimensions of a grid, each filled as the list form's one
+        open_groups: dict[tuple[int, ...], tuple[list[int], int]] = {}
         for i, request in enumerate(requests):
-            if out and rows + request.size <= limit:
-                out[-1].append(i)
-                rows += request.size
+            key = self._grid_sizes(request)
+            group, rows = open_groups.get(key, (None, 0))
+            if group is not None and rows + request.size <= limit:
+                group.append(i)
+                open_groups[key] = (group, rows + request.size)
             else:
                 out.append([i])
-                rows = request.size
+                open_groups[key] = (out[-1], request.size)
         return out
+
+    def _grid_sizes(self, request: Request) -> tuple[int, ...]:
+        """The grid's smallest sizes that hold the request in its other dimensions: requests that
+        share them pay no more padding joined than alone (none in the list form)."""
+        key = []
+        for name, sizes in self._grid.items():
+            at = bisect.bisect_left(sizes, request.sizes[name])
+            key.append(sizes[min(at, len(sizes) - 1)])
+        return tuple(key)
 
     def join(self, requests: Sequence[Request]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
         """The model's arguments for these requests as one call: each input concatenated along
@@ -436,15 +481,17 @@ class RequestCodec:
             return requests[0].args, requests[0].kwargs
         if not self.joinable:
             raise ValueError("these inputs cannot be joined: an input has no bucket dimension, or several")
+        calls = [(r.args, r.kwargs) for r in requests]
+        if self._shaper is not None:  # a grid: each request padded to the call's sizes
+            longest = {name: max(r.sizes[name] for r in requests) for name in self._grid}
+            calls = [self._shaper.pad(args, kwargs, longest) for args, kwargs in calls]
         positional = [entry for entry in self._inputs if not entry.spec.name]
         named = [entry for entry in self._inputs if entry.spec.name]
         args = tuple(
-            torch.cat([r.args[i] for r in requests], dim=entry.bucket_dims[0]) for i, entry in enumerate(positional)
+            torch.cat([call[0][i] for call in calls], dim=entry.bucket_dims[0]) for i, entry in enumerate(positional)
         )
         kwargs = {
-            str(entry.spec.name): torch.cat(
-                [r.kwargs[str(entry.spec.name)] for r in requests], dim=entry.bucket_dims[0]
-            )
+            str(entry.spec.name): torch.cat([call[1][str(entry.spec.name)] for call in calls], dim=entry.bucket_dims[0])
             for entry in named
         }
         return args, kwargs
@@ -458,12 +505,20 @@ class RequestCodec:
         answers = []
         offset = 0
         for request in requests:
-            cut = None
+            cut: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+            own = outputs
             if len(requests) > 1:
                 cut = lambda t, start=offset, length=request.size: self._cut(t, total, start, length)  # noqa: E731
-            answers.append(request.encoder(outputs, cut) if request.encoder else encode(outputs, request.wire, cut))
+                if self._shaper is not None:  # its rows, then its own sizes in the grid's other dimensions
+                    own = grid_shapes.cut_outputs(self._rows(outputs, cut), self._grid_dims, request.sizes)
+                    cut = None
+            answers.append(request.encoder(own, cut) if request.encoder else encode(own, request.wire, cut))
             offset += request.size
         return answers
+
+    @staticmethod
+    def _rows(outputs: Any, cut: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+        return trees.map_leaves(outputs, lambda _, leaf: cut(leaf) if isinstance(leaf, torch.Tensor) else leaf)
 
     def _cut(self, tensor: torch.Tensor, total: int, start: int, length: int) -> torch.Tensor:
         dims = [d for d, size in enumerate(tensor.shape) if size == total]

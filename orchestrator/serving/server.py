@@ -106,7 +106,9 @@ class ModelServer:
             trust=list(TrustedKeys.from_pems(remote.trusted if remote else trusted)),
             ready=ready,
         )
-        self.codec = RequestCodec(self.model.spec, self.model.device)
+        # a grid's replica knows its outputs' dimensions: what cuts a joined call's answer back
+        grid_dims = self.model.dims if isinstance(self.model, runtime.GridModel) else None
+        self.codec = RequestCodec(self.model.spec, self.model.device, grid_dims)
         self.protocol = InferenceProtocol(self.model.spec, self.codec, self.model)
         self._answer_type = Answer
         self._request_error = RequestError
