@@ -661,7 +661,9 @@ def serve(
     log = _run_log(spec, "serve")
 
     def say(line: str) -> None:
-        print(line, file=log.screen, flush=True)
+        from orchestrator.progress import say as say_on
+
+        say_on(line, log.screen)
 
     def on_ready(url: str, info: dict[str, Any]) -> None:
         variants = ", ".join(f"{bucket}: {row['variant']}" for bucket, row in info["buckets"].items())

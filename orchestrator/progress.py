@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -152,6 +154,22 @@ class FleetProgress(_Bars):
             loaded = len(self._loaded[point] | self._failed[point])
             done = self._compiled[point] + loaded + len(self._reported[point])
             self._bars.update(self._tasks[point], description=self._describe(point), completed=done)
+
+
+def say(line: str, screen: IO[str]) -> None:
+    """One line of this command's own for people: on a terminal, folded between words at its
+    width (a terminal would fold it mid-word), continued lines indented; elsewhere (a pipe, a
+    log) one line as it is, for whatever reads it."""
+    if screen.isatty():
+        width = shutil.get_terminal_size().columns
+        try:  # the screen's own terminal: stderr's may differ from the process's stdout's
+            width = os.get_terminal_size(screen.fileno()).columns
+        except (OSError, ValueError):
+            pass
+        line = textwrap.fill(
+            line, width=max(width, 40), subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        )
+    print(line, file=screen, flush=True)
 
 
 class RunLog:

@@ -129,3 +129,29 @@ def test_at_80_columns_no_line_is_cut_or_runs_past_the_edge(tmp_path, path):
     assert any(line.startswith(("cache cold (", "compile wave cold (")) for line in lines), lines[-40:]
     # and the table's rows (on Ray with the ranks that are ok: "1  1/1 ok")
     assert any(re.match(r"1 +(\d+/\d+ )?ok", line.lstrip()) for line in lines), lines[-40:]
+
+
+def test_a_line_of_ours_folds_between_words_in_a_terminal_and_stays_whole_in_a_pipe():
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    from orchestrator.progress import say
+
+    banner = (
+        "orchestrate: serving tiny-grid at http://127.0.0.1:8000/predict and http://127.0.0.1:8000/v2 "
+        "(cpu; 1x8: compiled, 4x8: compiled, 1x16: eager, 4x16: compiled; answering in 3.2 s); Ctrl-C stops"
+    )
+    pipe = io.StringIO()
+    say(banner, pipe)
+    assert pipe.getvalue() == banner + "\n"  # for whatever reads it: one line, as it is
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    with os.fdopen(follower, "w") as terminal:
+        say(banner, terminal)
+    shown = os.read(leader, 65536).decode().replace("\r", "").splitlines()
+    os.close(leader)
+    assert len(shown) > 1 and all(len(line) <= 80 for line in shown), shown
+    assert " ".join(line.strip() for line in shown) == banner  # folded between words, nothing lost
+    assert all(line.startswith("  ") for line in shown[1:])
