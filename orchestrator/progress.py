@@ -28,7 +28,8 @@ class _Bars:
         # "…", it would hide the figures at its end
         self._bars = Progress(
             TextColumn("{task.description}", table_column=Column(overflow="fold")),
-            BarColumn(bar_width=20),
+            # narrower in an 80-column terminal, where the fleet's descriptions need the room
+            BarColumn(bar_width=20 if console.width >= 100 else 8),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=console,
@@ -142,10 +143,10 @@ class FleetProgress(_Bars):
 
     def _describe(self, point: str) -> str:
         failed = len(self._failed[point])
-        name = f"point {point:>7}" if "x" in point else f"bucket {point:>4}"
+        name = f"point {point}" if "x" in point else f"bucket {point:>4}"
         return (
             f"{name} · compiled {self._compiled[point]}/{self._units} · loaded "
-            f"{len(self._loaded[point])}/{self._ranks} · ranks done {len(self._reported[point])}/{self._ranks}"
+            f"{len(self._loaded[point])}/{self._ranks} · done {len(self._reported[point])}/{self._ranks}"
             + (f" ({failed} failed)" if failed else "")
         )
 

@@ -1,5 +1,5 @@
 """The fleet's live bars (a terminal is forced; in logs only lines are written): one bar per
-bucket, counting compile units, loads and ranks done, complete exactly when every rank is."""
+bucket, counting compile units, loads and done, complete exactly when every rank is."""
 
 import fcntl
 import io
@@ -34,7 +34,7 @@ def test_a_bar_per_bucket_counts_compiles_loads_and_ranks_done():
         observer.record(BucketResult(phase="compile", rank=None, bucket=1, status="ok"))
         observer.loaded(0, "1")
         bars = {task.description.split(" · ")[0]: task for task in progress._bars.tasks}
-        assert bars["bucket    1"].description.endswith("compiled 1/1 · loaded 1/2 · ranks done 0/2")
+        assert bars["bucket    1"].description.endswith("compiled 1/1 · loaded 1/2 · done 0/2")
         assert (bars["bucket    1"].completed, bars["bucket    1"].total) == (2, 5)
         observer.loaded(1, "1")
         for rank in (0, 1):
@@ -45,8 +45,8 @@ def test_a_bar_per_bucket_counts_compiles_loads_and_ranks_done():
             observer.record(warm(rank, 8, status="failed"))
         bars = {task.description.split(" · ")[0]: task for task in progress._bars.tasks}
         assert all(task.finished for task in bars.values())
-        assert bars["bucket    8"].description.endswith("compiled 1/1 · loaded 0/2 · ranks done 2/2 (2 failed)")
-        assert bars["bucket    1"].description.endswith("compiled 1/1 · loaded 2/2 · ranks done 2/2")
+        assert bars["bucket    8"].description.endswith("compiled 1/1 · loaded 0/2 · done 2/2 (2 failed)")
+        assert bars["bucket    1"].description.endswith("compiled 1/1 · loaded 2/2 · done 2/2")
     assert len(seen) == 6  # every record still reaches the metrics observer
 
 
@@ -57,9 +57,9 @@ def test_a_grid_has_a_bar_per_point():
         progress.record(BucketResult(phase="compile", rank=None, bucket=2, point={"batch": 2, "seq": 8}, status="ok"))
         progress.loaded(0, "2x8")
         bars = {task.description.split(" · ")[0]: task for task in progress._bars.tasks}
-        assert sorted(bars) == ["point     1x8", "point     2x8"]
-        assert bars["point     2x8"].description.endswith("compiled 1/1 · loaded 1/1 · ranks done 0/1")
-        assert bars["point     1x8"].completed == 0  # bucket 2 of the other slice counts nowhere else
+        assert sorted(bars) == ["point 1x8", "point 2x8"]
+        assert bars["point 2x8"].description.endswith("compiled 1/1 · loaded 1/1 · done 0/1")
+        assert bars["point 1x8"].completed == 0  # bucket 2 of the other slice counts nowhere else
 
 
 def test_in_logs_the_fleet_writes_lines_only():
@@ -155,3 +155,15 @@ def test_a_line_of_ours_folds_between_words_in_a_terminal_and_stays_whole_in_a_p
     assert len(shown) > 1 and all(len(line) <= 80 for line in shown), shown
     assert " ".join(line.strip() for line in shown) == banner  # folded between words, nothing lost
     assert all(line.startswith("  ") for line in shown[1:])
+
+
+def test_in_an_80_column_terminal_each_fleet_bar_is_one_line():
+    console = Console(file=io.StringIO(), force_terminal=True, width=80)
+    with FleetProgress(console) as progress:
+        progress.planned(["1", "32", "8x256", "32x256"], units_per_point=2, ranks=16)
+        progress.loaded(3, "32x256")
+        shown = Console(file=io.StringIO(), force_terminal=True, width=80, record=True)
+        shown.print(progress._bars.get_renderable())
+        lines = [line for line in shown.export_text().splitlines() if line.strip()]
+    assert len(lines) == 4 and all(len(line) <= 80 for line in lines), lines
+    assert lines[3].startswith("point 32x256 · compiled 0/2 · loaded 1/16 · done 0/16"), lines[3]
