@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 
 from orchestrator.jobs import trees
 from orchestrator.jobs.gate import Gate, snapshot
-from orchestrator.jobs.padding import pad_value
+from orchestrator.jobs.padding import pad_end, pad_value
 from orchestrator.jobs.spec import WarmupSpec
 
 Args = Sequence[Any]
@@ -95,17 +94,11 @@ class InputShaper:
         value; an input already of those sizes is passed on as it is."""
 
         def pad_one(value: torch.Tensor, dims: dict[int, str], pad: Any) -> torch.Tensor:
-            widths = [0] * (2 * value.dim())
-            short = False
-            for d, name in dims.items():
-                missing = sizes.get(name, value.shape[d]) - value.shape[d]
-                if missing < 0:
-                    raise ValueError(f"an input has {value.shape[d]} at dim {d} ({name}), more than {sizes[name]}")
-                if missing:
-                    # F.pad lists (before, after) pairs from the last dimension backwards
-                    widths[2 * (value.dim() - 1 - d) + 1] = missing
-                    short = True
-            return F.pad(value, widths, value=pad) if short else value
+            wanted = {d: sizes[name] for d, name in dims.items() if name in sizes}
+            for d, size in wanted.items():
+                if value.shape[d] > size:
+                    raise ValueError(f"an input has {value.shape[d]} at dim {d} ({dims[d]}), more than {size}")
+            return pad_end(value, wanted, pad)
 
         return self._map(args, kwargs, pad_one)
 

@@ -376,20 +376,25 @@ def pad_value(value: float, dtype: str) -> bool | int | float:
 
 
 def _pad(entry: _Input, value: torch.Tensor, bucket: int) -> torch.Tensor:
-    short = [(dim, bucket - value.shape[dim]) for dim in entry.bucket_dims if value.shape[dim] != bucket]
-    if not short:
-        return value
-    for dim, missing in short:
-        if missing < 0:
+    for dim in entry.bucket_dims:
+        if value.shape[dim] > bucket:
             raise ValueError(
                 f"{entry.label} has {value.shape[dim]} at dim {dim}, more than the bucket {bucket}; "
                 "split the request with chunks()"
             )
-    # F.pad lists (before, after) pairs from the last dimension backwards
-    widths = [0] * (2 * value.dim())
-    for dim, missing in short:
-        widths[2 * (value.dim() - 1 - dim) + 1] = missing
-    return F.pad(value, widths, value=entry.pad)
+    return pad_end(value, {dim: bucket for dim in entry.bucket_dims}, entry.pad)
+
+
+def pad_end(value: torch.Tensor, sizes: Mapping[int, int], fill: Any) -> torch.Tensor:
+    """`value` filled with `fill` at the end of each dimension in `sizes` up to the size there; the
+    tensor itself where no dimension is short (the caller refuses one that is too long)."""
+    widths = [0] * (2 * value.dim())  # F.pad lists (before, after) pairs from the last dimension backwards
+    short = False
+    for dim, size in sizes.items():
+        if size > value.shape[dim]:
+            widths[2 * (value.dim() - 1 - dim) + 1] = size - value.shape[dim]
+            short = True
+    return F.pad(value, widths, value=fill) if short else value
 
 
 def _slice(entry: _Input, value: torch.Tensor, start: int, length: int) -> torch.Tensor:
