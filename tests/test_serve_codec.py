@@ -502,3 +502,16 @@ def test_a_request_in_chunks_lets_a_short_one_run_after_the_chunk_under_way(tmp_
     assert calls == ["long", "short"] + ["long"] * 9
     assert sorted(finished) == ["long", "short"]
     assert torch.equal(results["long"], long_x * 2) and torch.equal(results["short"], short_x * 2)
+
+
+def test_a_grid_request_is_sized_in_every_dimension_whatever_order_its_inputs_come_in():
+    # a keyword input without the sequence before a positional one with it: the call order
+    # (positional first) is not the config's, and the sizes are read in the config's
+    lengths = {"shape": ["batch"], "dtype": "int64", "range": [1, 17], "name": "lengths"}
+    tokens = {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 100]}
+    spec = make_spec([lengths, tokens], buckets={"batch": [1, 8], "seq": [8, 16]})
+    codec = RequestCodec(spec, "cpu", grid_dims={})
+    request = codec.decode(json.dumps({"inputs": [[5, 5], [[7] * 5] * 2]}))
+    assert (request.size, request.sizes) == (2, {"seq": 5})
+    with pytest.raises(RequestError, match=r"inputs\[1\] has 3 at dim 0 \(batch\) where inputs\[0\] \(lengths\) has 2"):
+        codec.decode(json.dumps({"inputs": [[5, 5], [[7] * 5] * 3]}))

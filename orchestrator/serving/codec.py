@@ -131,6 +131,8 @@ class _Input:
     label: str
     dtype: torch.dtype
     bucket_dims: tuple[int, ...]
+    # every dimension that follows a request's size, by name: the bucket's and a grid's others
+    sized_dims: tuple[tuple[int, str], ...]
 
 
 class RequestCodec:
@@ -152,6 +154,11 @@ class RequestCodec:
                 label=f"inputs[{i}]" + (f" ({item.name})" if item.name else ""),
                 dtype=getattr(torch, item.dtype),
                 bucket_dims=tuple(d for d, dim in enumerate(item.shape) if dim == spec.bucket_symbol),
+                sized_dims=tuple(
+                    (d, dim)
+                    for d, dim in enumerate(item.shape)
+                    if dim == spec.bucket_symbol or dim in (spec.grid or {})
+                ),
             )
             for i, item in enumerate(spec.inputs)
         ]
@@ -169,7 +176,7 @@ class RequestCodec:
         self._grid = spec.grid or {}
         self._shaper = grid_shapes.InputShaper(spec) if spec.grid else None
         # the largest size a grid takes in each of its other dimensions: above it, 413
-        self._largest = {dim: max(sizes) for dim, sizes in (spec.grid or {}).items()}
+        self._largest = {dim: max(sizes) for dim, sizes in self._grid.items()}
         # The dimension outputs most likely share with the inputs, for an output tensor with
         # several dimensions of the batch's size
         self._preferred_dim = next(entry.bucket_dims[0] for entry in self._inputs if entry.bucket_dims)
@@ -207,7 +214,8 @@ class RequestCodec:
         return self._from_json(self._inputs[index], value, _spells_a_boolean(body))
 
     def _request(self, tensors: list[torch.Tensor], wire: str, encoder: Optional[Encoder] = None) -> Request:
-        size = self._size(tensors)
+        sizes = self._sizes(tensors)
+        size = sizes.pop(self.symbol)
         if self.oversize == "error" and size > self.largest_bucket:
             raise RequestError(
                 f"a request of {size} is larger than the largest bucket {self.largest_bucket} "
@@ -215,25 +223,7 @@ class RequestCodec:
             )
         args = tuple(t for entry, t in zip(self._inputs, tensors, strict=True) if not entry.spec.name)
         kwargs = {entry.spec.name: t for entry, t in zip(self._inputs, tensors, strict=True) if entry.spec.name}
-        return Request(args, kwargs, size, wire, encoder, self._other_sizes(tensors))
-
-    def _other_sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
-        """A grid's request's size in each other dimension, the same in every input that has it
-        (a request is padded as a whole, so one that disagrees with itself is refused here)."""
-        sizes: dict[str, tuple[int, str]] = {}
-        if self._shaper is None:
-            return {}
-        for entry, tensor, dims in zip(self._inputs, tensors, self._shaper.dims, strict=True):
-            for d, name in dims.items():
-                if name == self.symbol:
-                    continue
-                size, first = sizes.setdefault(name, (tensor.shape[d], entry.label))
-                if tensor.shape[d] != size:
-                    raise RequestError(
-                        f"{entry.label} has {tensor.shape[d]} at dim {d} ({name}) where {first} has {size}; "
-                        f"every input needs the same {name}"
-                    )
-        return {name: size for name, (size, _) in sizes.items()}
+        return Request(args, kwargs, size, wire, encoder, sizes)
 
     def _json_tensors(self, body: bytes | str) -> list[torch.Tensor]:
         try:
@@ -427,20 +417,21 @@ class RequestCodec:
             raise RequestError(f"{entry.label} holds {tensor[outside][0].item():g}, outside its range [{low}, {high})")
         return tensor.to(entry.dtype)
 
-    def _size(self, tensors: Sequence[torch.Tensor]) -> int:
-        size: Optional[int] = None
-        first = ""
+    def _sizes(self, tensors: Sequence[torch.Tensor]) -> dict[str, int]:
+        """The request's size in each dimension that follows it (the bucket's, and a grid's
+        others), the same in every input that has it: a request is joined and padded as a whole,
+        so one that disagrees with itself is refused here."""
+        found: dict[str, tuple[int, str]] = {}
         for entry, tensor in zip(self._inputs, tensors, strict=True):
-            for dim in entry.bucket_dims:
-                if size is None:
-                    size, first = tensor.shape[dim], entry.label
-                elif tensor.shape[dim] != size:
+            for dim, name in entry.sized_dims:
+                size, first = found.setdefault(name, (tensor.shape[dim], entry.label))
+                if tensor.shape[dim] != size:
                     raise RequestError(
-                        f"{entry.label} has {tensor.shape[dim]} at dim {dim} ({self.symbol}) where {first} has "
-                        f"{size}; every input needs the same {self.symbol}"
+                        f"{entry.label} has {tensor.shape[dim]} at dim {dim} ({name}) where {first} has "
+                        f"{size}; every input needs the same {name}"
                     )
-        assert size is not None  # the spec requires an input with the bucket symbol
-        return size
+        assert self.symbol in found  # the spec requires an input with the bucket symbol
+        return {name: size for name, (size, _) in found.items()}
 
     # -- batches ----------------------------------------------------------------------------------
 
