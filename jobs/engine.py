@@ -502,7 +502,7 @@ class Session:
         if bucket not in self._work:
             result = BucketResult(
                 bucket=bucket,
-                point={self.spec.bucket_symbol: bucket, **self.spec.fixed} if self.spec.fixed else None,
+                point=self.spec.point_of(bucket),
                 rank=self.rank,
                 gpu=self.platform.gpu_name if self.device.type == "cuda" else None,
                 variants={name: VariantMeasure(ok=False, reason=why) for name, why in self.unavailable.items()},

@@ -432,6 +432,11 @@ class WarmupSpec(_Strict):
         a grid's other symbols, stay."""
         return [self.fixed.get(dim, dim) if isinstance(dim, str) else dim for dim in item.shape]
 
+    def point_of(self, bucket: int) -> Optional[dict[str, int]]:
+        """A grid's slice's point at `bucket`, its sizes by dimension, the bucket dimension first
+        (what a record's `point` holds); None in the list form."""
+        return {self.bucket_symbol: bucket, **self.fixed} if self.fixed else None
+
     def point_label(self, bucket: int) -> str:
         """How reports, metrics and `info()` name a bucket: `8` in the list form, `8x64` (the
         bucket dimension first, then the fixed ones in order) in a grid's slice."""

@@ -14,6 +14,7 @@ a worker raises it rather than failing its buckets, and the driver stops every w
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import time
@@ -185,7 +186,7 @@ class RankWorker:
         would slow down the compile units it shares the CPUs with, so the loads pay for it instead
         (docs/performance.md, "the 2-core CPU machine")."""
 
-        def set_up(session: Session) -> None:
+        def set_up(session: Session, first: bool) -> None:
             from orchestrator.jobs import torch_internals as ti
 
             for bucket in session.spec.buckets:
@@ -194,12 +195,13 @@ class RankWorker:
             if self.spare_cpu:
                 for bucket in session.spec.buckets:
                     session.trace(bucket)
-                ti.prime_compiler(session.device)
-                session.event("compiler primed")
+                if first:  # the compiler's one-off start is the process's, not a slice's
+                    ti.prime_compiler(session.device)
+                    session.event("compiler primed")
                 session.warm_layouts(session.spec.buckets)
 
         for part in range(len(self.jobs)):
-            self._step(part, set_up)
+            self._step(part, functools.partial(set_up, first=part == 0))
 
     def load(self, bucket: int, part: int = 0) -> Optional[BucketResult]:
         """Pull what is published and load one bucket of slice `part` (a cache hit); its record,

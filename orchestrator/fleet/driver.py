@@ -150,13 +150,12 @@ def run_on_ray(
         jobs = [FleetJob(part, Path(cache_root), remote, ray_host, profile_dir=profile_dir) for part in parts]
         driver = FleetDriver(ray, jobs, fresh, observer, fleets)
         driver.run()
+        ended = time.perf_counter()
         for fleet in fleets:  # one run: every slice's waves are the same
             fleet.wave_seconds.update(
-                start=start_seconds,
-                compile=driver.compile_seconds,
-                warm=time.perf_counter() - wave_started - driver.compile_seconds,
+                start=start_seconds, compile=driver.compile_seconds, warm=ended - wave_started - driver.compile_seconds
             )
-            fleet.wall_seconds = time.perf_counter() - started
+            fleet.wall_seconds = ended - started
         return fleets
     finally:
         if connects:
@@ -301,9 +300,9 @@ class FleetDriver:
         self, ray: Any, jobs: list[FleetJob], fresh: bool, observer: FleetObserver, fleets: list[FleetRun]
     ) -> None:
         self.ray, self.jobs, self.fresh, self.observer, self.fleets = ray, jobs, fresh, observer, fleets
-        self.fleet = FleetRun(
-            fleets[0].nodes, fleets[0].targets, [u for fleet in fleets for u in fleet.units], address=fleets[0].address
-        )
+        self.nodes, self.targets = fleets[0].nodes, fleets[0].targets  # the same in every slice's run
+        self.units = [unit for fleet in fleets for unit in fleet.units]
+        self.compile_errors: list[Exception] = []
         self.compile_seconds = 0.0
 
     def run(self) -> None:
@@ -311,7 +310,7 @@ class FleetDriver:
         torch, CUDA and model set-up and the eager references overlap compiling; each rank loads a
         bucket the moment its unit has published it, and benchmarks once its GPU class has no unit
         left (compiling would steal the CPU that launches the kernels being timed)."""
-        ray, units, planned = self.ray, self.fleet.units, self.fleet.targets
+        ray, units, planned = self.ray, self.units, self.targets
         started = time.perf_counter()
         gpu_ranks = [t for t in planned if t.node.gpus]
         bundle = {t.rank: i for i, t in enumerate(gpu_ranks)}  # a GPU rank's bundle in the placement group
@@ -419,9 +418,7 @@ class FleetDriver:
             ray.wait(gone, num_returns=len(gone), timeout=TIDY_SECONDS)
             tidy = ray.remote(num_cpus=0, max_retries=0)(tidy_node)
             done = [
-                tidy.options(scheduling_strategy=_on_node(node)).remote(job)
-                for node in self.fleet.nodes
-                for job in self.jobs
+                tidy.options(scheduling_strategy=_on_node(node)).remote(job) for node in self.nodes for job in self.jobs
             ]
             ray.wait(done, num_returns=len(done), timeout=TIDY_SECONDS)
         except Exception as exc:  # the job's own outcome matters more than its scratch
@@ -436,10 +433,9 @@ class FleetDriver:
     ) -> BucketResult:
         """A record the driver writes for a task that gave none: a rank's node is known, a compile
         task's (placed by Ray) is not."""
-        spec = self.jobs[part].spec
         return BucketResult(
             bucket=bucket,
-            point={spec.bucket_symbol: bucket, **spec.fixed} if spec.fixed else None,
+            point=self.jobs[part].spec.point_of(bucket),
             rank=rank,
             gpu=gpu_class,
             phase=phase,
@@ -462,7 +458,7 @@ class FleetDriver:
                 unit.part, unit.bucket, None, unit.gpu_class, "compile", _task_error("compile", outcome)
             )
             self._result(unit.part, record)
-            self.fleet.compile_errors.append(outcome)
+            self.compile_errors.append(outcome)
             report(f"compile {name} [{unit.gpu_class}]: FAILED {record.error}")
             return record.error
         run = outcome.run
@@ -486,7 +482,7 @@ class FleetDriver:
     def _raise_if_nothing_could_start(self, units: list[CompileUnit]) -> None:
         from orchestrator.jobs.errors import SetupError
 
-        causes = [getattr(e, "cause", None) for e in self.fleet.compile_errors]
+        causes = [getattr(e, "cause", None) for e in self.compile_errors]
         setup = [c for c in causes if isinstance(c, SetupError)]
         if setup and len(setup) == len(units):
             raise SetupError(str(setup[0]))  # nothing could run anywhere: a config problem, exit 2

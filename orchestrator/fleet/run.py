@@ -35,4 +35,3 @@ class FleetRun:
     # ranks' loads that were left, and the benchmarks)
     wave_seconds: dict[str, float] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)  # wall clock, the origin of the timeline
-    compile_errors: list[Exception] = field(default_factory=list)
