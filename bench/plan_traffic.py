@@ -2,6 +2,7 @@
 
     python bench/plan_traffic.py OUT_DIR [--traces long-tailed,bimodal,uniform,recorded] [--points 6]
                                  [--requests 1500] [--budget SECONDS] [--device cuda|cpu]
+                                 [--calibration warmup-calibration.json]
 
 The model: bench/sequence_traffic.py's Hugging Face encoder (a MiniLM-sized BERT, float16, random
 weights) called with its attention mask, bucketed over batch x seq.
@@ -24,6 +25,9 @@ weights) called with its attention mask, bucketed over batch x seq.
      Figures: p50, p99, mean and throughput (requests over the summed latencies), and the
      prediction's error, predicted mean / measured mean - 1. Every 20th answer of both replicas is
      checked against eager at the request's exact size with the correctness gate.
+
+`--calibration` takes the calibration report of an earlier run on the same kind of machine instead of
+warming the dense grid again (the recorded trace needs the calibration replica, so not with it).
 
 Output: OUT_DIR/plan_traffic.json and a Markdown table on stdout; a trace whose turn comes after
 `--budget` seconds is skipped with that reason.
@@ -205,7 +209,10 @@ def main() -> int:
     parser = traffic_arguments(__doc__, 1500)
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument("--points", type=int, default=6, help="grid points of the plan (and of powers of two)")
+    parser.add_argument("--calibration", type=Path, help="an earlier run's warmup-calibration.json, to reuse")
     args = parser.parse_args()
+    if args.calibration and "recorded" in args.traces.split(","):
+        parser.error("the recorded trace is served by the calibration replica: leave out --calibration")
     out_dir = args.out_dir.resolve()
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -215,9 +222,14 @@ def main() -> int:
 
     cache = out_dir / "cache"
     calibration_config = config("calibration", CALIBRATION, out_dir, args.device)
-    results: dict[str, Any] = {"calibration": warm(calibration_config, cache, out_dir, left())}
     calibration = out_dir / "warmup-calibration.json"
-    print(f"calibration: warmed in {results['calibration']['seconds']:.0f} s", file=sys.stderr, flush=True)
+    results: dict[str, Any] = {}
+    if args.calibration:
+        calibration.write_text(args.calibration.read_text())
+        results["calibration"] = {"reused": str(args.calibration)}
+    else:
+        results["calibration"] = warm(calibration_config, cache, out_dir, left())
+        print(f"calibration: warmed in {results['calibration']['seconds']:.0f} s", file=sys.stderr, flush=True)
     for name in args.traces.split(","):
         if left() < 60:
             results[name] = {"error": f"skipped: {left():.0f} s of the budget left"}
