@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, orchestrate
 
-from orchestrator.planning.buckets import Cost, figures, plan, powers_of_two
+from orchestrator.planning.buckets import Cost, figures, plan, plan_one, powers_of_two
 
 
 def brute_force(traffic, max_points: int, dims: int) -> float:
@@ -69,6 +69,71 @@ def test_measured_costs_are_used_where_the_report_has_them():
     traffic = {(1,): 10, (3,): 10, (8,): 10}
     assert plan(traffic, 2, measured, 1) == [[1, 8]]
     assert powers_of_two(traffic, [2]) == [[4, 8]]
+
+
+def test_measured_costs_are_interpolated_as_affine_in_each_size():
+    # a latency with a floor and a slope in each size, and their product: exact between measured points
+    def latency(batch: int, seq: int) -> float:
+        return 0.2 + 0.01 * batch + 0.002 * seq + 0.0001 * batch * seq
+
+    measured = {(b, s): latency(b, s) for b in (1, 4, 16, 32) for s in (32, 64, 128, 256)}
+    cost = Cost(measured)
+    for point in [(1, 32), (3, 106), (13, 200), (31, 255), (16, 100)]:
+        assert cost(point) == pytest.approx(latency(*point))
+    assert cost((1, 8)) == pytest.approx(latency(1, 32))  # below the smallest size: the floor
+    assert cost((64, 256)) == pytest.approx(2 * latency(32, 256))  # above the largest: by the positions
+    # monotone in each size, as the measurements are
+    for b in range(1, 40):
+        assert cost((b, 50)) <= cost((b + 1, 50)) and cost((b, 50)) <= cost((b, 51))
+
+
+def test_a_grid_with_points_left_out_interpolates_over_the_measured_corners():
+    # (32, 256) left out (points.max_product): the corners that were measured, reweighted
+    cost = Cost({(1, 32): 1.0, (1, 256): 2.0, (32, 32): 3.0})
+    weights = {(1, 32): (12 / 31) * (56 / 224), (1, 256): (12 / 31) * (168 / 224), (32, 32): (19 / 31) * (56 / 224)}
+    expected = sum(w * cost.measured[p] for p, w in weights.items()) / sum(weights.values())
+    assert cost((20, 200)) == pytest.approx(expected)
+    # no measured corner: the nearest measured point at least as large, else the nearest scaled by positions
+    assert Cost({(1, 16): 1.0, (16, 2): 2.0, (32, 32): 9.0})((16, 16)) == 9.0
+    assert Cost({(1, 16): 1.0, (16, 2): 2.0})((16, 16)) == pytest.approx(2.0 * 256 / 32)
+
+
+def reference_partition(traffic, dim: int, grid, cost: Cost, k: int) -> float:
+    """The least cost over every set of at most k sizes (the largest kept) for `dim`, the other
+    dimensions fixed, by the plainest dynamic programming: the least mean cost it reaches."""
+    sizes = sorted({r[dim] for r in traffic})
+
+    def run(i: int, j: int) -> float:
+        total = 0.0
+        for request, count in traffic.items():
+            if sizes[i] <= request[dim] <= sizes[j]:
+                point = [sizes[j] if d == dim else min(b for b in grid[d] if b >= n) for d, n in enumerate(request)]
+                total += count * cost(tuple(point))
+        return total
+
+    m = len(sizes)
+    best = {(1, j): run(0, j) for j in range(m)}
+    for g in range(2, k + 1):
+        for j in range(m):
+            best[g, j] = min([best[g - 1, i] + run(i + 1, j) for i in range(j)], default=math.inf)
+    return min(best[g, m - 1] for g in range(1, k + 1)) / sum(traffic.values())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_dimensions_step_is_the_exact_partition_with_measured_costs(seed):
+    rng = random.Random(200 + seed)
+    measured = {(b, s): 0.2 + 0.01 * b + 0.001 * s * b**0.5 for b in (1, 4, 16, 32) for s in (32, 128, 256)}
+    cost = Cost(measured)
+    traffic = {(rng.randint(1, 32), rng.randint(1, 256)): rng.randint(1, 5) for _ in range(150)}
+    grid = [[8, 32], [100, 256]]
+    for dim in (0, 1):
+        for k in (1, 2, 3):
+            chosen = plan_one(traffic, dim, grid, cost, k)
+            planned = [chosen if d == dim else grid[d] for d in range(2)]
+            assert len(chosen) <= k and chosen[-1] == max(r[dim] for r in traffic)
+            assert figures(traffic, planned, cost).mean_cost == pytest.approx(
+                reference_partition(traffic, dim, grid, cost, k)
+            )
 
 
 # -- the command --------------------------------------------------------------------------------

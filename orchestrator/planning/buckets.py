@@ -8,15 +8,15 @@ serves it, interpolated between measured points (Cost).
 One dimension: the optimum is exact. Sizes sorted, a set of k buckets splits them into k runs of
 consecutive sizes, each served by its largest (a bucket between two seen sizes only costs more),
 so the best set is the best partition, found by dynamic programming over (last size, buckets
-used): O(k m^2) for m distinct sizes.
+used): O(k m^2) for m distinct sizes (plan_one).
 
 A grid (batch x seq): the plan is a product of one set per dimension, as the config's grid form is.
 With the sets of the other dimensions fixed, the best set for one dimension is again an exact
 partition (each request's cost depends only on the run its size falls in), so the plan alternates
 exact one-dimensional steps over the dimensions until none improves, from every split of the point
-budget into per-dimension counts. Each step never raises the cost, so this ends at a coordinate-wise
-optimum: no better plan differs from it in one dimension alone. It need not be the global optimum;
-tests check it against brute force on small traces.
+budget into per-dimension counts that leaves none to spare. Each step never raises the cost, so
+this ends at a coordinate-wise optimum: no better plan differs from it in one dimension alone. It
+need not be the global optimum; tests check it against brute force on small traces.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,32 +35,65 @@ Traffic = Mapping[Point, int]  # request sizes (one per dimension) -> how many r
 
 class Cost:
     """What a call at a point costs: its padded size (product of its sizes), or, with measured
-    latencies by point, those interpolated (linearly in each dimension, in log size) and scaled
-    by the padded size beyond the measured range."""
+    latencies by point, those interpolated between the measured points (`_interpolated`).
+    Costs are remembered by point: a plan asks for the same few points many times."""
 
     def __init__(self, measured: Optional[Mapping[Point, float]] = None) -> None:
         self.measured = dict(measured or {})
         self.unit = "ms" if self.measured else "positions"
+        dims = len(next(iter(self.measured))) if self.measured else 0
+        self._sizes = [sorted({point[d] for point in self.measured}) for d in range(dims)]
+        self._known: dict[Point, float] = {}
 
     def __call__(self, point: Point) -> float:
-        if not self.measured:
-            return float(math.prod(point))
-        if point in self.measured:
-            return self.measured[point]
-        return self._interpolated(point)
+        value = self._known.get(point)
+        if value is None:
+            if not self.measured:
+                value = float(math.prod(point))
+            else:
+                value = self.measured[point] if point in self.measured else self._interpolated(point)
+            self._known[point] = value
+        return value
 
     def _interpolated(self, point: Point) -> float:
-        """Inverse-distance weighting in log sizes over the measured points, each scaled by the
-        ratio of padded sizes where the point lies outside them: a smooth, monotone estimate that
-        is exact at every measured point."""
-        weights, total = 0.0, 0.0
-        for known, ms in self.measured.items():
-            distance = math.sqrt(sum((math.log(a) - math.log(b)) ** 2 for a, b in zip(point, known, strict=True)))
-            scaled = ms * math.prod(point) / math.prod(known) if distance > 0 else ms
-            weight = 1.0 / (distance**4 + 1e-12)
-            weights += weight
-            total += weight * scaled
-        return total / weights
+        """Multilinear interpolation in the sizes between the measured sizes around the point (a
+        GPU's latency is close to affine in each size: a floor, then a slope), over the corners
+        that were measured; above the largest measured size of a dimension, the largest one
+        scaled by the ratio of sizes (the work grows with the positions computed); below the
+        smallest, the smallest one (the floor). Exact at every measured point, and monotone where
+        the measurements are."""
+        corners: list[tuple[list[int], float]] = [([], 1.0)]
+        scale = 1.0
+        for n, sizes in zip(point, self._sizes, strict=True):
+            at = bisect.bisect_left(sizes, n)
+            if at == len(sizes):
+                scale *= n / sizes[-1]
+                ends = [(sizes[-1], 1.0)]
+            elif sizes[at] == n or at == 0:
+                ends = [(sizes[at], 1.0)]
+            else:
+                low, high = sizes[at - 1], sizes[at]
+                t = (n - low) / (high - low)
+                ends = [(low, 1.0 - t), (high, t)]
+            corners = [([*sizes_so_far, size], weight * w) for sizes_so_far, weight in corners for size, w in ends]
+        total = weight_sum = 0.0
+        for sizes_at, weight in corners:
+            ms = self.measured.get(tuple(sizes_at))
+            if ms is not None and weight > 0:
+                total += weight * ms
+                weight_sum += weight
+        if weight_sum > 0:
+            return scale * total / weight_sum
+        # no corner measured (a grid with points left out): the nearest point at least as large
+        # in every dimension, else the nearest, scaled by the ratio of padded sizes
+        larger = [known for known in self.measured if all(k >= n for k, n in zip(known, point, strict=True))]
+        known = min(larger or self.measured, key=lambda k: _log_distance(k, point))
+        ms = self.measured[known]
+        return ms if larger else ms * math.prod(point) / math.prod(known)
+
+
+def _log_distance(a: Point, b: Point) -> float:
+    return math.sqrt(sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(a, b, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -99,72 +133,71 @@ def figures(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> Figu
     return Figures(total_cost / requests, 1 - real / padded if padded else 0.0, math.prod(len(g) for g in grid))
 
 
-def best_partition(sizes: Sequence[int], group_cost: Callable[[int, int], float], k: int) -> list[int]:
-    """The at most `k` buckets (taken from `sizes`, sorted and distinct, the largest always among
-    them) minimising the sum of group_cost(i, j) over the runs sizes[i..j] they make, each run
-    served by sizes[j]. Exact: dynamic programming."""
+def plan_one(traffic: Traffic, dim: int, grid: list[list[int]], cost: Cost, k: int) -> list[int]:
+    """The exact best at most `k` sizes for dimension `dim` (the largest seen size among them),
+    the other dimensions' sets fixed: dynamic programming over the sorted distinct sizes.
+
+    A request served at size s of this dimension costs what the point of s and the other
+    dimensions' buckets costs, whatever its own size below s. So with P_g[i] the requests of group
+    g (those the other dimensions serve at one point) of size at most sizes[i], and u_g[j] what one
+    of them costs at sizes[j], the run sizes[i+1..j] served by sizes[j] costs
+    sum_g u_g[j] * (P_g[j] - P_g[i]), and
+
+        best[1][j] = V_j[j],  best[b][j] = V_j[j] + min over i < j of (best[b-1][i] - V_j[i]),
+        V_j[i] = sum_g u_g[j] * P_g[i],
+
+    where best[b][j] is the least cost of the requests up to sizes[j] with b buckets, the last one
+    sizes[j]. O(k m^2 g) for m distinct sizes and g groups, the inner loops in C (map)."""
+    sizes = sorted({request[dim] for request in traffic})
     m = len(sizes)
     k = max(1, min(k, m))
+    index = {n: i for i, n in enumerate(sizes)}
+    by_group: dict[Point, list[float]] = {}  # the other dimensions' point (this one 0) -> requests by size
+    for request, count in traffic.items():
+        key = tuple(0 if d == dim else _serving(grid[d], n) for d, n in enumerate(request))
+        by_group.setdefault(key, [0.0] * m)[index[request[dim]]] += count
+    groups = list(by_group)
+    upto = [list(itertools.accumulate(by_group[key])) for key in groups]  # P_g
     inf = math.inf
-    # best[g][j]: the least cost of serving sizes[0..j] with g buckets, the last one sizes[j]
     best = [[inf] * m for _ in range(k + 1)]
     back = [[-1] * m for _ in range(k + 1)]
-    for j in range(m):
-        best[1][j] = group_cost(0, j)
-    for g in range(2, k + 1):
-        for j in range(m):
-            for i in range(g - 2, j):  # the previous bucket is sizes[i]; this run is sizes[i+1..j]
-                if best[g - 1][i] == inf:
-                    continue
-                value = best[g - 1][i] + group_cost(i + 1, j)
-                if value < best[g][j]:
-                    best[g][j], back[g][j] = value, i
-    g = min(range(1, k + 1), key=lambda used: best[used][m - 1])
+    for j, n in enumerate(sizes):
+        unit = [cost(key[:dim] + (n,) + key[dim + 1 :]) for key in groups]  # u_g[j]
+        v = [0.0] * (j + 1)  # V_j[0..j]
+        for u, p in zip(unit, upto, strict=True):
+            v = list(map(operator.add, v, map(operator.mul, p[: j + 1], itertools.repeat(u))))
+        best[1][j] = v[j]
+        for b in range(2, min(k, j + 1) + 1):
+            gaps = list(map(operator.sub, best[b - 1][:j], v[:j]))
+            low = min(gaps)
+            if low < inf:
+                best[b][j], back[b][j] = v[j] + low, gaps.index(low)
+    used = min(range(1, k + 1), key=lambda b: best[b][m - 1])
     chosen, j = [], m - 1
-    while j >= 0 and g >= 1:
+    while j >= 0 and used >= 1:
         chosen.append(sizes[j])
-        j, g = back[g][j], g - 1
+        j, used = back[used][j], used - 1
     return sorted(chosen)
 
 
-def plan_one(traffic: Traffic, dim: int, grid: list[list[int]], cost: Cost, k: int) -> list[int]:
-    """The exact best `k` sizes for dimension `dim`, the other dimensions' sets fixed."""
-    sizes = sorted({request[dim] for request in traffic})
-    index = {n: i for i, n in enumerate(sizes)}
-    # served[j][i]: what the requests of size sizes[i] cost when sizes[j] serves them, summed
-    # from i = 0 (prefix sums, so a run's cost is a difference)
-    served = [[0.0] * (j + 1) for j in range(len(sizes))]
-    for request, count in traffic.items():
-        point = list(request)
-        for d, size in enumerate(request):
-            if d != dim:
-                b = bucket_for(grid[d], size)
-                point[d] = b if b is not None else grid[d][-1]
-        for j in range(index[request[dim]], len(sizes)):
-            point[dim] = sizes[j]
-            served[j][index[request[dim]]] += count * cost(tuple(point))
-    for row in served:
-        for i in range(1, len(row)):
-            row[i] += row[i - 1]
-
-    def run_cost(i: int, j: int) -> float:
-        return served[j][j] - (served[j][i - 1] if i else 0.0)
-
-    return best_partition(sizes, run_cost, k)
+def _serving(sizes: Sequence[int], n: int) -> int:
+    """The bucket of `sizes` that serves a request of size n (the largest, chunked, above it)."""
+    b = bucket_for(sizes, n)
+    return b if b is not None else sizes[-1]
 
 
 def plan(traffic: Traffic, max_points: int, cost: Cost, dims: int) -> list[list[int]]:
     """The grid (sorted sizes per dimension, at most `max_points` points) of least mean cost on
-    `traffic`, by alternating exact one-dimensional steps (module doc)."""
+    `traffic`, by alternating exact one-dimensional steps (module doc) from every split of the
+    points over the dimensions that leaves none to spare (a further size never costs more)."""
     if not traffic:
         raise ValueError("the traffic holds no request")
     if dims == 1:
         return [plan_one(traffic, 0, [[max(r[0] for r in traffic)]], cost, max_points)]
     best: Optional[tuple[float, list[list[int]]]] = None
     largest = [max(r[d] for r in traffic) for d in range(dims)]
-    for counts in itertools.product(range(1, max_points + 1), repeat=dims):
-        if math.prod(counts) > max_points:
-            continue
+    distinct = [len({r[d] for r in traffic}) for d in range(dims)]
+    for counts in _splits(max_points, distinct):
         grid = [[largest[d]] for d in range(dims)]
         current = figures(traffic, grid, cost).mean_cost
         for _ in range(20):  # each pass never raises the cost; a few passes settle it
@@ -179,6 +212,18 @@ def plan(traffic: Traffic, max_points: int, cost: Cost, dims: int) -> list[list[
             best = (current, [list(g) for g in grid])
     assert best is not None
     return best[1]
+
+
+def _splits(max_points: int, distinct: Sequence[int]) -> list[tuple[int, ...]]:
+    """The counts of sizes per dimension (at most the distinct sizes seen there) whose product is
+    at most `max_points` and that no dimension can raise without passing it."""
+    caps = [min(max_points, n) for n in distinct]
+    fitting = [c for c in itertools.product(*(range(1, cap + 1) for cap in caps)) if math.prod(c) <= max_points]
+    return [
+        c
+        for c in fitting
+        if all(c[d] == caps[d] or math.prod(c) // c[d] * (c[d] + 1) > max_points for d in range(len(c)))
+    ]
 
 
 def powers_of_two(traffic: Traffic, shape: Sequence[int]) -> list[list[int]]:
