@@ -16,6 +16,7 @@ longer than the grid's largest size in a dimension other than the bucket dimensi
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import Counter
@@ -55,6 +56,11 @@ class GridModel:
         first = slices[0][1]
         self.model, self.device = first.model, first.device
         self.dims = dims  # output path -> {tensor dim: grid dimension}, the bucket dimension's left to each slice
+        # the same with the bucket dimension's too (the slices learnt them alike): how a request
+        # padded in every dimension at once is cut back
+        self._all_dims: grid_shapes.GridDims = {path: dict(found) for path, found in dims.items()}
+        for path, bucket_dims in first._dims.items():
+            self._all_dims.setdefault(path, {}).update(dict.fromkeys(bucket_dims, spec.bucket_symbol))
         self._shaper = grid_shapes.InputShaper(spec)
         # per input in call order: how messages name it, and its shape
         self._inputs = [(item.name or f"inputs[{i}]", item.shape) for i, item in enumerate(self._shaper.items)]
@@ -81,11 +87,23 @@ class GridModel:
             self._requests[(rows,) + tuple(sizes.values())] += 1
         part, served = self.slices[index]
         fixed = part.fixed
-        if any(sizes[dim] != fixed[dim] for dim in self._other):
-            args, kwargs = self._shaper.pad(args, kwargs, fixed)
+        short = any(sizes[dim] != fixed[dim] for dim in self._other)
+        buckets = served.buckets
+        if rows > buckets[-1]:  # more rows than any bucket: the slice runs them in chunks (serve.oversize)
+            if short:
+                args, kwargs = self._shaper.pad(args, kwargs, fixed)
             outputs = (served.borrow if borrow else served)(*args, **kwargs)
-            return grid_shapes.cut_outputs(outputs, self.dims, sizes)
-        return (served.borrow if borrow else served)(*args, **kwargs)
+            return grid_shapes.cut_outputs(outputs, self.dims, sizes) if short else outputs
+        bucket = buckets[bisect.bisect_left(buckets, rows)]
+        if not short and rows == bucket:
+            return (served.borrow if borrow else served)(*args, **kwargs)
+        # padded once in every dimension and cut once (each padding of an input is a new tensor
+        # and, on a GPU, kernels launched; each cut a walk of the output tree)
+        args, kwargs = self._shaper.pad(args, kwargs, {part.bucket_symbol: bucket, **fixed})
+        real = {part.bucket_symbol: rows, **sizes}
+        return served.call_padded(
+            args, kwargs, rows, lambda outputs: grid_shapes.cut_outputs(outputs, self._all_dims, real), not borrow
+        )
 
     def _sizes(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
         """The request's rows and its size in each other grid dimension, after checking that every

@@ -344,16 +344,43 @@ class BucketedModel:
                 parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs), True))
             return self._shaper.concat(parts, self._dims)
 
-    def _run(self, args: Any, kwargs: dict[str, Any], n: int, copies: bool) -> Any:
+    def call_padded(
+        self, args: Any, kwargs: dict[str, Any], rows: int, cut: Callable[[Any], Any], copies: bool = True
+    ) -> Any:
+        """A request of `rows` real rows that its caller has padded to a bucket's exact shapes (a
+        grid pads every dimension at once): run as such, counted as padded, its outputs cut back
+        by `cut` (views) before they are copied, so a copy holds the real positions only. Inputs
+        that are not of a bucket's exact shapes, dtypes and device take the checked path, whose
+        BadRequest names what is wrong."""
+        bucket = self._shaper.exact_bucket(args, kwargs)
+        if bucket is None or rows > bucket:
+            return cut(self._call(args, kwargs, copies))
+        with torch.no_grad():
+            return self._run(args, kwargs, rows, copies, padded_to=bucket, cut=cut)
+
+    def _run(
+        self,
+        args: Any,
+        kwargs: dict[str, Any],
+        n: int,
+        copies: bool,
+        padded_to: Optional[int] = None,
+        cut: Optional[Callable[[Any], Any]] = None,
+    ) -> Any:
         if not self._lock.acquire(False):
             self._wait_for_lock()
         try:
-            bucket = self._shaper.bucket_for(n)
+            if padded_to is None:
+                bucket = self._shaper.bucket_for(n)
+                padded_args, padded_kwargs = self._shaper.pad(args, kwargs, bucket)
+            else:
+                bucket, padded_args, padded_kwargs = padded_to, args, kwargs
             route = self._routes[bucket]
-            padded_args, padded_kwargs = self._shaper.pad(args, kwargs, bucket)
             outputs = route.runner(*padded_args, **padded_kwargs)
             route.shaped.count(n, bucket)
-            if n < bucket:
+            if cut is not None:
+                outputs = cut(outputs)
+            elif n < bucket:
                 outputs = self._shaper.unpad(outputs, n, self._dims)
             # copied before the lock is released: the next call (another request's, or the next
             # chunk's) replays into the same buffers

@@ -304,6 +304,22 @@ def test_a_grid_replica_answers_every_size_as_eager_does_at_that_size(warmed_gri
 
 
 @pytest.mark.slow
+def test_a_grid_request_padded_in_both_dimensions_counts_its_padding_and_checks_its_dtype(warmed_grid):
+    from orchestrator import runtime
+
+    config, cache, _, _ = warmed_grid
+    served = runtime.load(config, cache_dir=cache, ready="planned")
+    ids = torch.randint(1, 100, (3, 9))
+    answer = served(input_ids=ids, attention_mask=torch.ones_like(ids))  # padded to 4 x 16 in one step
+    assert answer.last_hidden_state.shape == (3, 9, 32)
+    usage = served.usage()["4x16"]
+    assert (usage.calls, usage.rows, usage.padded_rows) == (1, 3, 1)
+    with pytest.raises(runtime.BadRequest, match="input_ids .* is float32, expected int64"):
+        served(input_ids=ids.float(), attention_mask=torch.ones_like(ids))
+    assert served.usage()["4x16"].calls == 1
+
+
+@pytest.mark.slow
 def test_a_grid_refuses_more_rows_than_its_largest_batch_where_oversize_is_error(warmed_grid, tmp_path):
     from orchestrator import runtime
 
