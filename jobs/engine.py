@@ -830,8 +830,28 @@ class _BucketWork:
         proof = grid.prove_padding(
             self.spec, result.bucket, self.inputs, self.model, runners[variant], variant, self.gate
         )
+        if proof is not None:
+            proof.padded_ms = self._time_padded(proof, runners[variant])
         result.padding_proof = asdict(proof) if proof is not None else None
         self.pause()
+
+    def _time_padded(self, proof: grid.PaddingProof, runner: Callable[..., Any]) -> float:
+        """The median latency of the proof's request served as a grid replica serves it: padded
+        in every dimension at once, run, cut back, copied out of replay buffers. What the point
+        costs the requests it pads, which is what `orchestrate plan` prices it at."""
+        shaper = grid.InputShaper(self.spec)
+        exact_args, exact_kwargs = shaper.cut(*self.inputs, proof.request)
+        dims = {path: {int(d): name for d, name in found.items()} for path, found in proof.output_dims.items()}
+        replays = replays_into_buffers(proof.variant, self.spec, self.device.type)
+
+        def request() -> Any:
+            padded_args, padded_kwargs = shaper.pad(exact_args, exact_kwargs, proof.point)
+            outputs = grid.cut_outputs(runner(*padded_args, **padded_kwargs), dims, proof.request)
+            return copies.copy_out(outputs) if replays else outputs
+
+        with torch.no_grad():
+            timed = self.clock.interleaved({"padded": request}, self.spec.bench.iterations, self.spec.bench.warmup)
+        return median(timed.samples["padded"])
 
     def _compiled_call(self, *args: Any, **kwargs: Any) -> Any:
         ti.mark_step()

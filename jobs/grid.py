@@ -48,6 +48,8 @@ class PaddingProof:
     max_abs_error: Optional[float]
     tolerance_used: Optional[float]
     output_dims: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {tensor dim: grid dim}
+    # the median latency of that request served as a replica serves it (padded, run, cut, copied)
+    padded_ms: Optional[float] = None
 
 
 def input_dims(spec: WarmupSpec) -> list[dict[int, str]]:

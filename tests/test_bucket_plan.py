@@ -225,6 +225,19 @@ def test_a_prometheus_that_does_not_answer_is_exit_3(tmp_path):
     assert done.stderr.strip().endswith("Prometheus did not answer (ConnectionError); check the URL")
 
 
+def test_a_grid_point_is_priced_at_what_a_request_it_pads_costs():
+    from orchestrator.planning.advice import measured_costs
+
+    def record(batch: int, seq: int, served: float, padded: float | None) -> dict:
+        proof = {"padded_ms": padded} if padded is not None else None
+        return {"status": "ok", "phase": "warm", "rank": 0, "bucket": batch, "point": {"batch": batch, "seq": seq},
+                "served_ms": served, "padding_proof": proof}  # fmt: skip
+
+    report = {"results": [record(1, 8, 0.2, None), record(4, 8, 0.3, 0.45), record(4, 16, 0.4, 0.55)]}
+    costs, _ = measured_costs(report, ["batch", "seq"])
+    assert costs == {(1, 8): 0.2, (4, 8): 0.45, (4, 16): 0.55}
+
+
 def test_a_compile_budget_caps_the_points_at_what_the_reports_compiles_fit(tmp_path):
     from orchestrator.config import load_spec
     from orchestrator.errors import UserError

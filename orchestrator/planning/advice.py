@@ -37,8 +37,10 @@ class Candidate:
 
 
 def measured_costs(report: Mapping[str, Any], dims: list[str]) -> tuple[dict[Point, float], Optional[float]]:
-    """A warmup report's served latency per point (the median across ranks), and the median
-    compile (or load) seconds of a point."""
+    """A warmup report's latency per point (the median across ranks), and the median compile
+    (or load) seconds of a point. A grid's point is priced at what a request it pads costs
+    (`padding_proof.padded_ms`: padded, run, cut and copied as a replica serves it), else at its
+    served variant's latency at the point's own size."""
     by_point: dict[Point, list[float]] = {}
     compiles = []
     for record in report.get("results") or []:
@@ -47,8 +49,9 @@ def measured_costs(report: Mapping[str, Any], dims: list[str]) -> tuple[dict[Poi
         point = record.get("point") or {dims[0]: record.get("bucket")}
         if any(dim not in point for dim in dims):
             continue
-        if record.get("served_ms"):
-            by_point.setdefault(tuple(int(point[dim]) for dim in dims), []).append(float(record["served_ms"]))
+        ms = (record.get("padding_proof") or {}).get("padded_ms") or record.get("served_ms")
+        if ms:
+            by_point.setdefault(tuple(int(point[dim]) for dim in dims), []).append(float(ms))
         if record.get("compile_seconds") is not None:
             compiles.append(float(record["compile_seconds"]))
     return (
