@@ -25,6 +25,7 @@ Per bucket, in this order, each timed on its own:
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import resource
@@ -572,6 +573,8 @@ class _BucketWork:
         self.clock = Clock(self.device)
         self.gate = Gate.from_options(self.spec.check)
         self.reference: Optional[Outputs] = None
+        self.float64: Optional[Outputs] = None  # the model's outputs in float64 on the same inputs
+        self.float64_proof: Optional[Outputs] = None  # and on the padding proof's request (a grid's point)
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
         self.layout_seconds = 0.0  # its convolutions set up ahead in the compiled graph's layout
@@ -616,6 +619,19 @@ class _BucketWork:
             _, reference = self.clock.wall(self.eager)
         self.reference = snapshot(reference)
         self.gate.check_reference(self.reference)
+        result = self.result
+        result.numerics = numerics_in_force(self.device)
+        if self.gate.wants_float64:
+            self.enter("float64 reference")
+            calls = [self.inputs]
+            request = grid.proof_request(self.spec, result.bucket)
+            if request is not None:
+                calls.append(grid.InputShaper(self.spec).cut(*self.inputs, request))
+            runs, result.gate_note = float64_outputs(self.model, calls, self.device, self.reference)
+            if runs is not None:
+                self.float64, self.float64_proof = runs[0], runs[1] if len(runs) > 1 else None
+        else:
+            result.gate_note = "explicit check.atol/check.rtol" if self.spec.check.reference == "float64" else None
         self.pause()
 
     def trace(self, tracer: ti.TraceAhead) -> None:
@@ -664,7 +680,7 @@ class _BucketWork:
         self.enter("check")
         if self.reference is None:
             raise RuntimeError("the eager reference call has not run")
-        _check(result, self.gate, self.reference, {"first call": first, "replay": replay})
+        _check(result, self.gate, self.reference, {"first call": first, "replay": replay}, self.float64)
         if "aot" in self.session.candidates:  # first: `graphed` is built only where aot is not (twin_built)
             self.build_aot()
         self.build_graphed_variants()
@@ -695,7 +711,7 @@ class _BucketWork:
                 first = snapshot(call(*args, **kwargs))
                 replay = snapshot(call(*args, **kwargs))
                 for label, outputs in (("first replay", first), ("second replay", replay)):
-                    self.gate.compare(self.reference or [], outputs, call=f"{name} {label}")
+                    self.gate.compare(self.reference or [], outputs, call=f"{name} {label}", float64=self.float64)
             except Exception as exc:  # unavailable: never a failed bucket
                 reason = str(exc) if isinstance(exc, (CaptureError, OutputMismatch)) else brief(exc)
                 self.result.variants[name] = VariantMeasure(ok=False, reason=reason)
@@ -731,7 +747,7 @@ class _BucketWork:
                 first = snapshot(call(*args, **kwargs))
                 replay = snapshot(call(*args, **kwargs))
             for label, outputs in (("first call", first), ("second call", replay)):
-                self.gate.compare(self.reference or [], outputs, call=f"aot {label}")
+                self.gate.compare(self.reference or [], outputs, call=f"aot {label}", float64=self.float64)
         except Exception as exc:  # unavailable: never a failed bucket
             known = (aot.Unexportable, CaptureError, OutputMismatch, AheadBuildError)
             reason = str(exc) if isinstance(exc, known) else brief(exc)
@@ -828,7 +844,7 @@ class _BucketWork:
         runners: dict[str, Callable[..., Any]] = {"eager": self.model, "compiled": self._compiled_call}
         runners.update(self.graphed)
         proof = grid.prove_padding(
-            self.spec, result.bucket, self.inputs, self.model, runners[variant], variant, self.gate
+            self.spec, result.bucket, self.inputs, self.model, runners[variant], variant, self.gate, self.float64_proof
         )
         if proof is not None:
             proof.padded_ms = self._time_padded(proof, runners[variant])
@@ -946,10 +962,15 @@ def _record_compile(
         result.cudagraph_skip_reasons = list(dict.fromkeys(skip_reasons))
 
 
-def _check(result: BucketResult, gate: Gate, reference: Outputs, calls: dict[str, Outputs]) -> None:
-    """Every call against eager; the report keeps the worst error of all of them."""
+def _check(
+    result: BucketResult, gate: Gate, reference: Outputs, calls: dict[str, Outputs], float64: Optional[Outputs]
+) -> None:
+    """Every call against eager (and float64); the report keeps the worst error of all of them."""
     try:
-        verdicts = [gate.compare(reference, outputs, call=f"compiled {call}") for call, outputs in calls.items()]
+        verdicts = [
+            gate.compare(reference, outputs, call=f"compiled {call}", float64=float64)
+            for call, outputs in calls.items()
+        ]
     except OutputMismatch as mismatch:
         result.max_abs_error = mismatch.max_abs_error
         raise
@@ -958,7 +979,65 @@ def _check(result: BucketResult, gate: Gate, reference: Outputs, calls: dict[str
     result.checked_outputs = verdicts[0].leaves if verdicts else 0
     result.max_abs_error = worst.max_abs_error if worst else None
     result.atol, result.rtol = (worst.atol, worst.rtol) if worst else (None, None)
-    result.tolerance_used = max(v.tolerance_used or 0.0 for v in measured) if measured else None
+    closest = max(measured, key=lambda v: v.tolerance_used or 0.0) if measured else None
+    result.tolerance_used = closest.tolerance_used if closest else None
+    result.gate_reference = "float64" if measured and all(v.reference == "float64" for v in measured) else "eager"
+    if closest is not None and closest.multiple is not None:
+        result.float64_eager_error, result.float64_error = closest.float64_eager_error, closest.float64_error
+        result.gate_multiple = closest.multiple
+
+
+def numerics_in_force(device: torch.device) -> dict[str, Any]:
+    """The reduced-precision settings that make float32 eager itself inexact (TF32 convolutions and
+    matmuls, reduced-precision reductions): the report says which were on where the gate judged."""
+    if device.type != "cuda":
+        return {"float32_matmul_precision": torch.get_float32_matmul_precision()}
+    matmul = torch.backends.cuda.matmul
+    return {
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "matmul_allow_tf32": bool(matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "fp16_reduced_precision_reduction": bool(matmul.allow_fp16_reduced_precision_reduction),
+        "bf16_reduced_precision_reduction": bool(matmul.allow_bf16_reduced_precision_reduction),
+    }
+
+
+def float64_outputs(
+    model: torch.nn.Module, calls: list[tuple[Any, Any]], device: torch.device, reference: Outputs
+) -> tuple[Optional[list[Outputs]], Optional[str]]:
+    """The model's outputs in a float64 run (its floating parameters, buffers and inputs in
+    float64) on each call's inputs, the first being those eager's `reference` came from; or None
+    and why none: no floating output, too little memory for a float64 copy, an op without a
+    float64 kernel, or outputs that differ from eager's in form."""
+    if not any(isinstance(leaf.value, torch.Tensor) and leaf.value.is_floating_point() for leaf in reference):
+        return None, "no floating-point output"
+    tensors = [*model.parameters(), *model.buffers()]
+    needed = sum(t.numel() * 8 for t in tensors if t.is_floating_point())
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if 2 * needed > free:  # the copy, and room for its activations
+            return None, f"a float64 copy of the model needs {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+
+    def widened(value: Any) -> Any:
+        return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    twin: Optional[torch.nn.Module] = None
+    try:
+        twin = copy.deepcopy(model).to(torch.float64)
+        with torch.no_grad():
+            runs = [
+                snapshot(twin(*map(widened, args), **{k: widened(v) for k, v in kwargs.items()}))
+                for args, kwargs in calls
+            ]
+    except Exception as exc:  # an op without a float64 kernel, out of memory: the gate judges against eager
+        return None, f"no float64 run: {brief(exc)}"
+    finally:
+        del twin
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if [leaf.path for leaf in runs[0]] != [leaf.path for leaf in reference]:
+        return None, "the float64 run's outputs differ in form from eager's"
+    return runs, None
 
 
 def _kept(latency: dict[str, list[float]]) -> dict[str, list[float]]:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 
 from orchestrator.jobs import trees
-from orchestrator.jobs.gate import Gate, snapshot
+from orchestrator.jobs.gate import Gate, Outputs, snapshot
 from orchestrator.jobs.padding import pad_end, pad_value
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -50,6 +50,7 @@ class PaddingProof:
     output_dims: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> {tensor dim: grid dim}
     # the median latency of that request served as a replica serves it (padded, run, cut, copied)
     padded_ms: Optional[float] = None
+    reference: str = "eager"  # what the answer was judged against: "float64" or "eager" (jobs/gate.py)
 
 
 def input_dims(spec: WarmupSpec) -> list[dict[int, str]]:
@@ -157,15 +158,19 @@ def prove_padding(
     served: Callable[..., Any],
     variant: str,
     gate: Gate,
+    float64: Optional[Outputs] = None,
 ) -> Optional[PaddingProof]:
     """Prove at the point (`bucket` of a grid slice `spec`) that padding a shorter request up to
-    it and cutting the answer back gives eager's answer at the request's exact size. `inputs` are
-    the point's; `served` runs the variant that serves it. None where no dimension can be padded
-    (every size 1). Raises PaddingUnsafe with one line naming the output and what to do."""
+    it and cutting the answer back gives eager's answer at the request's exact size (judged, as
+    the gate judges, against `float64`: the model's float64 run of that request, where there is
+    one). `inputs` are the point's; `served` runs the variant that serves it. None where no
+    dimension can be padded (every size 1). Raises PaddingUnsafe with one line naming the output
+    and what to do."""
+    request = proof_request(spec, bucket)
+    if request is None:
+        return None
     point = {spec.bucket_symbol: bucket, **spec.fixed}
     shorter_by = [name for name, size in point.items() if size > 1]
-    if not shorter_by or not spec.fixed:
-        return None
     shaper = InputShaper(spec)
     args, kwargs = inputs
     with torch.no_grad():
@@ -175,14 +180,13 @@ def prove_padding(
             cut_args, cut_kwargs = shaper.cut(args, kwargs, {name: point[name] - 1})
             shorter[name] = snapshot_tree(eager(*cut_args, **cut_kwargs))
         dims = learn_output_dims(point, at_point, shorter)
-        request = {name: size - 1 if name in shorter_by else size for name, size in point.items()}
         exact_args, exact_kwargs = shaper.cut(args, kwargs, request)
         expected = snapshot(eager(*exact_args, **exact_kwargs))
         padded_args, padded_kwargs = shaper.pad(exact_args, exact_kwargs, point)
         answer = snapshot(cut_outputs(served(*padded_args, **padded_kwargs), dims, request))
     shown = "x".join(str(request[name]) for name in point)
     try:
-        verdict = gate.compare(expected, answer, call=f"{variant} padded from {shown}")
+        verdict = gate.compare(expected, answer, call=f"{variant} padded from {shown}", float64=float64)
     except Exception as exc:
         raise PaddingUnsafe(
             f"padding changes the answer: a request of {shown} padded to {spec.point_label(bucket)}: {exc}; "
@@ -195,8 +199,18 @@ def prove_padding(
         variant=variant,
         max_abs_error=verdict.max_abs_error,
         tolerance_used=verdict.tolerance_used,
+        reference=verdict.reference,
         output_dims={path: {str(d): name for d, name in found.items()} for path, found in dims.items() if found},
     )
+
+
+def proof_request(spec: WarmupSpec, bucket: int) -> Optional[dict[str, int]]:
+    """The request the padding proof pads up to the point: one step shorter in every dimension
+    above 1, by dimension name; None where nothing can be padded (not a grid, or every size 1)."""
+    point = {spec.bucket_symbol: bucket, **spec.fixed}
+    if not spec.fixed or all(size == 1 for size in point.values()):
+        return None
+    return {name: size - 1 if size > 1 else size for name, size in point.items()}
 
 
 def snapshot_tree(output: Any) -> Any:

@@ -106,7 +106,16 @@ class BucketResult:
     max_abs_error: Optional[float] = None  # worst over floating-point leaves of the first call and a replay
     atol: Optional[float] = None
     rtol: Optional[float] = None
-    tolerance_used: Optional[float] = None  # worst |compiled - eager| / (atol + rtol*|eager|): at most 1 when ok
+    tolerance_used: Optional[float] = None  # how close the closest output came to failing: at most 1 when ok
+    # What the gate judged against (jobs/gate.py): "float64" (a float64 run of the model) or
+    # "eager", and why not float64 where it could not be; at the output closest to failing
+    # against float64, eager's RMS error and the compiled one's, and the multiple allowed
+    gate_reference: Optional[str] = None
+    gate_note: Optional[str] = None
+    float64_eager_error: Optional[float] = None
+    float64_error: Optional[float] = None
+    gate_multiple: Optional[float] = None
+    numerics: Optional[dict[str, Any]] = None  # the reduced-precision settings in force (TF32 and the like)
     peak_memory_bytes: Optional[int] = None
     peak_memory_kind: Optional[str] = None
     variant: Optional[str] = None  # the variant that serves this bucket: the fastest correct one

@@ -160,6 +160,15 @@ class CheckOptions(_Strict):
         description="eager may return NaN/Inf; compiled must match them "
         "in place (else a non-finite eager output fails the bucket)",
     )
+    reference: Literal["float64", "eager"] = Field(
+        default="float64",
+        description="judge floating outputs against a float64 run of the model (its RMS error at most "
+        "`multiple` times eager's own), or against eager with tolerances by dtype; explicit atol/rtol "
+        "always judge against eager",
+    )
+    multiple: float = Field(
+        default=3.0, gt=1, description="how many times eager's error against float64 a compiled output may have"
+    )
 
 
 # How a bucket may be served (orchestrator.runtime): the model as it is, the config's compile,

@@ -114,17 +114,23 @@ def test_output_mismatch_fails_the_bucket(tmp_path):
     for result in report["results"]:
         assert result["status"] == "failed"
         assert result["error"].startswith(
-            "check: OutputMismatch: output of the compiled first call differs from "
-            "eager: max abs error 1 exceeds atol=0.001 + rtol=0.001*|eager|"
+            "check: OutputMismatch: output of the compiled first call is further from a float64 run than "
+            "eager is: RMS error 1 against eager's"
         )
         assert result["max_abs_error"] == pytest.approx(1.0, abs=1e-5)
+    # explicit tolerances judge against eager, as they always did
+    proc, report = warmup(tmp_path / "explicit", "tiny", "off_by_one", buckets="4", check="{atol: 0.5, rtol: 0}")
+    assert proc.returncode == 1, proc.stderr
+    assert report["results"][0]["error"].startswith(
+        "check: OutputMismatch: output of the compiled first call differs from eager: max abs error 1 exceeds atol=0.5"
+    )
 
 
 def test_a_wrong_replay_fails_even_when_the_first_call_is_right(tmp_path):
     proc, report = warmup(tmp_path, "tiny", "wrong_after_first", buckets="4")
     assert proc.returncode == 1, proc.stderr
     (result,) = report["results"]
-    assert result["error"].startswith("check: OutputMismatch: output of the compiled replay differs from eager")
+    assert result["error"].startswith("check: OutputMismatch: output of the compiled replay is further from a float64")
 
 
 def test_tensors_inside_a_dataclass_output_are_checked(tmp_path):
@@ -132,13 +138,17 @@ def test_tensors_inside_a_dataclass_output_are_checked(tmp_path):
     assert passed.returncode == 0, passed.stderr
     (result,) = report["results"]
     assert result["checked_outputs"] == 3  # the dataclass, its logits and its labels
-    assert result["max_abs_error"] == 0.0 and (result["atol"], result["rtol"]) == (1e-3, 1e-3)
-    assert result["tolerance_used"] == 0.0
+    assert result["max_abs_error"] == 0.0
+    assert 0 < result["tolerance_used"] <= 1 / 3  # eager's own error, against 3 times it and a floor
+    # judged against a float64 run: eager's own error and the compiled one's (the same here)
+    assert result["gate_reference"] == "float64" and result["gate_note"] is None and result["gate_multiple"] == 3.0
+    assert 0 < result["float64_eager_error"] == result["float64_error"] < 1e-6
+    assert result["numerics"] == {"float32_matmul_precision": "highest"}
 
     failed, report = warmup(tmp_path / "broken", "classifier", "off_by_one", buckets="4")
     assert failed.returncode == 1, failed.stderr
     (result,) = report["results"]
-    assert "output.logits of the compiled first call differs from eager" in result["error"]
+    assert "output.logits of the compiled first call is further from a float64 run" in result["error"]
 
 
 def test_nonfinite_eager_output_fails_before_compiling_and_publishes_nothing(tmp_path):

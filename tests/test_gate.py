@@ -455,3 +455,123 @@ def test_registered_pytree_nodes_are_compared_by_class_and_size():
     finally:
         pytree.SUPPORTED_NODES.pop(Bag)
         pytree.SUPPORTED_NODES.pop(Sack)
+
+
+# -- against a float64 run -----------------------------------------------------------------------
+
+
+class ConvNet(torch.nn.Module):
+    """A small float32 conv net with a bias-carrying head: what the seeded wrong kernels break."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(4, 16, 5, padding=2)
+        self.norm = torch.nn.GroupNorm(4, 16)
+        self.head = torch.nn.Linear(16 * 64, 96)
+
+    def forward(self, x):  # logits of magnitude ~10, as a classifier's are
+        return 10 * self.head(torch.nn.functional.gelu(self.norm(self.conv(x))).flatten(1))
+
+
+def tf32(t: torch.Tensor, nearest: bool = True) -> torch.Tensor:
+    """`t` rounded to TF32's 10 mantissa bits (to nearest, or toward zero): what a TF32 kernel
+    reads of it."""
+    bits = t.contiguous().view(torch.int32)
+    return (((bits + 0x1000) if nearest else bits) & ~0x1FFF).view(torch.float32)
+
+
+def run(x: torch.Tensor, rounding: Optional[bool] = None, wide: bool = False) -> torch.Tensor:
+    """The model in float32 (rounding None), as a TF32 kernel computes it (operands rounded to
+    nearest: True, toward zero: False), or in float64."""
+    model = ConvNet().eval()
+    with torch.no_grad():
+        if wide:
+            return model.double()(x.double())
+        if rounding is None:
+            return model(x)
+        for p in model.parameters():
+            p.copy_(tf32(p, rounding))
+        return model(tf32(x, rounding))
+
+
+def judged(eager, compiled, wide, gate: Optional[Gate] = None):
+    gate = gate or Gate()
+    return gate.compare(snapshot(eager), snapshot(compiled), call="compiled first call", float64=snapshot(wide))
+
+
+X1 = torch.randn(3, 4, 64, generator=torch.Generator().manual_seed(1))
+
+
+def test_a_correct_kernel_at_eagers_own_error_passes_where_a_fixed_tolerance_refuses_it():
+    # eager's TF32 kernels against compiled ones that round their operands another way: both
+    # about 1e-4 (RMS) from float64, so as far from each other, beyond float32's tolerances
+    eager, compiled, wide = run(X1, rounding=True), run(X1, rounding=False), run(X1, wide=True)
+    refused(eager, compiled, "exceeds atol=0.001", Gate(reference="eager"))
+    verdict = judged(eager, compiled, wide)
+    assert verdict.reference == "float64" and verdict.multiple == 3.0 and verdict.atol is None
+    assert verdict.float64_eager_error == pytest.approx(float((eager.double() - wide).square().mean().sqrt()))
+    assert verdict.float64_eager_error < verdict.float64_error <= 3.0 * verdict.float64_eager_error
+    assert 0 < verdict.tolerance_used <= 1
+    # a compiled kernel in full float32: far closer to float64 than TF32 eager
+    assert judged(eager, run(X1), wide).tolerance_used < 0.01
+
+
+def seeded(eager: torch.Tensor, model_bias: torch.Tensor) -> dict[str, torch.Tensor]:
+    one = eager.clone()
+    one[1, 7] *= 1.01
+    shifted = eager.clone()
+    shifted[:, 32:64] = eager[:, 33:65]
+    return {"sign flip": -eager, "dropped bias": eager - model_bias, "wrong slice": shifted, "1% in one element": one}
+
+
+@pytest.mark.parametrize("wrong", ["sign flip", "dropped bias", "wrong slice", "1% in one element"])
+def test_seeded_wrong_kernels_fail_against_float64(wrong):
+    eager, wide = run(X1), run(X1, wide=True)
+    candidate = seeded(eager, 10 * ConvNet().head.bias.detach())[wrong]
+    with pytest.raises(OutputMismatch, match="is further from a float64 run than eager is: RMS error"):
+        judged(eager, candidate, wide)
+
+
+def test_an_exact_output_is_held_to_a_few_units_in_the_last_place():
+    x = torch.linspace(1.0, 2.0, 1000)
+    judged(x, x * (1 + 2 * torch.finfo(torch.float32).eps), x.double())
+    with pytest.raises(OutputMismatch, match="further from a float64 run"):
+        judged(x, x * (1 + 64 * torch.finfo(torch.float32).eps), x.double())
+
+
+def test_explicit_tolerances_judge_against_eager_as_before():
+    eager, wide = run(X1), run(X1, wide=True)
+    off = eager + 5e-4
+    verdict = judged(eager, off, wide, Gate(atol=1e-3, rtol=0.0))
+    assert verdict.reference == "eager" and verdict.atol == 1e-3 and verdict.multiple is None
+    with pytest.raises(OutputMismatch, match="further from a float64 run"):
+        judged(eager, off, wide)  # 5e-4 is far beyond float32 eager's own error
+
+
+def test_float64_judges_floating_leaves_only_and_nonfinite_is_still_refused():
+    eager, wide = run(X1), run(X1, wide=True)
+    labels = eager.argmax(-1)
+    verdict = Gate().compare(snapshot((eager, labels)), snapshot((eager, labels)), call="c",
+                             float64=snapshot((wide, labels)))  # fmt: skip
+    assert verdict.reference == "float64" and verdict.float64_error == pytest.approx(verdict.float64_eager_error)
+    with pytest.raises(OutputMismatch, match="differ from eager's"):
+        judged((eager, labels), (eager, labels + 1), (wide, labels))
+    broken = eager.clone()
+    broken[0, 0] = float("nan")
+    with pytest.raises(OutputMismatch, match="holds 1 NaN and 0 Inf"):
+        judged(eager, broken, wide)
+
+
+def test_a_leaf_the_float64_run_cannot_judge_falls_back_to_tolerances():
+    eager, wide = run(X1), run(X1, wide=True)
+    verdict = judged(eager, eager + 1e-5, wide[:, :10])  # another shape: no judge for it
+    assert verdict.reference == "eager" and verdict.atol == 1e-3
+
+
+def test_the_configs_multiple_and_reference_reach_the_gate():
+    gate = Gate.from_options(CheckOptions(multiple=2.0))
+    assert gate.wants_float64 and gate.multiple == 2.0
+    assert not Gate.from_options(CheckOptions(reference="eager")).wants_float64
+    assert not Gate.from_options(CheckOptions(atol=1e-2)).wants_float64
+    assert CheckOptions().multiple == 3.0 == Gate().multiple

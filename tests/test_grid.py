@@ -261,6 +261,7 @@ def test_a_grid_warmup_proves_every_point_and_reports_them(warmed_grid):
         assert proof["point"] == record["point"] and proof["variant"] == record["variant"]
         assert proof["request"]["seq"] == record["point"]["seq"] - 1
         assert proof["padded_ms"] > 0  # that request timed as a replica serves it: what `plan` prices
+        assert proof["reference"] == "float64" and record["gate_reference"] == "float64"
     assert report["summary"]["buckets_ok"] == 4 and report["summary"]["buckets_failed"] == 0
     assert "tiny-grid at seq 8" in table and "tiny-grid at seq 16" in table
 
