@@ -53,3 +53,13 @@ def t5_encoder(**overrides: Any) -> Any:
     from transformers import T5Config, T5EncoderModel
 
     return T5EncoderModel(T5Config(**overrides))
+
+
+def wav2vec2(**overrides: Any) -> Any:
+    """A wav2vec2-style audio encoder (Wav2Vec2Config's defaults, wav2vec2-base's sizes: a 1-D
+    convolution feature extractor with GroupNorm, then 12 transformer layers of hidden 768), raw
+    16 kHz audio in, `last_hidden_state` and `extract_features` out. float32 with TF32 convolutions
+    on: eager itself is inexact, which the gate's float64 reference is for."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    return Wav2Vec2Model(Wav2Vec2Config(**overrides))
