@@ -1002,6 +1002,21 @@ def numerics_in_force(device: torch.device) -> dict[str, Any]:
     }
 
 
+def _free_memory(device: torch.device) -> Optional[int]:
+    """Bytes the device has free: the GPU's, or the host's available memory (Linux); None where
+    unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def float64_outputs(
     model: torch.nn.Module, calls: list[tuple[Any, Any]], device: torch.device, reference: Outputs
 ) -> tuple[Optional[list[Outputs]], Optional[str]]:
@@ -1012,11 +1027,18 @@ def float64_outputs(
     if not any(isinstance(leaf.value, torch.Tensor) and leaf.value.is_floating_point() for leaf in reference):
         return None, "no floating-point output"
     tensors = [*model.parameters(), *model.buffers()]
-    needed = sum(t.numel() * 8 for t in tensors if t.is_floating_point())
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        if 2 * needed > free:  # the copy, and room for its activations
-            return None, f"a float64 copy of the model needs {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+    copy_bytes = sum(t.numel() * 8 for t in tensors if t.is_floating_point())
+    output_bytes = sum(
+        leaf.value.numel() * 8
+        for leaf in reference
+        if isinstance(leaf.value, torch.Tensor) and leaf.value.is_floating_point()
+    )
+    # the copy and its activations (as much again), its outputs kept per call, and the gate's
+    # float64 temporaries of a comparison
+    needed = 2 * copy_bytes + output_bytes * (len(calls) + 3)
+    free = _free_memory(device)
+    if free is not None and needed > free:
+        return None, f"a float64 run of the model needs about {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
 
     def widened(value: Any) -> Any:
         return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value

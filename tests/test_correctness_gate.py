@@ -75,6 +75,17 @@ MODEL = textwrap.dedent("""
 
     def classifier():
         return Classifier(8, 8)
+
+
+    class Float32Only(torch.nn.Linear):
+        def forward(self, x):
+            if x.dtype != torch.float32:  # as a model with a float32-only kernel refuses
+                raise TypeError(f"float32 only, got {x.dtype}")
+            return super().forward(x)
+
+
+    def float32_only():
+        return Float32Only(8, 8)
 """)
 
 
@@ -189,3 +200,34 @@ def test_a_failed_bucket_is_never_published(tmp_path):
     by_bucket = {r["bucket"]: r for r in again["results"]}
     assert by_bucket[1]["cache_state"] == "hit"
     assert by_bucket[2]["cache"]["fx_graph_hits"] == 0 and by_bucket[2]["cache"]["fx_graph_misses"] >= 1
+
+
+def test_without_a_float64_run_the_gate_judges_against_eager_and_says_why(tmp_path):
+    proc, report = warmup(tmp_path, "float32_only", "eager", buckets="4")
+    assert proc.returncode == 0, proc.stderr
+    (result,) = report["results"]
+    assert result["gate_reference"] == "eager" and (result["atol"], result["rtol"]) == (1e-3, 1e-3)
+    assert result["gate_note"] == "no float64 run: TypeError: float32 only, got torch.float64"
+    assert result["float64_error"] is None and result["gate_multiple"] is None
+
+
+def test_a_float64_run_that_would_not_fit_in_memory_is_not_tried(monkeypatch):
+    import torch
+
+    from orchestrator.jobs import engine
+    from orchestrator.jobs.gate import snapshot
+
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    reference = snapshot(model(x))
+    runs, note = engine.float64_outputs(model, [((x,), {})], torch.device("cpu"), reference)
+    assert note is None and runs is not None and runs[0][0].value.dtype == torch.float64
+    monkeypatch.setattr(engine, "_free_memory", lambda device: 1000)
+    assert engine.float64_outputs(model, [((x,), {})], torch.device("cpu"), reference) == (
+        None,
+        "a float64 run of the model needs about 0.0 GiB, 0.0 GiB free",
+    )
+    labels = snapshot(model(x).argmax(-1))
+    assert engine.float64_outputs(model, [((x,), {})], torch.device("cpu"), labels) == (
+        None,
+        "no floating-point output",
+    )

@@ -401,8 +401,9 @@ def test_leaves_whose_equality_is_not_a_yes_or_no():
     refused(
         (X, Ambiguous()),
         (X, Ambiguous()),
-        r"output\[1\] of the compiled first call is a [\w.<>]*Ambiguous, which the gate cannot compare .* "
-        r"set serve\.outputs to the outputs to serve",
+        r"output\[1\] of the compiled first call is a [\w.<>]*Ambiguous, which the gate cannot compare \(not a "
+        r"tensor, a container or a registered pytree node\); set serve\.outputs to the outputs to serve \(e\.g\. "
+        r"\[logits\]\), or register [\w.<>]*Ambiguous with torch\.utils\._pytree$",
     )
 
 
