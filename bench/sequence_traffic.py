@@ -19,8 +19,9 @@ its logits read at the real positions; both built from configs with random weigh
      A first pass calls each method once per request (compiles, recompiles and recordings happen
      there, untimed); the second is timed, the methods interleaved request by request: per request
      the wall time from the call to its outputs ready on the host's side (a synchronize), p50 and
-     p99, and throughput as requests over the summed latencies. Every 10th request's answer of
-     every method is checked against eager's at its exact shape with the correctness gate.
+     p99, and throughput as requests over the summed latencies. Every answer of every method is
+     checked (untimed) against eager's at its exact shape with the correctness gate; `checked`
+     counts those that passed.
   3. Padding waste: of the positions (rows x seq) computed, the fraction that was padding.
 
 Output: OUT_DIR/sequence_traffic.json and a Markdown table on stdout.
@@ -142,6 +143,7 @@ methods = {
 seconds = {}
 errors = {name: 0.0 for name in methods}
 mismatches = {}
+checked = {}  # answers that passed the gate against eager at the exact shape, by method
 with torch.no_grad():
     failed = {}
     for name, fn in list(methods.items()):  # first passes: compiles, recompiles, recordings
@@ -167,15 +169,14 @@ with torch.no_grad():
             out = methods[name](request)
             sync()
             latency[name].append((time.perf_counter() - began) * 1e3)
-            if i % 10 == 0:
-                answers[name] = snapshot(plain(out))
-        if i % 10 == 0:
-            for name, answer in answers.items():
-                try:
-                    verdict = gate.compare(answers["eager"], answer, call=f"{name} at {tuple(request['input_ids'].shape)}")
-                    errors[name] = max(errors[name], verdict.max_abs_error or 0.0)
-                except Exception as exc:
-                    mismatches.setdefault(name, str(exc)[:300])
+            answers[name] = snapshot(plain(out))  # every answer checked, untimed
+        for name, answer in answers.items():
+            try:
+                verdict = gate.compare(answers["eager"], answer, call=f"{name} at {tuple(request['input_ids'].shape)}")
+                errors[name] = max(errors[name], verdict.max_abs_error or 0.0)
+                checked[name] = checked.get(name, 0) + 1
+            except Exception as exc:
+                mismatches.setdefault(name, str(exc)[:300])
 
 computed = {"grid": 0, "padded to the longest": 0}
 real = 0
@@ -198,7 +199,8 @@ rows = {}
 for name, values in latency.items():
     rows[name] = {"p50_ms": statistics.median(values), "p99_ms": quantile(values, 0.99),
                   "requests_per_s": 1e3 * len(values) / sum(values), "first_pass_s": seconds[name],
-                  "max_abs_error": errors[name], "mismatch": mismatches.get(name)}
+                  "max_abs_error": errors[name], "mismatch": mismatches.get(name),
+                  "checked": checked.get(name, 0)}
 for name in computed:
     if name in methods:
         rows[name]["padding_waste"] = 1 - real / computed[name]
@@ -245,8 +247,12 @@ def main() -> int:
         for grid in (True, False):
             path = config(name, grid, out_dir, args.device)
             began = time.perf_counter()
-            done = run([sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(path),
-                        "--cache-dir", str(cache), "--json"], out_dir / "logs" / f"warmup-{path.stem}.log", left)  # fmt: skip
+            try:
+                done = run([sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(path),
+                            "--cache-dir", str(cache), "--json"], out_dir / "logs" / f"warmup-{path.stem}.log", left)  # fmt: skip
+            except subprocess.TimeoutExpired:  # the budget ran out: the model's row says so
+                warm[path.stem] = {"exit": "timeout", "seconds": time.perf_counter() - began}
+                break
             warm[path.stem] = {"exit": done.returncode, "seconds": time.perf_counter() - began}
             if done.returncode == 0:
                 report = json.loads(done.stdout)
@@ -257,6 +263,10 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        if len(warm) < 2 or any(w["exit"] != 0 for w in warm.values()):
+            results[name] = {"warmup": warm, "error": "a warmup failed or ran out of the budget (logs/warmup-*.log)"}
+            (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
+            continue
         left = args.budget - (time.monotonic() - started)
         grid_path, longest_path = config(name, True, out_dir, args.device), config(name, False, out_dir, args.device)
         try:
