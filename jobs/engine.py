@@ -1027,6 +1027,8 @@ def float64_outputs(
     if not any(isinstance(leaf.value, torch.Tensor) and leaf.value.is_floating_point() for leaf in reference):
         return None, "no floating-point output"
     tensors = [*model.parameters(), *model.buffers()]
+    if any(t.is_complex() for t in tensors):  # Module.to(float64) would drop their imaginary parts
+        return None, "complex parameters: no float64 copy of the model"
     copy_bytes = sum(t.numel() * 8 for t in tensors if t.is_floating_point())
     output_bytes = sum(
         leaf.value.numel() * 8

@@ -226,6 +226,12 @@ def test_a_float64_run_that_would_not_fit_in_memory_is_not_tried(monkeypatch):
         None,
         "a float64 run of the model needs about 0.0 GiB, 0.0 GiB free",
     )
+    rotation = torch.nn.Linear(8, 8)
+    rotation.register_buffer("phase", torch.ones(8, dtype=torch.complex64))
+    assert engine.float64_outputs(rotation, [((x,), {})], torch.device("cpu"), reference) == (
+        None,
+        "complex parameters: no float64 copy of the model",
+    )
     labels = snapshot(model(x).argmax(-1))
     assert engine.float64_outputs(model, [((x,), {})], torch.device("cpu"), labels) == (
         None,
