@@ -362,7 +362,8 @@ RECORD_KEYS = (
     "bucket", "status", "stage", "error", "phase", "cache_state", "compile_seconds", "graph_record_seconds",
     "eager_ms", "compiled_ms", "speedup", "speedup_interval", "variant", "served_ms", "served_speedup",
     "served_speedup_interval", "noisy", "graph_breaks", "graph_break_reasons", "recompiles", "max_abs_error",
-    "tolerance_used", "peak_memory_bytes", "stage_seconds",
+    "tolerance_used", "gate_reference", "gate_note", "float64_eager_error", "float64_error", "numerics",
+    "peak_memory_bytes", "stage_seconds",
 )  # fmt: skip
 
 
