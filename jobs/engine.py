@@ -376,7 +376,7 @@ class Session:
             if work.result.status == "ok" and self.spec.fixed:
                 self._guard(work, work.prove_padding)
             if work.result.status == "ok":
-                plan = write_plan(self.local.path, self.spec, work.result, work.artifacts)
+                plan = write_plan(self.local.path, self.spec, work.result, work.artifacts, work.load_bounds)
                 if plan is not None:
                     self.serving_files.append(plan)
                 self.event(f"benchmarked bucket {bucket}")
@@ -575,6 +575,7 @@ class _BucketWork:
         self.reference: Optional[Outputs] = None
         self.float64: Optional[Outputs] = None  # the model's outputs in float64 on the same inputs
         self.float64_proof: Optional[Outputs] = None  # and on the padding proof's request (a grid's point)
+        self.load_bounds: dict[str, float] = {}  # what a replica holds a loaded variant to (Gate.load_bounds)
         self.traced: Optional[ti.CompileStats] = None  # what Dynamo did in a trace ahead
         self.trace_seconds = 0.0
         self.layout_seconds = 0.0  # its convolutions set up ahead in the compiled graph's layout
@@ -630,6 +631,7 @@ class _BucketWork:
             runs, result.gate_note = float64_outputs(self.model, calls, self.device, self.reference)
             if runs is not None:
                 self.float64, self.float64_proof = runs[0], runs[1] if len(runs) > 1 else None
+                self.load_bounds = self.gate.load_bounds(self.reference, self.float64)
         else:
             result.gate_note = "explicit check.atol/check.rtol" if self.spec.check.reference == "float64" else None
         self.pause()

@@ -153,21 +153,49 @@ class Gate:
                     "if they are expected"
                 )
 
+    def load_bounds(self, reference: Outputs, float64: Optional[Outputs]) -> dict[str, float]:
+        """What a replica, which has eager but no float64 run, holds a loaded variant to: for each
+        floating leaf this gate judges against float64, the RMS distance from eager that a variant
+        passing here can have at most, (multiple + 1) times eager's own error plus the floor (the
+        triangle inequality). Every variant this gate passes stays within it; a variant far off
+        (a corrupted artifact, kernels for another platform) does not."""
+        if float64 is None or not self.wants_float64:
+            return {}
+        high = {leaf.path: leaf.value for leaf in float64}
+        bounds = {}
+        for leaf in reference:
+            expected = _numeric(leaf.value)
+            exact = _exact(expected, high.get(leaf.path))
+            if expected is None or exact is None:
+                continue
+            eager_error = _rms(_as_real_double(expected) - exact.to(expected.device))
+            bounds[leaf.path] = (self.multiple + 1) * eager_error + _floor(expected.dtype, exact)
+        return bounds
+
     def compare(
-        self, reference: Outputs, candidate: Outputs, *, call: str, float64: Optional[Outputs] = None
+        self,
+        reference: Outputs,
+        candidate: Outputs,
+        *,
+        call: str,
+        float64: Optional[Outputs] = None,
+        bounds: Optional[Mapping[str, float]] = None,
     ) -> Verdict:
         """Raise OutputMismatch naming the first leaf of `candidate` (the output of `call`) that
         fails. Containers carry their sizes, so outputs of different lengths differ at a container.
         `float64`: the model's outputs in a float64 run on the same inputs (float64_reference),
-        which floating leaves are judged against unless explicit tolerances are set."""
+        which floating leaves are judged against unless explicit tolerances are set. `bounds`:
+        where there is no float64 run (a replica), the RMS distance from eager each floating leaf
+        may have, as warmup's `load_bounds` gave them; explicit tolerances override them too."""
         high = {leaf.path: leaf.value for leaf in float64} if float64 is not None and self.wants_float64 else {}
+        bounds = bounds if bounds and self.wants_float64 else {}
         worst: Optional[_Measured] = None  # the largest error against eager
         closest: Optional[_Measured] = None  # the largest fraction of what the rule allows
         judged = []
         for want, got in zip_longest(reference, candidate, fillvalue=_NOTHING):
             if want.path != got.path:
                 raise OutputMismatch(f"the {call} returned {got.path} where eager returned {want.path}")
-            measured = self._leaf(want, got, call, high.get(want.path))
+            measured = self._leaf(want, got, call, high.get(want.path), bounds.get(want.path))
             if measured is None:
                 continue
             judged.append(measured.float64 is not None)
@@ -188,9 +216,11 @@ class Gate:
             multiple=self.multiple if any(judged) else None,
         )
 
-    def _leaf(self, want: Leaf, got: Leaf, call: str, high: Any = None) -> Optional[_Measured]:
+    def _leaf(
+        self, want: Leaf, got: Leaf, call: str, high: Any = None, bound: Optional[float] = None
+    ) -> Optional[_Measured]:
         """The figures of a floating-point leaf (judged against `high`, its float64 value, where
-        that can judge it), else None."""
+        that can judge it, else within `bound` of eager where given), else None."""
         where = f"{want.path} of the {call}"
         if type(want.value) is not type(got.value) or isinstance(want.value, Container) and want.value != got.value:
             raise OutputMismatch(f"{where} is {_show(got.value)}, eager's is {_show(want.value)}")
@@ -212,29 +242,22 @@ class Gate:
                     "differ from eager's (integer and bool outputs must be equal)"
                 )
             return None
-        exact = _numeric(high)
-        if exact is not None and exact.shape == expected.shape and _is_floating(exact):
-            exact = _as_real_double(exact)
-            if bool(torch.isfinite(exact).all()) and bool(torch.isfinite(_as_real_double(expected)).all()):
-                return self._close_to_float64(expected, actual, exact, where)
+        exact = _exact(expected, high)
+        if exact is not None:
+            return self._close_to_float64(expected, actual, exact, where)
+        if bound is not None and bool(torch.isfinite(_as_real_double(expected)).all()):
+            return self._within(expected, actual, bound, where)
         return self._close(expected, actual, where)
 
     def _close_to_float64(
         self, expected: torch.Tensor, actual: torch.Tensor, exact: torch.Tensor, where: str
     ) -> _Measured:
         """The compiled RMS error against float64 within `multiple` times eager's, plus a floor."""
-        dtype = expected.dtype
+        floor = _floor(expected.dtype, exact)
         expected, actual, exact = _as_real_double(expected), _as_real_double(actual), exact.to(expected.device)
-        broken = ~torch.isfinite(actual)
-        if bool(broken.any()):
-            nan = int((broken & torch.isnan(actual)).sum())
-            raise OutputMismatch(
-                f"{where} holds {nan} NaN and {int(broken.sum()) - nan} Inf where eager's "
-                f"values are finite ({int(broken.sum())} of {expected.numel()})"
-            )
+        _refuse_nonfinite(where, actual, torch.ones_like(expected, dtype=torch.bool))
         error = float((expected - actual).abs().max()) if expected.numel() else 0.0
         eager_error, compiled_error = _rms(expected - exact), _rms(actual - exact)
-        floor = FLOOR_ULPS * _epsilon(dtype) * max(_rms(exact), torch.finfo(torch.float64).tiny)
         allowed = self.multiple * eager_error + floor
         if compiled_error > allowed:
             raise OutputMismatch(
@@ -245,17 +268,26 @@ class Gate:
             )
         return _Measured(error, None, None, compiled_error / allowed, (eager_error, compiled_error))
 
+    def _within(self, expected: torch.Tensor, actual: torch.Tensor, bound: float, where: str) -> _Measured:
+        """The RMS distance from eager within the bound warmup's float64 check set (load_bounds)."""
+        expected, actual = _as_real_double(expected), _as_real_double(actual)
+        _refuse_nonfinite(where, actual, torch.ones_like(expected, dtype=torch.bool))
+        error = float((expected - actual).abs().max()) if expected.numel() else 0.0
+        distance = _rms(actual - expected)
+        if distance > bound:
+            raise OutputMismatch(
+                f"{where} is further from eager than warmup's float64 check allows: RMS distance "
+                f"{distance:.3g}, at most {bound:.3g}; warm this platform again (orchestrate warmup), "
+                "or set check.reference: eager if this is expected",
+                max_abs_error=error,
+            )
+        return _Measured(error, None, None, distance / bound)
+
     def _close(self, expected: torch.Tensor, actual: torch.Tensor, where: str) -> _Measured:
         atol, rtol = self.tolerance(expected.dtype)
         expected, actual = _as_real_double(expected), _as_real_double(actual)
         finite = torch.isfinite(expected)
-        broken = finite & ~torch.isfinite(actual)
-        if bool(broken.any()):
-            nan = int((broken & torch.isnan(actual)).sum())
-            raise OutputMismatch(
-                f"{where} holds {nan} NaN and {int(broken.sum()) - nan} Inf where eager's "
-                f"values are finite ({int(broken.sum())} of {expected.numel()})"
-            )
+        _refuse_nonfinite(where, actual, finite)
         # eager's NaN and Inf (where allowed): the same ones at the same places
         same = (torch.isnan(expected) == torch.isnan(actual)) & (finite | torch.isnan(expected) | (expected == actual))
         if not bool(same.all()):
@@ -311,6 +343,36 @@ def _numeric(value: Any) -> Optional[torch.Tensor]:
     if isinstance(value, float):
         return torch.tensor(value, dtype=torch.float64)
     return None
+
+
+def _exact(expected: Optional[torch.Tensor], high: Any) -> Optional[torch.Tensor]:
+    """A floating leaf's float64 value as float64, where it can judge the leaf: of its shape, and
+    finite where eager is finite everywhere (NaN and Inf are judged against eager itself)."""
+    exact = _numeric(high)
+    if expected is None or not _is_floating(expected) or exact is None:
+        return None
+    if exact.shape != expected.shape or not _is_floating(exact):
+        return None
+    exact = _as_real_double(exact)
+    if not bool(torch.isfinite(exact).all()) or not bool(torch.isfinite(_as_real_double(expected)).all()):
+        return None
+    return exact
+
+
+def _floor(dtype: torch.dtype, exact: torch.Tensor) -> float:
+    """FLOOR_ULPS units in the last place of `dtype` at the float64 output's RMS size."""
+    return FLOOR_ULPS * _epsilon(dtype) * max(_rms(exact), torch.finfo(torch.float64).tiny)
+
+
+def _refuse_nonfinite(where: str, actual: torch.Tensor, finite: torch.Tensor) -> None:
+    """NaN or Inf in the compiled output where eager's values are finite fail."""
+    broken = finite & ~torch.isfinite(actual)
+    if bool(broken.any()):
+        nan = int((broken & torch.isnan(actual)).sum())
+        raise OutputMismatch(
+            f"{where} holds {nan} NaN and {int(broken.sum()) - nan} Inf where eager's "
+            f"values are finite ({int(broken.sum())} of {actual.numel()})"
+        )
 
 
 def _rms(values: torch.Tensor) -> float:

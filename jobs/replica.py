@@ -693,12 +693,21 @@ class _Loader:
             with torch.no_grad():
                 if planned == "compiled":
                     ti.mark_step()
-                self.gate.compare(expected, snapshot(runner(*args, **kwargs)), call=f"{planned} at load")
+                self.gate.compare(
+                    expected,
+                    snapshot(runner(*args, **kwargs)),
+                    call=f"{planned} at load",
+                    bounds=plan.get("load_bounds"),
+                )
         except NotWarm:
             raise
         except Exception as exc:  # this bucket serves eager; the replica still serves
             row.reason = f"{planned} unavailable here, serving eager: {brief(exc)}"
             return None
+        if isinstance(runner, GraphedCall) and self.pool is None:
+            # shared only once a graph that holds it is kept: a graph refused above frees its
+            # pool, and a capture into a freed pool fails inside the caching allocator
+            self.pool = runner.pool
         row.variant, row.capture_seconds = planned, capture_seconds
         row.load_seconds = time.perf_counter() - started
         if memory_before is not None:
@@ -720,7 +729,6 @@ class _Loader:
                 return loaded, 0.0
             started = time.perf_counter()
             call = GraphedCall(loaded, args, kwargs, pool=self.pool)
-            self.pool = self.pool or call.pool
             return call, time.perf_counter() - started
         if variant == "compiled":
             compiled = self._compile("compiled")
@@ -744,7 +752,6 @@ class _Loader:
                 fn(*args, **kwargs)  # the trace and the cache load (or the compile)
         started = time.perf_counter()
         call = GraphedCall(fn, args, kwargs, pool=self.pool)
-        self.pool = self.pool or call.pool
         return call, time.perf_counter() - started
 
     def _compile(self, variant: str) -> Any:

@@ -268,17 +268,30 @@ def replays_into_buffers(variant: str, spec: WarmupSpec, device_type: str) -> bo
 
 
 def write_plan(
-    directory: Path, spec: WarmupSpec, result: BucketResult, artifacts: Optional[Mapping[str, Any]] = None
+    directory: Path,
+    spec: WarmupSpec,
+    result: BucketResult,
+    artifacts: Optional[Mapping[str, Any]] = None,
+    load_bounds: Optional[Mapping[str, float]] = None,
 ) -> Optional[str]:
     """Write the bucket's serving plan into the namespace directory; its path relative to it,
     or None where the newest plan there already chose the same variant from the same artifacts
     (a warm rerun that confirms the choice publishes nothing new). Named by its content:
     published files are never replaced, so a changed choice adds a plan and readers take the
     newest (read_plans). `artifacts`: the files each built variant loads, relative to the
-    directory (`aot`: its saved function and the platform it was built for), chosen or not."""
+    directory (`aot`: its saved function and the platform it was built for), chosen or not.
+    `load_bounds`: per output leaf, the RMS distance from eager the gate lets a variant have at a
+    replica's load (Gate.load_bounds); they move with eager's rounding from run to run, so only
+    whether a plan has them makes a new one."""
     artifacts = dict(artifacts or {})
+    bounds = dict(load_bounds or {})
     current = read_plans(directory).get(result.bucket)
-    if current is not None and current["variant"] == result.variant and current.get("artifacts", {}) == artifacts:
+    if (
+        current is not None
+        and current["variant"] == result.variant
+        and current.get("artifacts", {}) == artifacts
+        and bool(current.get("load_bounds")) == bool(bounds)
+    ):
         return None
     plan = {
         "format": PLAN_FORMAT,
@@ -286,6 +299,7 @@ def write_plan(
         "variant": result.variant,
         "variants": {name: asdict(m) for name, m in result.variants.items()},
         "artifacts": artifacts,
+        "load_bounds": bounds,
         "config_hash": spec.identity_hash(),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
     }

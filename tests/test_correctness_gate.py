@@ -155,6 +155,10 @@ def test_tensors_inside_a_dataclass_output_are_checked(tmp_path):
     assert result["gate_reference"] == "float64" and result["gate_note"] is None and result["gate_multiple"] == 3.0
     assert 0 < result["float64_eager_error"] == result["float64_error"] < 1e-6
     assert result["numerics"] == {"float32_matmul_precision": "highest"}
+    # the plan holds what a replica's check at load allows, from eager's distance to float64
+    (plan,) = (tmp_path / "eager" / "cache").rglob("plan-b4-*.json")
+    bounds = json.loads(plan.read_text())["load_bounds"]
+    assert set(bounds) == {"output.logits"} and 4 * result["float64_eager_error"] < bounds["output.logits"] < 1e-5
 
     failed, report = warmup(tmp_path / "broken", "classifier", "off_by_one", buckets="4")
     assert failed.returncode == 1, failed.stderr

@@ -576,3 +576,40 @@ def test_the_configs_multiple_and_reference_reach_the_gate():
     assert not Gate.from_options(CheckOptions(reference="eager")).wants_float64
     assert not Gate.from_options(CheckOptions(atol=1e-2)).wants_float64
     assert CheckOptions().multiple == 3.0 == Gate().multiple
+
+
+# -- at a replica's load: eager at hand, no float64 run -------------------------------------------
+
+
+def test_a_replica_holds_a_variant_to_the_bound_warmups_float64_check_sets():
+    # eager's TF32 kernels against compiled ones that round another way: passed against float64,
+    # refused by float32's tolerances against eager alone, kept within the bound from warmup
+    eager, compiled, wide = run(X1, rounding=True), run(X1, rounding=False), run(X1, wide=True)
+    judged(eager, compiled, wide)
+    gate = Gate()
+    bounds = gate.load_bounds(snapshot(eager), snapshot(wide))
+    eager_error = float((eager.double() - wide).square().mean().sqrt())
+    assert set(bounds) == {"output"} and 4 * eager_error < bounds["output"] < 4 * eager_error * 1.01
+    refused(eager, compiled, "exceeds atol=0.001", gate)
+    verdict = gate.compare(snapshot(eager), snapshot(compiled), call="graphed at load", bounds=bounds)
+    assert verdict.reference == "eager" and 0 < verdict.tolerance_used <= 1
+    # explicit tolerances, or a leaf the bounds do not name, are judged as before
+    assert Gate(atol=1e-3).load_bounds(snapshot(eager), snapshot(wide)) == {}
+    assert gate.load_bounds(snapshot(eager), None) == {}
+    with pytest.raises(OutputMismatch, match="exceeds atol=0.001"):
+        Gate(atol=1e-3).compare(snapshot(eager), snapshot(compiled), call="c", bounds=bounds)
+    with pytest.raises(OutputMismatch, match="exceeds atol=0.001"):
+        gate.compare(snapshot(eager), snapshot(compiled), call="c", bounds={"output.logits": 1.0})
+
+
+@pytest.mark.parametrize("wrong", ["sign flip", "dropped bias", "wrong slice", "1% in one element"])
+def test_seeded_wrong_kernels_fail_the_bound_at_load(wrong):
+    eager, wide = run(X1), run(X1, wide=True)
+    bounds = Gate().load_bounds(snapshot(eager), snapshot(wide))
+    candidate = seeded(eager, 10 * ConvNet().head.bias.detach())[wrong]
+    with pytest.raises(OutputMismatch, match="is further from eager than warmup's float64 check allows: RMS"):
+        Gate().compare(snapshot(eager), snapshot(candidate), call="graphed at load", bounds=bounds)
+    broken = eager.clone()
+    broken[0, 0] = float("inf")
+    with pytest.raises(OutputMismatch, match="holds 0 NaN and 1 Inf"):
+        Gate().compare(snapshot(eager), snapshot(broken), call="graphed at load", bounds=bounds)

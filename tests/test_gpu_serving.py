@@ -151,3 +151,53 @@ def test_a_compiled_variant_with_graph_trees_serves_from_any_thread(tmp_path):
             for got, args in calls:
                 torch.testing.assert_close(got, eager(*args), atol=1e-3, rtol=1e-3, msg=name)
     assert all(i.variant == "compiled" for i in served.info().buckets.values())
+
+
+LYING_MODEL = """
+import torch
+
+class Lies(torch.nn.Module):
+    # compiled, it answers twice what eager answers: its check at load refuses it
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y * 2 if torch.compiler.is_compiling() else y
+
+def lies():
+    return Lies()
+"""
+
+
+def test_a_graph_refused_at_load_leaves_the_next_buckets_capture_whole(tmp_path):
+    """The buckets' graphs share one memory pool. A graph refused by its check at load frees the
+    pool it made, so the pool shared is only one that a kept graph holds."""
+    from orchestrator import runtime
+    from orchestrator.config import load_spec
+    from orchestrator.jobs.model import build_model
+    from orchestrator.jobs.records import BucketResult, VariantMeasure
+    from orchestrator.jobs.variants import write_plan
+
+    (tmp_path / "lies.py").write_text(LYING_MODEL)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        "model: {factory: lies.py:lies}\ninputs: [{shape: [batch, 16]}]\nbuckets: [1, 8]\ndevice: cuda\n"
+        "compile: {mode: default}\n"
+    )
+    spec, cache = load_spec(config), tmp_path / "cache"
+    namespace = cache / runtime.load(config, cache_dir=cache).info().namespace
+    # the largest bucket loads first: its `graphed` lies and is refused; then bucket 1 captures
+    for bucket, variant in ((8, "graphed"), (1, "eager-graphed")):
+        measured = {"eager": VariantMeasure(ok=True, ms=1.0), variant: VariantMeasure(ok=True, ms=0.5)}
+        write_plan(namespace, spec, BucketResult(bucket=bucket, variant=variant, variants=measured))
+    served = runtime.load(config, cache_dir=cache, ready="planned")
+    rows = served.info().buckets
+    assert rows[8].variant == "eager" and "graphed at load" in str(rows[8].reason)
+    assert (rows[1].variant, rows[1].on_plan, rows[1].reason) == ("eager-graphed", True, None)
+    model = build_model(spec, torch.device("cuda"))
+    for batch in (1, 8):
+        x = torch.randn(batch, 16, device="cuda")
+        with torch.no_grad():
+            torch.testing.assert_close(served(x), model(x))

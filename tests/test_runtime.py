@@ -18,6 +18,8 @@ from conftest import ROOT, orchestrate
 
 from orchestrator import runtime
 from orchestrator.config import load_spec
+from orchestrator.jobs.engine import float64_outputs
+from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.model import build_model, make_inputs
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.variants import write_plan
@@ -50,8 +52,20 @@ class Lies(Rows):
         out = super().forward(x)
         return out * 2 if torch.compiler.is_compiling() else out
 
+class Coarse(Rows):
+    # eager rounds its float32 answer to bfloat16's 8 bits, as TF32 kernels round their operands;
+    # compiled, it answers exactly: closer to a float64 run than eager, and far from eager
+    def forward(self, x):
+        out = 100 * super().forward(x)
+        if out.dtype == torch.float32 and not torch.compiler.is_compiling():
+            return out.bfloat16().float()
+        return out
+
 def rows():
     return Rows()
+
+def coarse():
+    return Coarse()
 
 def lies():
     return Lies()
@@ -222,15 +236,30 @@ def test_a_planned_compiled_bucket_that_misses_the_cache_is_refused_with_require
     torch.testing.assert_close(answering(*args), want)
 
 
-def planned_cache(config: Path, root: Path, variant: str, buckets: tuple[int, ...]) -> Path:
+def planned_cache(config: Path, root: Path, variant: str, buckets: tuple[int, ...], bounded: bool = False) -> Path:
     """A cache root whose namespace holds a serving plan naming `variant` for `buckets`, and nothing
-    compiled: a replica compiles them (in the background) when it loads."""
+    compiled: a replica compiles them (in the background) when it loads. `bounded`: each plan holds
+    the bounds at load that warmup's gate sets from eager's distance to a float64 run."""
     spec = load_spec(config)
     measured = {"eager": VariantMeasure(ok=True, ms=1.0), variant: VariantMeasure(ok=True, ms=0.5)}
     namespace = root / runtime.load(config, cache_dir=root).info().namespace
     for bucket in buckets:
-        write_plan(namespace, spec, BucketResult(bucket=bucket, variant=variant, variants=measured))
+        bounds = load_bounds(config, bucket) if bounded else None
+        write_plan(namespace, spec, BucketResult(bucket=bucket, variant=variant, variants=measured), None, bounds)
     return root
+
+
+def load_bounds(path: Path, n: int) -> dict[str, float]:
+    """What warmup's gate records for a replica's check at load: from eager and a float64 run."""
+    cpu = torch.device("cpu")
+    spec = load_spec(path)
+    model = build_model(spec, cpu)
+    args, kwargs = make_inputs(spec, n, cpu)
+    with torch.no_grad():
+        reference = snapshot(model(*args, **kwargs))
+    runs, note = float64_outputs(model, [(args, kwargs)], cpu, reference)
+    assert runs is not None, note
+    return Gate().load_bounds(reference, runs[0])
 
 
 def test_a_fault_of_the_loader_itself_leaves_every_bucket_on_eager_and_never_hangs(rows_config, tmp_path, monkeypatch):
@@ -327,6 +356,36 @@ def test_a_variant_that_fails_its_check_at_load_keeps_serving_eager_with_the_rea
     assert not served.info().on_plan and not served.loading
     args, _, want = eager_of(lies, 4)
     torch.testing.assert_close(served(*args), want)
+    # held to warmup's bound from float64: still far beyond it
+    cache = planned_cache(lies, tmp_path / "bounded", "compiled", (4,), bounded=True)
+    row = runtime.load(lies, cache_dir=cache, ready="planned").info().buckets[4]
+    assert row.variant == "eager" and "output of the compiled at load is further from eager than warmup's" in str(
+        row.reason
+    )
+
+
+def test_a_variant_closer_to_exact_than_eager_is_served_within_the_bound_warmup_set(tmp_path):
+    """Eager that rounds (TF32 kernels, here bfloat16) is far from a compiled variant that does
+    not, and a fixed float32 tolerance at load refused what warmup's float64 check had passed."""
+    coarse = config(
+        tmp_path,
+        "model: {factory: models.py:coarse}\ninputs: [{shape: [batch, 6]}]\nbuckets: [4]\ndevice: cpu\n"
+        "compile: {mode: null, backend: eager}\n",
+    )
+    bounds = load_bounds(coarse, 4)
+    assert set(bounds) == {"output"} and bounds["output"] > 0
+    row = runtime.load(coarse, cache_dir=planned_cache(coarse, tmp_path / "a", "compiled", (4,)), ready="planned")
+    row = row.info().buckets[4]
+    assert row.variant == "eager" and "exceeds atol=0.001" in str(row.reason)  # a plan without bounds
+
+    cache = planned_cache(coarse, tmp_path / "b", "compiled", (4,), bounded=True)
+    served = runtime.load(coarse, cache_dir=cache, ready="planned")
+    row = served.info().buckets[4]
+    assert (row.variant, row.on_plan, row.reason) == ("compiled", True, None)
+    args, _, want = eager_of(coarse, 3)
+    got = served(*args)
+    assert got.shape == want.shape and not torch.equal(got, want)  # the exact answer, not eager's
+    torch.testing.assert_close(got, want, atol=0.0, rtol=2**-8)
 
 
 @pytest.mark.slow
