@@ -613,3 +613,91 @@ def test_seeded_wrong_kernels_fail_the_bound_at_load(wrong):
     broken[0, 0] = float("inf")
     with pytest.raises(OutputMismatch, match="holds 0 NaN and 1 Inf"):
         Gate().compare(snapshot(eager), snapshot(broken), call="graphed at load", bounds=bounds)
+
+
+def test_against_float64_the_report_keeps_the_largest_difference_from_eager_and_the_full_line():
+    eager, wide = run(X1), run(X1, wide=True)
+    near = eager + 2e-7 * torch.randn(eager.shape, generator=torch.Generator().manual_seed(2))
+    verdict = judged(eager, near, wide)
+    assert verdict.max_abs_error == pytest.approx(float((near - eager).abs().max()))
+    floor = 4 * torch.finfo(torch.float32).eps * float(wide.square().mean().sqrt())
+    allowed = 3 * verdict.float64_eager_error + floor
+    assert verdict.tolerance_used == pytest.approx(verdict.float64_error / allowed)
+    off = eager.clone()
+    off[2, 5] += 0.5
+    with pytest.raises(OutputMismatch) as caught:
+        judged(eager, off, wide)
+    assert caught.value.max_abs_error == pytest.approx(0.5, rel=1e-5)
+    assert str(caught.value).startswith("output of the compiled first call is further from a float64 run than eager")
+    assert str(caught.value).endswith("; set check.reference: eager, or check.atol/check.rtol, if this is expected")
+    broken = eager.clone()
+    broken[0, 1] = float("nan")
+    with pytest.raises(OutputMismatch, match=r"^output of the compiled first call holds 1 NaN"):
+        judged(eager, broken, wide)
+
+
+def test_at_load_the_line_names_the_call_and_the_fix_and_keeps_the_difference():
+    eager, wide = run(X1), run(X1, wide=True)
+    bounds = Gate().load_bounds(snapshot(eager), snapshot(wide))
+    near = eager + 2e-7 * torch.randn(eager.shape, generator=torch.Generator().manual_seed(3))
+    verdict = Gate().compare(snapshot(eager), snapshot(near), call="graphed at load", bounds=bounds)
+    assert verdict.max_abs_error == pytest.approx(float((near - eager).abs().max()))
+    distance = float((near.double() - eager.double()).square().mean().sqrt())
+    assert verdict.tolerance_used == pytest.approx(distance / bounds["output"])
+    # exactly at the bound passes; the bound is the largest distance allowed
+    Gate().compare(snapshot(eager), snapshot(near), call="graphed at load", bounds={"output": distance})
+    off = eager.clone()
+    off[1, 1] += 0.25
+    with pytest.raises(OutputMismatch) as caught:
+        Gate().compare(snapshot(eager), snapshot(off), call="graphed at load", bounds=bounds)
+    assert caught.value.max_abs_error == pytest.approx(0.25, rel=1e-5)
+    line = str(caught.value)
+    assert line.startswith("output of the graphed at load is further from eager than warmup's float64 check allows")
+    assert line.endswith(
+        "; warm this platform again (orchestrate warmup), or set check.reference: eager if this is expected"
+    )
+    broken = eager.clone()
+    broken[0, 1] = float("nan")
+    with pytest.raises(OutputMismatch, match=r"^output of the graphed at load holds 1 NaN"):
+        Gate().compare(snapshot(eager), snapshot(broken), call="graphed at load", bounds=bounds)
+
+
+def test_bounds_name_every_floating_leaf_float64_judges_and_nothing_else():
+    eager, wide = run(X1), run(X1, wide=True)
+    labels = eager.argmax(-1)
+    bounds = Gate().load_bounds(snapshot((eager, labels, 2 * eager)), snapshot((wide, labels, 2 * wide)))
+    assert set(bounds) == {"output[0]", "output[2]"}
+    assert bounds["output[2]"] == pytest.approx(2 * bounds["output[0]"])
+
+
+def test_an_empty_output_has_no_error():
+    empty = torch.zeros(0, 4)
+    verdict = judged(empty, empty.clone(), empty.double())
+    assert verdict.reference == "float64" and verdict.max_abs_error == 0.0
+    assert verdict.float64_eager_error == 0.0 == verdict.float64_error
+    bounds = Gate().load_bounds(snapshot(empty), snapshot(empty.double()))
+    assert Gate().compare(snapshot(empty), snapshot(empty), call="c", bounds=bounds).max_abs_error == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_a_complex_outputs_floor_is_its_parts_units_in_the_last_place(dtype):
+    part = torch.float32 if dtype == torch.complex64 else torch.float64
+    eps = torch.finfo(part).eps
+    exact = torch.polar(torch.ones(256, dtype=torch.float64), torch.linspace(0, 6, 256, dtype=torch.float64))
+    eager = exact.to(dtype)
+    judged(eager, eager * (1 + 2 * eps), exact)  # within 4 units of the part's last place
+    with pytest.raises(OutputMismatch, match="further from a float64 run"):
+        judged(eager, eager * (1 + 64 * eps), exact)
+
+
+def test_a_float64_run_with_inf_where_eager_is_finite_cannot_judge():
+    eager, wide = run(X1), run(X1, wide=True)
+    wide[0, 0] = float("inf")
+    refused(eager, eager + 0.5, "exceeds atol=0.001")  # against eager, as without a float64 run
+    with pytest.raises(OutputMismatch, match="exceeds atol=0.001"):
+        judged(eager, eager + 0.5, wide)
+
+
+def test_a_list_is_walked_in_its_own_order():
+    paths = [leaf.path for leaf in snapshot([torch.zeros(1)] * 12)]
+    assert paths == ["output"] + [f"output[{i}]" for i in range(12)]
