@@ -51,5 +51,5 @@ def install_hint(module: str) -> str:
     # torchvision 0.(N + 15) is built for torch 2.N
     return (
         f"install the torchvision built for torch {torch_version}, from the index torch came from: "
-        f".venv/bin/pip install 'torchvision==0.{int(minor) + 15}.*'{index}"
+        f".venv/bin/pip install 'torchvision==0.{int(minor) + 15}.*'{index} (scripts/install.sh --examples does it)"
     )

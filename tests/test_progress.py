@@ -115,7 +115,11 @@ def test_at_80_columns_no_line_is_cut_or_runs_past_the_edge(tmp_path, path):
     bars, the progress lines, the table and its footer all fit, and nothing is cut with an
     ellipsis. (A small model: what is laid out does not depend on its size.)"""
     (tmp_path / "models.py").write_text(SMALL_MODEL)
-    (tmp_path / "mlp.yaml").write_text("model: {factory: models.py:small}\ninputs: [{shape: [batch, 64]}]\n")
+    # a long name: the namespace in the footer must fold, not run past the edge
+    (tmp_path / "mlp.yaml").write_text(
+        "name: sentence-transformers-all-minilm-l12-v2-multilingual-paraphrase-encoder\n"
+        "model: {factory: models.py:small}\ninputs: [{shape: [batch, 64]}]\n"
+    )
     text = _through_a_terminal(
         [sys.executable, "-m", "orchestrator", "warmup", "--model", str(tmp_path / "mlp.yaml"), "--buckets", "1,2"]
         + ["--device", "cpu", *path, "--cache-dir", str(tmp_path / "cache")],
