@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, orchestrate
 
-from orchestrator.planning.buckets import Cost, figures, plan, plan_one, powers_of_two
+from orchestrator.planning.buckets import Cost, figures, plan, plan_one, plan_points, point_figures, powers_of_two
 
 
 def brute_force(traffic, max_points: int, dims: int) -> float:
@@ -58,9 +58,65 @@ def test_a_grid_plan_is_the_optimum_on_small_traces(seed):
     assert figures(traffic, chosen, Cost()).mean_cost == pytest.approx(brute_force(traffic, 4, 2))
 
 
+def brute_force_points(traffic, max_points: int, cost: Cost) -> float:
+    """The least mean cost of every set of at most `max_points` points of seen sizes with the
+    point of the largest sizes among them."""
+    dims = len(next(iter(traffic)))
+    candidates = list(itertools.product(*(sorted({r[d] for r in traffic}) for d in range(dims))))
+    largest = tuple(max(r[d] for r in traffic) for d in range(dims))
+    others = [c for c in candidates if c != largest]
+    return min(
+        point_figures(traffic, [largest, *subset], cost).mean_cost
+        for k in range(max_points)
+        for subset in itertools.combinations(others, k)
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_free_points_reach_the_optimum_on_small_traces_and_never_lose_to_the_product_plan(seed):
+    rng = random.Random(200 + seed)
+    traffic = {(rng.choice([1, 2, 3, 8]), rng.choice([5, 9, 17, 30, 64])): rng.randint(1, 9) for _ in range(10)}
+    for k in (2, 4):
+        points = plan_points(traffic, k, Cost())
+        assert len(points) <= k and tuple(max(r[d] for r in traffic) for d in range(2)) in points
+        mean = point_figures(traffic, points, Cost()).mean_cost
+        assert mean == pytest.approx(brute_force_points(traffic, k, Cost()))
+        assert mean <= figures(traffic, plan(traffic, k, Cost(), 2), Cost()).mean_cost + 1e-9
+
+
+def test_free_points_serve_two_crowds_a_product_grid_cannot():
+    # short requests of many rows, long ones of one row: two points; a product grid of two points
+    # pads one crowd to the other's size in one dimension
+    traffic = {(32, 16): 100, (1, 256): 100}
+    assert plan_points(traffic, 2, Cost()) == [(1, 256), (32, 256)]  # the largest point, always there
+    points = plan_points(traffic, 3, Cost())
+    assert points == [(1, 256), (32, 16), (32, 256)]
+    assert point_figures(traffic, points, Cost()).padding_waste == 0.0
+    assert figures(traffic, plan(traffic, 3, Cost(), 2), Cost()).padding_waste > 0.4
+
+
+def test_free_points_keep_to_the_candidate_sizes_on_a_wide_trace():
+    from orchestrator.planning import buckets
+
+    rng = random.Random(7)
+    traffic: dict = {}
+    for _ in range(3000):
+        key = (rng.randint(1, 32), min(256, int(rng.lognormvariate(4.1, 0.8)) + 1))
+        traffic[key] = traffic.get(key, 0) + 1
+    points = plan_points(traffic, 6, Cost())
+    seqs = {p[1] for p in points}
+    assert len(points) <= 6 and (32, max(r[1] for r in traffic)) in points
+    assert seqs <= set(buckets._candidate_sizes(traffic, 1)) and len(buckets._candidate_sizes(traffic, 1)) <= 48
+    assert (
+        point_figures(traffic, points, Cost()).mean_cost
+        <= figures(traffic, plan(traffic, 6, Cost(), 2), Cost()).mean_cost
+    )
+
+
 def test_a_trace_of_one_size_gives_one_point():
     assert plan({(7, 33): 500}, 6, Cost(), 2) == [[7], [33]]
     assert plan({(5,): 3}, 4, Cost(), 1) == [[5]]
+    assert plan_points({(7, 33): 500}, 6, Cost()) == [(7, 33)]
 
 
 def test_measured_costs_are_used_where_the_report_has_them():
@@ -193,7 +249,14 @@ def test_a_grid_is_planned_in_its_own_form(tmp_path):
     traffic.write_text("batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(1, 30)] * 40 + [(4, 100)] * 10))
     done = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "4", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["buckets"] == {"batch": [1, 4], "seq": [30, 100]}
+    answer = json.loads(done.stdout)
+    assert answer["buckets"] == {"batch": [1, 4], "seq": [30, 100]}
+    # the free points: each crowd at its own size, and nothing more
+    free = answer["candidates"][-1]
+    assert free["name"] == "free points" and free["points"] == {"only": [[1, 30], [4, 100]]}
+    assert free["buckets"] == {"batch": [1, 4], "seq": [30, 100]} and free["padding_waste"] == 0.0
+    shown = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "4")
+    assert "points 1x30, 4x100" in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,16 @@ from rich.table import Table
 from orchestrator.config import ConfigError, load_spec
 from orchestrator.errors import UserError
 from orchestrator.jobs.spec import WarmupSpec
-from orchestrator.planning.buckets import Cost, Figures, Point, figures, plan, powers_of_two
+from orchestrator.planning.buckets import (
+    Cost,
+    Figures,
+    Point,
+    figures,
+    plan,
+    plan_points,
+    point_figures,
+    powers_of_two,
+)
 
 
 @dataclass
@@ -34,6 +43,8 @@ class Candidate:
     figures: Optional[Figures]
     compile_seconds: Optional[float]
     why_not: Optional[str] = None
+    # a free set of points (a grid's `points.only`), where `grid` is only the sizes they use
+    points: Optional[list[Point]] = None
 
 
 def measured_costs(report: Mapping[str, Any], dims: list[str]) -> tuple[dict[Point, float], Optional[float]]:
@@ -100,6 +111,11 @@ def compare(
             out.append(Candidate(name, grid, figures(traffic, grid, cost), seconds))
         except ValueError as exc:
             out.append(Candidate(name, grid, None, seconds, why_not=str(exc)))
+    if len(dims) > 1:  # any points, not a product: served as the grid of their sizes with `points.only`
+        free = plan_points(traffic, max_points, cost)
+        used = [sorted({point[d] for point in free}) for d in range(len(dims))]
+        seconds = compile_seconds * len(free) if compile_seconds is not None else None
+        out.append(Candidate("free points", used, point_figures(traffic, free, cost), seconds, points=free))
     return out
 
 
@@ -118,6 +134,8 @@ def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, consol
         shown = " x ".join(
             f"{dim} {','.join(map(str, sizes))}" for dim, sizes in zip(spec.grid_dims, c.grid, strict=True)
         )
+        if c.points is not None:
+            shown = "points " + ", ".join("x".join(map(str, point)) for point in c.points)
         if c.figures is None:
             table.add_row(c.name, shown, "-", f"cannot serve: {c.why_not}", "-", "-")
             continue
@@ -146,6 +164,7 @@ def as_json(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str) -> di
                 "padding_waste": c.figures.padding_waste if c.figures else None,
                 "compile_seconds": c.compile_seconds,
                 "cannot_serve": c.why_not,
+                **({"points": {"only": [list(p) for p in c.points]}} if c.points is not None else {}),
             }
             for c in candidates
         ],

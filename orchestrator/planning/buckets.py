@@ -17,6 +17,18 @@ exact one-dimensional steps over the dimensions until none improves, from every 
 budget into per-dimension counts that leaves none to spare. Each step never raises the cost, so
 this ends at a coordinate-wise optimum: no better plan differs from it in one dimension alone. It
 need not be the global optimum; tests check it against brute force on small traces.
+
+Free points (a grid's `points.only`): any set of points, not a product. Each request runs at the
+cheapest point at least as large in every dimension. The point of the largest sizes seen is
+always one of them: it holds any request within the sizes seen, not only the trace's (without it,
+a batch of 32 at a length seen only with one row would run as 32 calls). Choosing the others is a
+k-median problem with covering constraints, NP-hard in general, so plan_points is a heuristic:
+greedy additions of the point that lowers the mean cost most, then swaps of one point for another
+until none helps (a local optimum: no plan that differs in one point is better). Candidates are the products of the
+sizes seen per dimension (a point between two seen sizes only costs more), at most CANDIDATE_SIZES
+per dimension (quantiles of the traffic, the largest kept) so the search stays a few seconds;
+tests check it against brute force on small traces, and it never does worse than the product
+plan it is compared with, whose points are among its candidates when the sizes are.
 """
 
 from __future__ import annotations
@@ -28,6 +40,8 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
+
+import numpy as np
 
 Point = tuple[int, ...]
 Traffic = Mapping[Point, int]  # request sizes (one per dimension) -> how many requests
@@ -235,3 +249,96 @@ def powers_of_two(traffic: Traffic, shape: Sequence[int]) -> list[list[int]]:
         sizes = [top >> i for i in range(count) if top >> i >= 1]
         out.append(sorted(sizes))
     return out
+
+
+CANDIDATE_SIZES = 48  # per dimension, for plan_points
+
+
+def point_figures(traffic: Traffic, points: Sequence[Point], cost: Cost) -> Figures:
+    """The figures of a free set of points: each request at the cheapest point that holds it in
+    every dimension (as a grid replica routes it); ValueError where none holds a request."""
+    total_cost = requests = real = padded = 0.0
+    for sizes, count in traffic.items():
+        holding = [p for p in points if all(b >= n for b, n in zip(p, sizes, strict=True))]
+        if not holding:
+            raise ValueError(f"no point holds a request of {list(sizes)}")
+        point = min(holding, key=cost)
+        total_cost += count * cost(point)
+        requests += count
+        real += count * math.prod(sizes)
+        padded += count * math.prod(point)
+    return Figures(total_cost / requests, 1 - real / padded if padded else 0.0, len(points))
+
+
+def plan_points(traffic: Traffic, max_points: int, cost: Cost) -> list[Point]:
+    """At most `max_points` points, any sizes, of low mean cost on `traffic` (module doc): the
+    best of RESTARTS searches, each from the largest point and one of the points whose addition
+    alone lowers the cost most."""
+    if not traffic:
+        raise ValueError("the traffic holds no request")
+    axes = [_candidate_sizes(traffic, d) for d in range(len(next(iter(traffic))))]
+    # a candidate holds a request exactly when it holds the request's sizes rounded up to candidate
+    # sizes: the search needs only those, far fewer on a wide trace
+    rounded: dict[Point, int] = {}
+    for request, count in traffic.items():
+        key = tuple(axis[bisect.bisect_left(axis, n)] for axis, n in zip(axes, request, strict=True))
+        rounded[key] = rounded.get(key, 0) + count
+    counts = np.array(list(rounded.values()), dtype=float)
+    sizes = np.array(list(rounded), dtype=float)  # (requests, dims)
+    candidates = list(itertools.product(*axes))
+    at = np.array(candidates, dtype=float)
+    holds = (at[:, None, :] >= sizes[None, :, :]).all(axis=2)  # (candidates, requests)
+    unit = np.array([cost(c) for c in candidates])
+    price = np.where(holds, unit[:, None], np.inf)  # what each request costs at each candidate
+    largest = candidates.index(tuple(axis[-1] for axis in axes))
+    k = min(max_points, len(candidates))
+    gains = (np.maximum(price[largest][None, :] - price, 0.0) * counts).sum(axis=1)
+    seeds = [[largest]] + [[largest, int(c)] for c in np.argsort(-gains)[:RESTARTS] if gains[c] > 0 and k > 1]
+    searched = [_search(price, counts, seed, k) for seed in seeds]
+    _, chosen = min(searched, key=lambda found: found[0])
+    return sorted(candidates[c] for c in chosen)
+
+
+RESTARTS = 8
+
+
+def _search(price: np.ndarray, counts: np.ndarray, seed: list[int], k: int) -> tuple[float, list[int]]:
+    """From `seed` (the largest point first, kept): greedy additions up to k points, then swaps
+    of one point for the best other until none lowers the cost. The cost and the points."""
+    chosen = list(seed)
+    best = price[chosen].min(axis=0)
+    while len(chosen) < k:
+        gains = (np.maximum(best[None, :] - price, 0.0) * counts).sum(axis=1)
+        pick = int(gains.argmax())
+        if gains[pick] <= 0.0:
+            break
+        chosen.append(pick)
+        best = np.minimum(best, price[pick])
+    current = float((best * counts).sum())
+    for _ in range(20):  # each swap lowers the cost; a few passes settle it
+        improved = False
+        for i in range(1, len(chosen)):  # the largest point stays
+            others = price[[c for j, c in enumerate(chosen) if j != i]].min(axis=0)
+            totals = (np.minimum(others[None, :], price) * counts).sum(axis=1)
+            pick = int(totals.argmin())
+            if totals[pick] < current * (1 - 1e-9) and pick not in chosen:
+                chosen[i], current, improved = pick, float(totals[pick]), True
+        if not improved:
+            break
+    return current, chosen
+
+
+def _candidate_sizes(traffic: Traffic, dim: int) -> list[int]:
+    """The sizes seen in dimension `dim`, at most CANDIDATE_SIZES of them: where more were seen,
+    those at evenly spaced quantiles of the requests, the largest always among them."""
+    seen: dict[int, int] = {}
+    for request, count in traffic.items():
+        seen[request[dim]] = seen.get(request[dim], 0) + count
+    ordered = sorted(seen)
+    if len(ordered) <= CANDIDATE_SIZES:
+        return ordered
+    upto = list(itertools.accumulate(seen[n] for n in ordered))
+    picks = {ordered[-1]}
+    for q in range(1, CANDIDATE_SIZES):
+        picks.add(ordered[bisect.bisect_left(upto, upto[-1] * q / CANDIDATE_SIZES)])
+    return sorted(picks)
