@@ -24,7 +24,12 @@ its logits read at the real positions; both built from configs with random weigh
      counts those that passed.
   3. Padding waste: of the positions (rows x seq) computed, the fraction that was padding.
 
-Output: OUT_DIR/sequence_traffic.json and a Markdown table on stdout.
+Output: OUT_DIR/sequence_traffic.json and a Markdown table on stdout; each process's stderr in
+OUT_DIR/logs (the traffic probe's says how long each first pass took and how far the timed pass
+got). On a device whose outputs come back only two folders deep and a few files at a time, give
+OUT_DIR outside them and copy back the JSON and logs/traffic-*.log. The encoder's 2,000 requests
+took longer than the 266 s a 560 s budget left after the warmups on the H200 (2026-12-04): give
+each model a call of its own.
 """
 
 from __future__ import annotations
@@ -94,8 +99,10 @@ from orchestrator.jobs.gate import Gate, snapshot
 grid_config, longest_config, cache, requests, device = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 CUDA = device == "cuda"
 sync = torch.cuda.synchronize if CUDA else (lambda: None)
+began = time.perf_counter()
 grid = runtime.load(grid_config, cache_dir=cache, ready="planned")
 longest = runtime.load(longest_config, cache_dir=cache, ready="planned")
+print(f"replicas on plan in {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
 model = grid.model
 LONGEST = max(load_spec(grid_config).grid["seq"])
 gate = Gate.from_options(load_spec(grid_config).check)
@@ -160,7 +167,11 @@ with torch.no_grad():
         seconds[name] = time.perf_counter() - began
         print(f"{name}: first pass {seconds[name]:.1f} s", file=sys.stderr, flush=True)
     latency = {name: [] for name in methods}
+    began = time.perf_counter()
     for i, request in enumerate(traffic):
+        if i % 250 == 0:  # where the time goes, should the run outlast its budget
+            print(f"timed and checked {i} of {len(traffic)} in {time.perf_counter() - began:.1f} s",
+                  file=sys.stderr, flush=True)
         order = list(methods) if i % 2 == 0 else list(methods)[::-1]
         answers = {}
         for name in order:
