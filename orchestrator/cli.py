@@ -933,6 +933,12 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the comparison as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the plan's buckets into CFG.yaml, every other line as it was.")
+@click.option(
+    "--free-points",
+    is_flag=True,
+    help="A grid: --write the free-point plan (its sizes as buckets, its points as points.only) "
+    "instead of the product plan.",
+)
 def plan_command(
     model_path: str,
     traffic: str,
@@ -942,6 +948,7 @@ def plan_command(
     max_compile_seconds: Optional[float],
     as_json: bool,
     write: bool,
+    free_points: bool,
 ) -> None:
     """Choose the buckets (a grid's points) that serve a traffic at the least expected cost.
 
@@ -958,6 +965,8 @@ def plan_command(
         3  the Prometheus URL does not answer
     """
     spec = load_spec_with_overrides(model_path)
+    if free_points and not (write and spec.grid):
+        raise UserError("--free-points writes a grid's free-point plan: pass it with --write, for a grid config")
     report = _load_report(report_path) if report_path else None
     from orchestrator.planning import advice
     from orchestrator.planning.traffic import read_traffic
@@ -970,8 +979,10 @@ def plan_command(
     else:
         advice.render(spec, candidates, unit, _table_console(False))
     if write:
-        advice.write_buckets(Path(model_path), spec, candidates[0].grid)
-        click.echo(f"orchestrate: wrote the plan's buckets into {model_path}", err=True)
+        chosen = candidates[-1] if free_points else candidates[0]  # the free points come last
+        advice.write_buckets(Path(model_path), spec, chosen.grid, chosen.points)
+        what = "buckets and points" if chosen.points is not None else "buckets"
+        click.echo(f"orchestrate: wrote the plan's {what} into {model_path}", err=True)
 
 
 def _table_console(wide: bool) -> Console:

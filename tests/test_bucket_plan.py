@@ -258,6 +258,22 @@ def test_a_grid_is_planned_in_its_own_form(tmp_path):
     shown = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "4")
     assert "points 1x30, 4x100" in shown.stdout, shown.stdout
 
+    # --write --free-points: the points' sizes as buckets and the points as points.only, the rest kept
+    path.write_text(
+        path.read_text().replace("buckets:", "# the sizes we serve\nbuckets:") + "points: {max_product: 4096}\n"
+    )
+    traffic.write_text("batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(8, 30)] * 40 + [(1, 100)] * 40))
+    done = orchestrate(
+        "plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "3", "--write", "--free-points"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote the plan's buckets and points into" in done.stderr
+    text = path.read_text()
+    assert "# the sizes we serve\nbuckets:\n  batch: [1, 8]\n  seq: [30, 100]\n" in text
+    assert text.endswith("points: {only: [[1, 100], [8, 30], [8, 100]]}\n") and "max_product" not in text
+    refused = orchestrate("plan", "--model", str(config(tmp_path)), "--traffic", str(traffic), "--free-points")
+    assert refused.returncode == 2 and "--free-points writes a grid's free-point plan" in refused.stderr
+
 
 @pytest.mark.parametrize(
     "lines, message",

@@ -175,26 +175,21 @@ def as_json(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str) -> di
 _TOP_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\s*:")
 
 
-def write_buckets(path: Path, spec: WarmupSpec, grid: list[list[int]]) -> None:
-    """Replace the config file's `buckets` entry with the plan, leaving every other line (comments,
-    order, quoting) as it was; the result is checked as a config before it replaces the file."""
+def write_buckets(path: Path, spec: WarmupSpec, grid: list[list[int]], points: Optional[list[Point]] = None) -> None:
+    """Replace the config file's `buckets` entry with the plan (and, for a free-point plan, its
+    `points` entry with `{only: [...]}`), leaving every other line (comments, order, quoting) as it
+    was; the result is checked as a config before it replaces the file."""
     lines = Path(path).read_text().splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if re.match(r"^buckets\s*:", line)), None)
     value = buckets_value(spec, grid)
     if isinstance(value, dict):
         block = ["buckets:\n", *(f"  {dim}: [{', '.join(map(str, sizes))}]\n" for dim, sizes in value.items())]
     else:
         block = [f"buckets: [{', '.join(map(str, value))}]\n"]
-    if start is None:
-        new = [*lines, *(["\n"] if lines and not lines[-1].endswith("\n") else []), *block]
-    else:
-        end = start + 1
-        while end < len(lines) and not _TOP_KEY.match(lines[end]) and not lines[end].startswith("#"):
-            end += 1
-        while end > start + 1 and not lines[end - 1].strip():  # blank lines before the next key stay
-            end -= 1
-        new = [*lines[:start], *block, *lines[end:]]
-    text = "".join(new)
+    lines = _replace_entry(lines, "buckets", block)
+    if points is not None:
+        shown = ", ".join(f"[{', '.join(map(str, point))}]" for point in points)
+        lines = _replace_entry(lines, "points", [f"points: {{only: [{shown}]}}\n"])
+    text = "".join(lines)
     directory = Path(path).resolve().parent
     with tempfile.NamedTemporaryFile("w", dir=directory, prefix=".plan-", suffix=".yaml", delete=False) as scratch:
         scratch.write(text)
@@ -207,3 +202,17 @@ def write_buckets(path: Path, spec: WarmupSpec, grid: list[list[int]]) -> None:
         ) from None
     os.chmod(scratch.name, Path(path).stat().st_mode & 0o777)
     os.replace(scratch.name, path)
+
+
+def _replace_entry(lines: list[str], key: str, block: list[str]) -> list[str]:
+    """`lines` with the top-level entry `key` (its line and the indented ones under it) replaced
+    by `block`, or `block` added at the end where there is none."""
+    start = next((i for i, line in enumerate(lines) if re.match(rf"^{key}\s*:", line)), None)
+    if start is None:
+        return [*lines, *(["\n"] if lines and not lines[-1].endswith("\n") else []), *block]
+    end = start + 1
+    while end < len(lines) and not _TOP_KEY.match(lines[end]) and not lines[end].startswith("#"):
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():  # blank lines before the next key stay
+        end -= 1
+    return [*lines[:start], *block, *lines[end:]]
