@@ -13,9 +13,7 @@ batch 1, 8, 32 x seq 32, 64, 128, 256; tiny ones with --device cpu), two cold `o
 Either way each point is checked, benchmarked and served on its own (`graphed` captures one CUDA
 graph per point on the GPU), so the question is only what a symbolic-size kernel costs per call
 against one compiled for its shapes. Per arm, a fresh process loads the grid as a replica does
-(`runtime.load(ready="planned")`) and reports the seconds from its start to every point on plan
-(for the dynamic arm that includes compiles: its replica misses the cache at each slice's first
-point, docs/performance.md "Noticed, not fixed").
+(`runtime.load(ready="planned")`) and reports the seconds from its start to every point on plan.
 Then one process loads both replicas and times them side by side at every point's exact shape: 5
 rounds, each arm's block of 20 calls (after 3 untimed) in turns, the order alternating, a
 synchronize after every call; an arm's figure is the median of its block medians, and the ratio

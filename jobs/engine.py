@@ -140,6 +140,7 @@ def run_warmup(
 
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
     read or is not trusted (before anything touched the local cache)."""
+    ti.forget_compiled_frames()  # an earlier run in this process (a grid's slice) compiled for its own namespace
     session = Session(
         spec,
         cache_root,

@@ -146,6 +146,28 @@ def match_a_plain_process() -> None:
     drift apart. Idempotent."""
     pickle_torch_names_as_a_plain_process()
     find_tuned_configs_where_loaded()
+    sizes_apart_in_dynamic_graphs()
+
+
+def sizes_apart_in_dynamic_graphs() -> None:
+    """With dynamic shapes, Dynamo gives two sizes that are equal in the first call it traces one
+    symbol ("duck" shaping), so the graph, and its cache key, depend on which bucket a process
+    traced first: a warmup that began at 2 x 64 and a replica that begins with its largest
+    bucket, 32 x 32, trace different graphs, and the replica misses the cache. A symbol per size
+    makes the first trace the same wherever it starts; static compiles have no symbols to merge."""
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = False
+
+
+def forget_compiled_frames() -> None:
+    """Drop what Dynamo compiled in this process so far, where it compiled anything. A grid's
+    slices warm one after another in one process, each into a namespace of its own: a graph an
+    earlier slice compiled (with `compile.dynamic`, one graph of symbolic sizes serves them all)
+    would serve the next slice with no cache lookup, and leave that slice's namespace without the
+    artifacts its replica loads."""
+    if "torch._dynamo" in sys.modules:  # nothing compiled yet: no import of Dynamo for nothing
+        torch._dynamo.reset()
 
 
 def pickle_torch_names_as_a_plain_process() -> list[str]:

@@ -458,3 +458,39 @@ def test_requests_in_the_same_sequence_bucket_join_one_call_and_each_answers_as_
         RequestError, match=r"attention_mask\) has 7 at dim 1 \(seq\) where inputs\[0\] \(input_ids\) has 6"
     ):
         codec.decode(json.dumps(mismatched))
+
+
+@pytest.mark.slow
+def test_a_dynamic_grid_warmed_in_one_process_loads_warm_at_every_point(tmp_path):
+    """With compile.dynamic, one graph of symbolic sizes serves many points. Warmed in one process,
+    a later slice reused the first slice's graph and published none of its own; and a replica,
+    which traces its largest bucket first (4 x 4, where batch equals seq), made another graph than
+    warmup's first trace (2 x 4) under Dynamo's merging of equal sizes, and missed the cache."""
+    from orchestrator import runtime
+
+    # 60 pointwise ops: one fused loop compiled, 60 calls eager, so compiled serves every point
+    (tmp_path / "rows.py").write_text(
+        "import torch\n\nclass Chain(torch.nn.Module):\n    def forward(self, x):\n"
+        "        for _ in range(30):\n            x = torch.sin(x) * 1.01\n        return x\n\n"
+        "def rows():\n    return Chain()\n"
+    )
+    config = tmp_path / "grid.yaml"
+    config.write_text(
+        "model: {factory: rows.py:rows}\ninputs: [{shape: [batch, seq, 8]}]\n"
+        "buckets: {batch: [1, 4], seq: [4, 8]}\ncompile: {mode: default, dynamic: true}\ndevice: cpu\n"
+        "serve: {variants: [eager, compiled]}\nbench: {iterations: 4, warmup: 1}\n"
+    )
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "warmup", "--model", str(config), "--no-ray", "--cache-dir", str(cache),
+         "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_point = {(r["point"]["batch"], r["point"]["seq"]): r for r in json.loads(done.stdout)["results"]}
+    for seq in (4, 8):  # each slice compiled for its own namespace
+        assert by_point[(1, seq)]["cache"]["fx_graph_misses"] >= 1, by_point[(1, seq)]["cache"]
+    served = runtime.load(config, cache_dir=cache, ready="planned", require_warm=True)
+    rows = served.info().buckets
+    planned = {label: row for label, row in rows.items() if row.planned == "compiled"}
+    assert planned and all(row.variant == "compiled" and not row.cache_misses for row in planned.values()), rows
