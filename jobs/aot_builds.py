@@ -311,6 +311,7 @@ def _twin(spec: WarmupSpec, model: Any) -> Any:
 
     from orchestrator.jobs import torch_internals as ti
 
+    ti.sizes_apart_in_dynamic_graphs()  # as the parent traces, so that its keys find what this compiles
     return torch.compile(model, **ti.variant_compile_kwargs(spec.compile, "graphed"))
 
 
