@@ -255,7 +255,7 @@ class Gate:
         """The compiled RMS error against float64 within `multiple` times eager's, plus a floor."""
         floor = _floor(expected.dtype, exact)
         expected, actual, exact = _as_real_double(expected), _as_real_double(actual), exact.to(expected.device)
-        _refuse_nonfinite(where, actual, torch.ones_like(expected, dtype=torch.bool))
+        _refuse_nonfinite(where, actual)
         error = float((expected - actual).abs().max()) if expected.numel() else 0.0
         eager_error, compiled_error = _rms(expected - exact), _rms(actual - exact)
         allowed = self.multiple * eager_error + floor
@@ -271,7 +271,7 @@ class Gate:
     def _within(self, expected: torch.Tensor, actual: torch.Tensor, bound: float, where: str) -> _Measured:
         """The RMS distance from eager within the bound warmup's float64 check set (load_bounds)."""
         expected, actual = _as_real_double(expected), _as_real_double(actual)
-        _refuse_nonfinite(where, actual, torch.ones_like(expected, dtype=torch.bool))
+        _refuse_nonfinite(where, actual)
         error = float((expected - actual).abs().max()) if expected.numel() else 0.0
         distance = _rms(actual - expected)
         if distance > bound:
@@ -364,9 +364,10 @@ def _floor(dtype: torch.dtype, exact: torch.Tensor) -> float:
     return FLOOR_ULPS * _epsilon(dtype) * max(_rms(exact), torch.finfo(torch.float64).tiny)
 
 
-def _refuse_nonfinite(where: str, actual: torch.Tensor, finite: torch.Tensor) -> None:
-    """NaN or Inf in the compiled output where eager's values are finite fail."""
-    broken = finite & ~torch.isfinite(actual)
+def _refuse_nonfinite(where: str, actual: torch.Tensor, finite: Optional[torch.Tensor] = None) -> None:
+    """NaN or Inf in the compiled output where eager's values are finite (`finite`; None: all of
+    them) fail."""
+    broken = ~torch.isfinite(actual) if finite is None else finite & ~torch.isfinite(actual)
     if bool(broken.any()):
         nan = int((broken & torch.isnan(actual)).sum())
         raise OutputMismatch(

@@ -979,7 +979,7 @@ def plan_command(
     else:
         advice.render(spec, candidates, unit, _table_console(False))
     if write:
-        chosen = candidates[-1] if free_points else candidates[0]  # the free points come last
+        chosen = next(c for c in candidates if c.points is not None) if free_points else candidates[0]
         advice.write_buckets(Path(model_path), spec, chosen.grid, chosen.points)
         what = "buckets and points" if chosen.points is not None else "buckets"
         click.echo(f"orchestrate: wrote the plan's {what} into {model_path}", err=True)

@@ -24,11 +24,11 @@ always one of them: it holds any request within the sizes seen, not only the tra
 a batch of 32 at a length seen only with one row would run as 32 calls). Choosing the others is a
 k-median problem with covering constraints, NP-hard in general, so plan_points is a heuristic:
 greedy additions of the point that lowers the mean cost most, then swaps of one point for another
-until none helps (a local optimum: no plan that differs in one point is better). Candidates are the products of the
-sizes seen per dimension (a point between two seen sizes only costs more), at most CANDIDATE_SIZES
-per dimension (quantiles of the traffic, the largest kept) so the search stays a few seconds;
-tests check it against brute force on small traces, and it never does worse than the product
-plan it is compared with, whose points are among its candidates when the sizes are.
+until none helps (a local optimum: no plan that differs in one point is better), the best of
+several such searches from different second points. Candidates are the products of the sizes
+seen per dimension (a point between two seen sizes only costs more), at most CANDIDATE_SIZES per
+dimension (quantiles of the traffic, the largest kept), so the search stays a few seconds. Nothing
+guarantees it beats the product plan; tests check it against brute force on small traces.
 """
 
 from __future__ import annotations
