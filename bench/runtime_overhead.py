@@ -9,6 +9,8 @@ interleaved with the order alternating: the runtime's call, and its runner calle
 the model as served; `replays` swaps in a stand-in runner flagged as replaying into buffers,
 so the copy-out path is timed too. The overhead is the runtime's block mean minus the direct
 one's in the same round: its median and spread (half the interquartile range), in µs per call.
+`padded` rows time a request one row short of the bucket through the runtime against the
+bucket's own size through the runtime: what checking, padding and cutting back add.
 
 `host_overhead` is also what bench/serving.py uses for its host-side figures on the GPU.
 """
@@ -155,13 +157,17 @@ def main() -> int:
                     results[f"{kind} b{bucket}"] = host_overhead(
                         through_runtime, direct, args.calls, args.block, clock=clock
                     )
+                    if bucket > 1:  # a request of fewer rows: checked, padded, cut back and copied
+                        results[f"{kind} b{bucket} padded"] = host_overhead(
+                            lambda x=x[: bucket - 1]: served(x), through_runtime, args.calls, args.block, clock=clock
+                        )
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'':12} {'runtime µs':>14} {'direct µs':>14} {'overhead µs':>16}   (median ± half IQR, per call)")
+    print(f"{'':18} {'runtime µs':>14} {'direct µs':>14} {'overhead µs':>16}   (median ± half IQR, per call)")
     for name, r in results.items():
         print(
-            f"{name:12} {r['runtime_us']:8.2f} ±{r['runtime_spread_us']:4.2f} {r['direct_us']:8.2f} "
+            f"{name:18} {r['runtime_us']:8.2f} ±{r['runtime_spread_us']:4.2f} {r['direct_us']:8.2f} "
             f"±{r['direct_spread_us']:4.2f} {r['overhead_us']:10.2f} ±{r['overhead_spread_us']:4.2f}"
         )
     return 0

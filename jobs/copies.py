@@ -5,7 +5,8 @@ output with its cache: dozens of tensors), a walk of the tree per call. Here the
 dtype and device are copied together: one `torch.cat` of their flat views, cut into tensors of
 their shapes again by one call, so a tree of any size costs a launch per dtype. A variant captured
 in a graph of the tool's own returns the same output objects at every replay, so what to copy and
-how to rebuild the tree are worked out once (StaticCopy).
+how to rebuild the tree are worked out once (StaticCopy), and so are a padded request's views of
+them, once per request size (StaticCopy.cut).
 
 Copies of one call share one storage per dtype: a caller that keeps one output keeps that call's
 other outputs of its dtype alive with it.
@@ -13,7 +14,8 @@ other outputs of its dtype alive with it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -33,15 +35,63 @@ def copy_out(outputs: Any) -> Any:
     return trees.map_leaves(outputs, lambda _, leaf: next(copied))
 
 
+def cut_out(outputs: Any, cut: trees.Cut, copy: Optional[Copier], copies: bool) -> Any:
+    """`outputs` of a padded call cut back by `cut`, then copied by `copy` where the caller keeps
+    them (`copies`): a captured graph's outputs through the views its StaticCopy keeps."""
+    if isinstance(copy, StaticCopy) and outputs is copy.outputs:
+        return copy.cut(cut, copies)
+    outputs = cut(outputs)
+    return copy(outputs) if copy is not None and copies else outputs
+
+
 class StaticCopy:
     """copy_out for the outputs of one captured graph: the same objects at every replay. Any other
     outputs (a padded call's slices of them, say) are copied by copy_out."""
 
+    # cuts kept, one per request size: every size a point of 32 rows x 128 positions serves
+    CUTS = 4096
+
     def __init__(self, outputs: Any) -> None:
         self.outputs = outputs
-        self._leaves = [leaf for _, leaf in trees.leaves(outputs)]
+        found = list(trees.leaves(outputs))
+        self._paths = [path for path, _ in found]
+        self._leaves = [leaf for _, leaf in found]
         self._plan = _Plan(self._leaves, static=True)
         self._rebuild = trees.rebuilder(outputs)
+        self._cuts: dict[Hashable, _Cut] = {}  # by the cut's key
+
+    def cut(self, cut: trees.Cut, copies: bool) -> Any:
+        """The outputs cut back by `cut`: copies, or (not `copies`) views of the graph's buffers.
+        The views and their copy plan are worked out at a request size's first call, as the tree
+        is walked once: what a padded call adds to a replay is then the copy alone. Callers hold
+        the replica's call lock, which guards the cache too."""
+        found = self._cuts.get(cut.key)
+        if found is None:
+            views = self._views(cut)
+            # borrowed: the views themselves, the same objects at every call, as an exact-size
+            # borrow returns the graph's own outputs
+            found = _Cut(views, _Plan(views, static=True), self._rebuild(iter(views)))
+            if len(self._cuts) < self.CUTS:
+                self._cuts[cut.key] = found
+        return self._rebuild(iter(found.plan.copies(found.views))) if copies else found.borrowed
+
+    def _views(self, cut: trees.Cut) -> list[Any]:
+        """Each leaf's real part; a tensor the tree names twice and cut alike is one view, so that
+        it is copied once and the copy shared, as copy_out shares it."""
+        views: list[Any] = []
+        first: dict[int, torch.Tensor] = {}
+        for path, leaf in zip(self._paths, self._leaves, strict=True):
+            view = cut.leaf(path, leaf)
+            if isinstance(leaf, torch.Tensor) and isinstance(view, torch.Tensor):
+                seen = first.setdefault(id(leaf), view)
+                if (seen.shape, seen.stride(), seen.storage_offset()) == (
+                    view.shape,
+                    view.stride(),
+                    view.storage_offset(),
+                ):
+                    view = seen  # views of one tensor, of one shape and offset: the same elements
+            views.append(view)
+        return views
 
     def __call__(self, outputs: Any) -> Any:
         if outputs is not self.outputs:
@@ -58,6 +108,13 @@ def copier(runner: Any, replays: bool) -> Optional[Copier]:
         return None
     static = getattr(runner, "outputs", None)  # a graph of the tool's own (jobs/graphs.py)
     return StaticCopy(static) if static is not None else copy_out
+
+
+@dataclass(frozen=True)
+class _Cut:
+    views: list[Any]  # each leaf's real part
+    plan: _Plan
+    borrowed: Any  # the tree of the views
 
 
 class _Plan:

@@ -108,6 +108,11 @@ class InputShaper:
 
 def cut_outputs(outputs: Any, dims: GridDims, sizes: Mapping[str, int]) -> Any:
     """Every output tensor cut to `sizes` along its grid dimensions (views)."""
+    return output_cut(dims, sizes)(outputs)
+
+
+def output_cut(dims: GridDims, sizes: Mapping[str, int]) -> trees.Cut:
+    """How `cut_outputs` cuts outputs to `sizes`."""
 
     def cut(path: str, leaf: Any) -> Any:
         if not isinstance(leaf, torch.Tensor):
@@ -117,7 +122,7 @@ def cut_outputs(outputs: Any, dims: GridDims, sizes: Mapping[str, int]) -> Any:
                 leaf = leaf.narrow(d, 0, sizes[name])
         return leaf
 
-    return trees.map_leaves(outputs, cut)
+    return trees.Cut(("sizes", *sorted(sizes.items())), cut)
 
 
 def learn_output_dims(point: Mapping[str, int], at_point: Any, shorter: Mapping[str, Any]) -> GridDims:

@@ -101,9 +101,7 @@ class GridModel:
         # and, on a GPU, kernels launched; each cut a walk of the output tree)
         args, kwargs = self._shaper.pad(args, kwargs, {part.bucket_symbol: bucket, **fixed})
         real = {part.bucket_symbol: rows, **sizes}
-        return served.call_padded(
-            args, kwargs, rows, lambda outputs: grid_shapes.cut_outputs(outputs, self._all_dims, real), not borrow
-        )
+        return served.call_padded(args, kwargs, rows, grid_shapes.output_cut(self._all_dims, real), not borrow)
 
     def _sizes(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
         """The request's rows and its size in each other grid dimension, after checking that every

@@ -258,6 +258,11 @@ class RequestShaper:
     def unpad(outputs: Any, n: int, dims: OutputDims) -> Any:
         """`outputs` of a padded call with every tensor cut to n along its bucket dimensions
         (views: outputs in CUDA-graph buffers must be copied before the next replay)."""
+        return RequestShaper.rows_cut(n, dims)(outputs)
+
+    @staticmethod
+    def rows_cut(n: int, dims: OutputDims) -> trees.Cut:
+        """How `unpad` cuts outputs to n rows."""
 
         def cut(path: str, leaf: Any) -> Any:
             if not isinstance(leaf, torch.Tensor):
@@ -266,7 +271,7 @@ class RequestShaper:
                 leaf = leaf.narrow(dim, 0, n)
             return leaf
 
-        return trees.map_leaves(outputs, cut)
+        return trees.Cut(("rows", n), cut)
 
     @staticmethod
     def concat(parts: Sequence[Any], dims: OutputDims) -> Any:

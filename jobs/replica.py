@@ -42,9 +42,9 @@ from orchestrator.cache.local import LocalCache
 from orchestrator.cache.manifest import TrustedKeys
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import open_store
-from orchestrator.jobs import aot
+from orchestrator.jobs import aot, trees
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs.copies import copier
+from orchestrator.jobs.copies import copier, cut_out
 from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
 from orchestrator.jobs.gate import Gate, snapshot
@@ -344,9 +344,7 @@ class BucketedModel:
                 parts.append(self._run(chunk_args, chunk_kwargs, self._shaper.size(chunk_args, chunk_kwargs), True))
             return self._shaper.concat(parts, self._dims)
 
-    def call_padded(
-        self, args: Any, kwargs: dict[str, Any], rows: int, cut: Callable[[Any], Any], copies: bool = True
-    ) -> Any:
+    def call_padded(self, args: Any, kwargs: dict[str, Any], rows: int, cut: trees.Cut, copies: bool = True) -> Any:
         """A request of `rows` real rows that its caller has padded to a bucket's exact shapes (a
         grid pads every dimension at once): run as such, counted as padded, its outputs cut back
         by `cut` (views) before they are copied, so a copy holds the real positions only. Inputs
@@ -365,7 +363,7 @@ class BucketedModel:
         n: int,
         copies: bool,
         padded_to: Optional[int] = None,
-        cut: Optional[Callable[[Any], Any]] = None,
+        cut: Optional[trees.Cut] = None,
     ) -> Any:
         if not self._lock.acquire(False):
             self._wait_for_lock()
@@ -378,12 +376,12 @@ class BucketedModel:
             route = self._routes[bucket]
             outputs = route.runner(*padded_args, **padded_kwargs)
             route.shaped.count(n, bucket)
-            if cut is not None:
-                outputs = cut(outputs)
-            elif n < bucket:
-                outputs = self._shaper.unpad(outputs, n, self._dims)
+            if cut is None and n < bucket:
+                cut = self._shaper.rows_cut(n, self._dims)
             # copied before the lock is released: the next call (another request's, or the next
             # chunk's) replays into the same buffers
+            if cut is not None:
+                return cut_out(outputs, cut, route.copy, copies)
             return route.copy(outputs) if route.copy is not None and copies else outputs
         finally:
             self._lock.release()

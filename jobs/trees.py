@@ -19,7 +19,7 @@ import collections
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -93,6 +93,20 @@ def rebuilder(node: Any) -> Callable[[Iterator[Any]], Any]:
     parts = [rebuilder(child) for _, child in split.items]
     rebuild = split.rebuild
     return lambda new: rebuild([part(new) for part in parts])
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A padded call's outputs cut back to a request: `leaf(path, leaf)` is a leaf's real part (a
+    view of a tensor, any other leaf as it is). `key` is the same for the same cut, so that the
+    outputs a captured graph returns at every replay are cut once per request size
+    (copies.StaticCopy.cut)."""
+
+    key: Hashable
+    leaf: Callable[[str, Any], Any]
+
+    def __call__(self, outputs: Any) -> Any:
+        return map_leaves(outputs, self.leaf)
 
 
 def type_name(node: Any) -> str:

@@ -4,9 +4,12 @@ tensor however often a tree names it, and the tree's own types rebuilt."""
 from collections import OrderedDict
 from typing import NamedTuple
 
+import pytest
 import torch
 
-from orchestrator.jobs.copies import StaticCopy, copier, copy_out
+from orchestrator.jobs import grid
+from orchestrator.jobs.copies import StaticCopy, copier, copy_out, cut_out
+from orchestrator.jobs.trees import Cut
 
 
 class Pair(NamedTuple):
@@ -65,6 +68,51 @@ def test_outputs_that_are_not_the_captured_ones_take_the_general_copy():
     check_copies(buffers_like := outputs, copy_out(buffers_like))
 
 
+def first_row(path: str, leaf):
+    return leaf.narrow(0, 0, 1) if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else leaf
+
+
+def test_a_cut_of_the_captured_outputs_copies_the_real_part_of_every_replay():
+    outputs = buffers()
+    copy = StaticCopy(outputs)
+    cut = Cut(("rows", 1), first_row)
+    expected = copy_out(cut(outputs))
+    got = cut_out(outputs, cut, copy, copies=True)
+    assert type(got) is Pair and got.cache[4:] == [7, None] and got.cache[1] is got.cache[2]
+    for a, b in zip(leaves(expected), leaves(got), strict=True):
+        assert torch.equal(a, b) and a.shape == b.shape and a.data_ptr() != b.data_ptr()
+    for t in leaves(outputs):  # the next replay: the kept views read it, the copies already made do not
+        t.add_(100)
+    again = cut_out(outputs, Cut(("rows", 1), lambda *_: pytest.fail("a cut is worked out once")), copy, copies=True)
+    for before, after, buffer in zip(leaves(got), leaves(again), leaves(cut(outputs)), strict=True):
+        assert torch.equal(after, buffer) and not torch.equal(before, after)
+    borrowed = cut_out(outputs, cut, copy, copies=False)  # borrow: views of the buffers themselves
+    assert borrowed.logits.data_ptr() == outputs.logits.data_ptr() and borrowed.logits.shape == (1, 5)
+
+
+def test_cuts_of_other_sizes_or_of_other_outputs_are_their_own(monkeypatch):
+    outputs = buffers()
+    copy = StaticCopy(outputs)
+    monkeypatch.setattr(StaticCopy, "CUTS", 1)  # a full cache answers as right, keeping nothing more
+    one = cut_out(outputs, Cut(("rows", 1), first_row), copy, copies=True)
+    whole = cut_out(outputs, Cut(("rows", 2), lambda _, leaf: leaf), copy, copies=True)
+    assert one.logits.shape == (1, 5) and torch.equal(whole.logits, outputs.logits) and len(copy._cuts) == 1
+    other = buffers()  # not the captured outputs (an eager fallback's): cut, then copied as any
+    got = cut_out(other, Cut(("rows", 1), first_row), copy, copies=True)
+    assert torch.equal(got.logits, other.logits[:1]) and got.logits.data_ptr() != other.logits.data_ptr()
+    assert cut_out(other, Cut(("rows", 1), first_row), None, copies=True).logits.data_ptr() == other.logits.data_ptr()
+
+
+def test_a_grid_cut_is_named_by_its_sizes_alone():
+    dims = {"output": {0: "batch", 1: "seq"}}
+    assert grid.output_cut(dims, {"batch": 3, "seq": 5}).key == grid.output_cut(dims, {"seq": 5, "batch": 3}).key
+    assert grid.output_cut(dims, {"batch": 3, "seq": 5}).key != grid.output_cut(dims, {"batch": 3, "seq": 6}).key
+    buffer = torch.randn(4, 8, 2)
+    copy = StaticCopy(buffer)
+    got = cut_out(buffer, grid.output_cut(dims, {"batch": 3, "seq": 5}), copy, copies=True)
+    assert torch.equal(got, buffer[:3, :5]) and got.data_ptr() != buffer.data_ptr()
+
+
 def test_a_runner_whose_outputs_are_its_own_is_not_copied():
     assert copier(object(), replays=False) is None
     assert copier(object(), replays=True) is copy_out
@@ -104,3 +152,5 @@ def test_borrow_returns_the_buffers_and_a_call_returns_copies(tmp_path):
     with torch.no_grad():  # a padded request (1 row of 2) is cut back from the buffers alike
         assert served.borrow(x[:1]).data_ptr() == runner.outputs.data_ptr()
         assert served(x[:1]).data_ptr() != runner.outputs.data_ptr()
+        for row in torch.randn(3, 1, 4):  # each padded call its own answer, through the kept views
+            assert torch.allclose(served(row), served.model(row))
