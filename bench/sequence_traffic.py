@@ -1,6 +1,7 @@
 """Requests of every length: what a grid of batch x seq buckets serves, against the alternatives.
 
     python bench/sequence_traffic.py OUT_DIR [--models encoder,decoder] [--requests 2000] [--budget SECONDS]
+                                     [--methods grid,hand-replayed graph per exact shape,...]
 
 Per model (a Hugging Face encoder called with its attention mask; a decoder padded on the right,
 its logits read at the real positions; both built from configs with random weights, MiniLM-sized):
@@ -15,7 +16,12 @@ its logits read at the real positions; both built from configs with random weigh
        - the grid replica (`runtime.load`), which pads to the point that costs least;
        - a CUDA graph per exact shape, no padding at all (`torch.compile(mode="reduce-overhead",
          dynamic=True)`: cudagraph trees record one per shape seen, and pay their bookkeeping and
-         the shape guards at every call).
+         the shape guards at every call);
+       - the floor (CUDA only): `torch.compile(dynamic=True)`'s code captured by hand in a CUDA
+         graph per exact shape, replayed with the request copied in and its outputs left in the
+         graph's buffers. No runtime serving these shapes can answer faster.
+     `--methods` chooses among them (eager, the reference of every check, always runs; the list
+     form is warmed only where it is chosen).
      A first pass calls each method once per request (compiles, recompiles and recordings happen
      there, untimed); the second is timed, the methods interleaved request by request: per request
      the wall time from the call to its outputs ready on the host's side (a synchronize), p50 and
@@ -27,9 +33,10 @@ its logits read at the real positions; both built from configs with random weigh
 Output: OUT_DIR/sequence_traffic.json and a Markdown table on stdout; each process's stderr in
 OUT_DIR/logs (the traffic probe's says how long each first pass took and how far the timed pass
 got). On a device whose outputs come back only two folders deep and a few files at a time, give
-OUT_DIR outside them and copy back the JSON and logs/traffic-*.log. The encoder's 2,000 requests
-took longer than the 266 s a 560 s budget left after the warmups on the H200 (2026-12-04): give
-each model a call of its own.
+OUT_DIR outside them and copy back the JSON and logs/traffic-*.log. On the H200 one model's run of
+2,000 requests takes 500-530 s with the first five methods, 340 s with eager, dynamic, the grid and
+the floor: give each model a call of its own. A run cut short by its budget keeps the first passes'
+seconds in its row (`partial`).
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ MODELS = {
     "decoder": ("gpt2", {"vocab_size": 50257, "n_positions": 512, "n_embd": 384, "n_layer": 6, "n_head": 6}),
 }  # fmt: skip
 BATCHES, SEQS = [1, 8, 32], [32, 64, 128, 256]
+METHODS = ["compile(dynamic=True)", "padded to the longest", "grid", "graph per exact shape",
+           "hand-replayed graph per exact shape"]  # fmt: skip
 
 
 TINY = {"encoder": {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -88,7 +97,8 @@ def config(name: str, grid: bool, out_dir: Path, device: str = "cuda") -> Path:
     return path
 
 
-# argv: grid config, longest config, cache dir, requests. One JSON line on stdout.
+# argv: grid config, longest config, cache dir, requests, device, methods (comma-separated).
+# JSON lines on stdout, the last one whole.
 PROBE = r"""
 import json, math, statistics, sys, time
 import torch
@@ -97,11 +107,12 @@ from orchestrator.config import load_spec
 from orchestrator.jobs.gate import Gate, snapshot
 
 grid_config, longest_config, cache, requests, device = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+chosen = sys.argv[6].split(",")
 CUDA = device == "cuda"
 sync = torch.cuda.synchronize if CUDA else (lambda: None)
 began = time.perf_counter()
 grid = runtime.load(grid_config, cache_dir=cache, ready="planned")
-longest = runtime.load(longest_config, cache_dir=cache, ready="planned")
+longest = runtime.load(longest_config, cache_dir=cache, ready="planned") if "padded to the longest" in chosen else None
 print(f"replicas on plan in {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
 model = grid.model
 LONGEST = max(load_spec(grid_config).grid["seq"])
@@ -139,6 +150,30 @@ def graph_per_shape(request):
     out = bound(**request)
     return snapshot_tree(out)
 
+# The floor: the same dynamic compiled code captured by hand in one CUDA graph per exact shape,
+# replayed with the request copied in and the outputs left in the graph's buffers. No padding, no
+# guards, no bookkeeping: what no runtime serving these shapes can beat.
+graphs, pool = {}, torch.cuda.graph_pool_handle() if CUDA else None
+def hand_graph(request):
+    shape = tuple(request["input_ids"].shape)
+    if shape not in graphs:
+        static = {k: v.clone() for k, v in request.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                dynamic(**static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = dynamic(**static)
+        graphs[shape] = (graph, static, out)
+    graph, static, out = graphs[shape]
+    for name, value in request.items():
+        static[name].copy_(value)
+    graph.replay()
+    return out
+
 from orchestrator.jobs.grid import snapshot_tree
 methods = {
     "eager": lambda r: model(**r),
@@ -146,7 +181,11 @@ methods = {
     "padded to the longest": padded_to_longest,
     "grid": lambda r: grid(**r),
     "graph per exact shape": graph_per_shape,
+    "hand-replayed graph per exact shape": hand_graph,
 }
+methods = {name: fn for name, fn in methods.items() if name in chosen or name == "eager"}  # eager: the reference
+if "hand-replayed graph per exact shape" in methods and "compile(dynamic=True)" not in methods:
+    raise SystemExit("the hand-replayed graphs capture compile(dynamic=True): choose it too")
 seconds = {}
 errors = {name: 0.0 for name in methods}
 mismatches = {}
@@ -157,7 +196,9 @@ with torch.no_grad():
         began = time.perf_counter()
         try:
             # cudagraph trees warm a new shape at its first call and record it at its second
-            for request in traffic * (2 if name == "graph per exact shape" else 1):
+            for i, request in enumerate(traffic * (2 if name == "graph per exact shape" else 1)):
+                if i % 500 == 499:
+                    print(f"{name}: first pass at {i + 1} in {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
                 fn(request)
             sync()
         except Exception as exc:  # the other methods are still measured; the row says why not this one
@@ -166,11 +207,13 @@ with torch.no_grad():
             continue
         seconds[name] = time.perf_counter() - began
         print(f"{name}: first pass {seconds[name]:.1f} s", file=sys.stderr, flush=True)
+        # a line the parent keeps should the timed pass outlast the budget
+        print(json.dumps({"first_pass_s": seconds, "failed": failed}), flush=True)
     latency = {name: [] for name in methods}
-    began = time.perf_counter()
+    timed_from = time.perf_counter()
     for i, request in enumerate(traffic):
         if i % 250 == 0:  # where the time goes, should the run outlast its budget
-            print(f"timed and checked {i} of {len(traffic)} in {time.perf_counter() - began:.1f} s",
+            print(f"timed and checked {i} of {len(traffic)} in {time.perf_counter() - timed_from:.1f} s",
                   file=sys.stderr, flush=True)
         order = list(methods) if i % 2 == 0 else list(methods)[::-1]
         answers = {}
@@ -189,7 +232,7 @@ with torch.no_grad():
             except Exception as exc:
                 mismatches.setdefault(name, str(exc)[:300])
 
-computed = {"grid": 0, "padded to the longest": 0}
+computed = {"grid": 0, "padded to the longest": 0}  # padded positions, by method
 real = 0
 for request in traffic:
     n, s = request["input_ids"].shape
@@ -243,7 +286,15 @@ def traffic_arguments(doc: str, requests: int) -> argparse.ArgumentParser:
 def main() -> int:
     parser = traffic_arguments(__doc__, 2000)
     parser.add_argument("--models", default="encoder,decoder")
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="comma-separated, of: " + ", ".join(METHODS) + " (eager, the reference, always runs)",
+    )
     args = parser.parse_args()
+    methods = args.methods.split(",")
+    if args.device != "cuda" and "hand-replayed graph per exact shape" in methods:
+        methods.remove("hand-replayed graph per exact shape")  # a CUDA graph, captured by hand
     out_dir = args.out_dir.resolve()
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -255,7 +306,7 @@ def main() -> int:
             continue
         cache = out_dir / "cache"
         warm = {}
-        for grid in (True, False):
+        for grid in (True, False) if "padded to the longest" in methods else (True,):
             path = config(name, grid, out_dir, args.device)
             began = time.perf_counter()
             try:
@@ -274,7 +325,7 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        if len(warm) < 2 or any(w["exit"] != 0 for w in warm.values()):
+        if any(w["exit"] != 0 for w in warm.values()):
             results[name] = {"warmup": warm, "error": "a warmup failed or ran out of the budget (logs/warmup-*.log)"}
             (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
             continue
@@ -282,12 +333,14 @@ def main() -> int:
         grid_path, longest_path = config(name, True, out_dir, args.device), config(name, False, out_dir, args.device)
         try:
             done = run([sys.executable, "-c", PROBE, str(grid_path), str(longest_path), str(cache), str(args.requests),
-                        args.device],
+                        args.device, ",".join(methods)],
                        out_dir / "logs" / f"traffic-{name}.log", max(left, 30))  # fmt: skip
             line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
             results[name] = {"warmup": warm, **(json.loads(line) if line else {"error": f"exit {done.returncode}"})}
-        except subprocess.TimeoutExpired:
-            results[name] = {"warmup": warm, "error": "timed out"}
+        except subprocess.TimeoutExpired as exc:  # the first passes' seconds, if the probe got that far
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            line = next((x for x in reversed(out.splitlines()) if x.startswith("{")), None)
+            results[name] = {"warmup": warm, "error": "timed out", **({"partial": json.loads(line)} if line else {})}
         (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
     lines = ["| model | method | p50 ms | p99 ms | requests/s | padding waste | first pass s | max abs error |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
