@@ -33,6 +33,12 @@ class _Bars:
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=console,
+            # rich would swap sys.stdout and sys.stderr for proxies that print above the bars, so
+            # what Python code writes there (Ray's error listener prints its "(raylet) Task ...
+            # failed" lines to sys.stdout, warnings go to sys.stderr) would reach the screen past
+            # the run log (RunLog), which holds file descriptors 1 and 2, not Python's objects
+            redirect_stdout=False,
+            redirect_stderr=False,
         )
 
     def __enter__(self):

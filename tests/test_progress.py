@@ -171,3 +171,36 @@ def test_in_an_80_column_terminal_each_fleet_bar_is_one_line():
         lines = [line for line in shown.export_text().splitlines() if line.strip()]
     assert len(lines) == 4 and all(len(line) <= 80 for line in lines), lines
     assert lines[3].startswith("point 32x256 · compiled 0/2 · loaded 1/16 · done 0/16"), lines[3]
+
+
+LOUD_LIBRARY = """
+import sys, threading, warnings
+from pathlib import Path
+from rich.console import Console
+from orchestrator.fleet.driver import FleetObserver
+from orchestrator.progress import FleetProgress, RunLog
+
+with RunLog(Path(sys.argv[1]), "loud") as log:
+    with FleetProgress(Console(file=log.screen)) as progress:
+        progress.planned(["1"], units_per_point=1, ranks=1)
+        # as Ray's error listener does, from its own thread, while the bars are live
+        said = threading.Thread(target=print, args=("(raylet) Task CompileWorker.compile failed",))
+        said.start()
+        said.join()
+        warnings.warn("a library's warning")
+        progress.line("rank 0 loaded bucket 1: ok")
+print("log", log.kept, file=sys.stderr)
+"""
+
+
+def test_what_libraries_print_while_the_bars_are_live_goes_to_the_run_log(tmp_path):
+    """Ray prints a task's failure (on Ctrl-C: every task its actors had running) to sys.stdout, and
+    warnings go to sys.stderr: in a terminal, with the bars live, both must reach the run log,
+    not the screen, whose only lines are ours."""
+    text = _through_a_terminal([sys.executable, "-c", LOUD_LIBRARY, str(tmp_path / "logs")], 80, tmp_path)
+    assert "rank 0 loaded bucket 1: ok" in text
+    assert "raylet" not in text and "a library's warning" not in text
+    (kept,) = (tmp_path / "logs").iterdir()
+    assert f"log {kept}" in text
+    logged = kept.read_text()
+    assert "(raylet) Task CompileWorker.compile failed" in logged and "a library's warning" in logged
