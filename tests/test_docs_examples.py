@@ -1,5 +1,7 @@
-"""Every command and request in README.md and docs/serving.md, taken from the Markdown and run as
-written, so that they cannot drift from what the tool does. Only the placeholders a reader
+"""Every command and request in README.md and docs/*.md, taken from the Markdown and run as
+written in a shell whose HOME is empty, so that they cannot drift from what the tool does; a block
+that is no command (a layout, a synopsis, a config excerpt) or that needs what these checks lack
+(a GPU, Docker, hours) is named as such below, and its document says what it needs. Only the placeholders a reader
 replaces are mapped to what this machine has: `cfg.yaml`/`model.yaml` to a small config,
 `s3://bucket/compile-cache` to a bucket on a moto S3 server, `/nvme/cache` and `~` to temporary
 directories, and `localhost:8000` to the session's real `orchestrate serve` (tests/served.py).
@@ -19,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, free_ports
 
 pytestmark = pytest.mark.slow
 
-DOCUMENTS = ("README.md", "docs/serving.md")
+DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
 
 
@@ -68,16 +70,32 @@ RUN_HERE = {
     "orchestrate keys new": "test_the_fleet_commands_run_as_written",
     "curl -s localhost:8000/predict": "test_the_readme_request_is_answered_as_eager",
     "np.savez(buf, x)": "test_the_readme_npz_request_is_answered_as_eager",
-    "runtime.load(": "test_the_runtime_example_serves_what_the_fleet_commands_published",
+    "out = model(x)": "test_the_runtime_example_serves_what_the_fleet_commands_published",
     "httpclient.InferenceServerClient": "test_the_tritonclient_example_is_answered_as_eager",
     "orchestrate render k8s": "test_submit.py, beside its Ray head with the Jobs API",
     "scripts/install.sh && .venv/bin/orchestrate warmup": "test_install.py and test_ray_local.py",
+    "prepare_replica()": "test_prepare_replica_runs_as_written",
+    "prometheus_client.start_http_server(9400": "test_the_metrics_example_serves_the_replicas_registry",
+    "orchestrate report runs/mlp.json": "test_the_report_commands_run_as_written",
+    "--profile prof/ --report report.json": "test_the_profiling_command_runs_as_written",
 }
 NO_COMMAND = {
     "orchestrate warmup --model CFG.yaml [": "the command's synopsis (test_help.py checks the options)",
     "orchestrate serve --model CFG.yaml [": "the command's synopsis (test_help.py checks the options)",
     "name: mlp": "a config (test_schemas.py validates the examples)",
     "orchestrator/   CLI,": "the layout",
+    "orchestrator/  __init__.py": "the layout (docs/architecture.md)",
+    "driver (orchestrate warmup)": "a diagram of the fleet's processes",
+    "was never published to s3://bucket/cache:": "an error, as `pull` prints it",
+    "<url>/v1/objects/": "the store's layout",
+    "orchestrate cache verify [--remote URL": "the cache commands' synopsis (test_help.py checks the options)",
+    "orchestrate plan --model CFG.yaml --traffic": "the command's synopsis (test_help.py checks the options)",
+    "max_product: 4096": "a config excerpt (test_config.py loads the same grid)",
+    "factory: huggingface.py:gpt2": "a config excerpt (examples/gpt2.yaml is the whole config)",
+    "docker build": "needs Docker, as docs/image.md says (test_image.py checks the Dockerfile)",
+    "bench/warmup_examples.py": "benchmarks, minutes each, as docs/performance.md says",
+    "# the dev extras, and as root": "the test suite's own set-up and run (.ci/run)",
+    "scripts/mutation.py": "mutation testing, minutes to an hour a module (docs/testing.md)",
 }
 
 
@@ -160,7 +178,7 @@ def test_the_fleet_commands_run_as_written(fleet):
 
 
 def test_the_runtime_example_serves_what_the_fleet_commands_published(fleet):
-    example = block("docs/serving.md", "runtime.load(").text.replace(
+    example = block("docs/serving.md", "out = model(x)").text.replace(
         "s3://bucket/compile-cache", f"s3://{fleet['bucket']}/compile-cache"
     )
     program = "import torch\nx = torch.randn(3, 16)\n" + example + "\nprint(tuple(out.shape))\n"
@@ -204,3 +222,67 @@ def test_the_tritonclient_example_is_answered_as_eager(server, eager):
     x, y = names["x"], names["y"]
     assert y.shape == (3, 256) and y.dtype == np.float32
     torch.testing.assert_close(torch.from_numpy(y.copy()), eager(torch.from_numpy(x)), atol=1e-4, rtol=1e-4)
+
+
+def test_prepare_replica_runs_as_written(tmp_path):
+    program = block("docs/cache.md", "prepare_replica()").text
+    ran = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=tmp_path,
+        env={**os.environ, "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr[-4000:]
+
+
+def test_the_metrics_example_serves_the_replicas_registry(fleet):
+    (unused_port,) = free_ports(1)
+    example = (
+        block("docs/metrics.md", "prometheus_client.start_http_server(9400")
+        .text.replace("s3://bucket/compile-cache", f"s3://{fleet['bucket']}/compile-cache")
+        .replace("9400", str(unused_port))
+    )
+    scrape = f"\nimport requests\nprint(requests.get('http://127.0.0.1:{unused_port}/metrics', timeout=30).text)\n"
+    env = {**fleet["env"], "ORCHESTRATE_CACHE_TRUSTED_KEYS": str(fleet["home"] / "keys" / "cache-signing.key.pub")}
+    ran = subprocess.run(
+        [sys.executable, "-c", example + scrape],
+        cwd=fleet["work"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert re.search(r'^orchestrate_replica_\w+\{[^}]*bucket="4"', ran.stdout, re.MULTILINE), ran.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def examples_home(tmp_path_factory):
+    """A reader's working copy of examples/ (its configs name their factories relative to
+    themselves) and an empty HOME, whose cache the blocks below share."""
+    import shutil
+
+    work = tmp_path_factory.mktemp("reader")
+    shutil.copytree(ROOT / "examples", work / "examples")
+    return work, {"HOME": str(tmp_path_factory.mktemp("home")), "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def test_the_report_commands_run_as_written(examples_home):
+    work, env = examples_home
+    ran = shell(block("docs/report.md", "orchestrate report runs/mlp.json").text, env, work)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    report = json.loads((work / "runs" / "mlp.json").read_text())
+    assert [r["bucket"] for r in report["results"] if r.get("rank") == 0] == [1, 8, 32]
+    assert "<html" in (work / "runs" / "mlp.html").read_text()[:200].lower()
+
+
+def test_the_profiling_command_runs_as_written(examples_home):
+    work, env = examples_home
+    ran = shell(block("docs/profiling.md", "--profile prof/").text, env, work)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    report = json.loads((work / "report.json").read_text())
+    assert [r["bucket"] for r in report["results"]] == [1, 8, 32]
+    traces = {path.name for path in (work / "prof").iterdir()}
+    assert {f"mlp-b{bucket}-eager.json.gz" for bucket in (1, 8, 32)} <= traces, traces
