@@ -84,12 +84,8 @@ class StaticCopy:
             view = cut.leaf(path, leaf)
             if isinstance(leaf, torch.Tensor) and isinstance(view, torch.Tensor):
                 seen = first.setdefault(id(leaf), view)
-                if (seen.shape, seen.stride(), seen.storage_offset()) == (
-                    view.shape,
-                    view.stride(),
-                    view.storage_offset(),
-                ):
-                    view = seen  # views of one tensor, of one shape and offset: the same elements
+                if _layout(seen) == _layout(view):
+                    view = seen  # views of one tensor in one layout: the same elements
             views.append(view)
         return views
 
@@ -108,6 +104,10 @@ def copier(runner: Any, replays: bool) -> Optional[Copier]:
         return None
     static = getattr(runner, "outputs", None)  # a graph of the tool's own (jobs/graphs.py)
     return StaticCopy(static) if static is not None else copy_out
+
+
+def _layout(view: torch.Tensor) -> tuple[Any, ...]:
+    return view.shape, view.stride(), view.storage_offset()
 
 
 @dataclass(frozen=True)
