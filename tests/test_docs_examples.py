@@ -123,6 +123,23 @@ def shell(script: str, env: dict[str, str], cwd: Path, timeout: int = 600) -> su
     )
 
 
+def python(program: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """A Python block run as its own program, as a reader saving it to a file would."""
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def trusting(fleet) -> dict[str, str]:
+    """The fleet's environment, trusting the key its commands made: what a replica of it runs with."""
+    return {**fleet["env"], "ORCHESTRATE_CACHE_TRUSTED_KEYS": str(fleet["home"] / "keys" / "cache-signing.key.pub")}
+
+
 MODELS = """
 from torch import nn
 
@@ -182,15 +199,7 @@ def test_the_runtime_example_serves_what_the_fleet_commands_published(fleet):
         "s3://bucket/compile-cache", f"s3://{fleet['bucket']}/compile-cache"
     )
     program = "import torch\nx = torch.randn(3, 16)\n" + example + "\nprint(tuple(out.shape))\n"
-    env = {**fleet["env"], "ORCHESTRATE_CACHE_TRUSTED_KEYS": str(fleet["home"] / "keys" / "cache-signing.key.pub")}
-    ran = subprocess.run(
-        [sys.executable, "-c", program],
-        cwd=fleet["work"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    ran = python(program, trusting(fleet), fleet["work"])
     assert ran.returncode == 0, ran.stderr[-4000:]
     assert ran.stdout.splitlines()[-1] == "(3, 16)"
 
@@ -225,15 +234,7 @@ def test_the_tritonclient_example_is_answered_as_eager(server, eager):
 
 
 def test_prepare_replica_runs_as_written(tmp_path):
-    program = block("docs/cache.md", "prepare_replica()").text
-    ran = subprocess.run(
-        [sys.executable, "-c", program],
-        cwd=tmp_path,
-        env={**os.environ, "HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    ran = python(block("docs/cache.md", "prepare_replica()").text, {"HOME": str(tmp_path)}, tmp_path)
     assert ran.returncode == 0 and ran.stderr == "", ran.stderr[-4000:]
 
 
@@ -245,15 +246,7 @@ def test_the_metrics_example_serves_the_replicas_registry(fleet):
         .replace("9400", str(unused_port))
     )
     scrape = f"\nimport requests\nprint(requests.get('http://127.0.0.1:{unused_port}/metrics', timeout=30).text)\n"
-    env = {**fleet["env"], "ORCHESTRATE_CACHE_TRUSTED_KEYS": str(fleet["home"] / "keys" / "cache-signing.key.pub")}
-    ran = subprocess.run(
-        [sys.executable, "-c", example + scrape],
-        cwd=fleet["work"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    ran = python(example + scrape, trusting(fleet), fleet["work"])
     assert ran.returncode == 0, ran.stderr[-4000:]
     assert re.search(r'^orchestrate_replica_\w+\{[^}]*bucket="4"', ran.stdout, re.MULTILINE), ran.stdout[-3000:]
 
