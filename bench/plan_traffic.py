@@ -2,10 +2,11 @@
 
     python bench/plan_traffic.py OUT_DIR [--traces long-tailed,bimodal,uniform,recorded] [--points 6]
                                  [--requests 1500] [--budget SECONDS] [--device cuda|cpu]
-                                 [--calibration warmup-calibration.json]
+                                 [--calibration warmup-calibration.json] [--encoder minilm|base]
 
 The model: bench/sequence_traffic.py's Hugging Face encoder (a MiniLM-sized BERT, float16, random
-weights) called with its attention mask, bucketed over batch x seq.
+weights; `--encoder base`: BERT-base's sizes, whose latency grows more steeply with the positions
+computed) called with its attention mask, bucketed over batch x seq.
   1. Calibration: `orchestrate warmup --no-ray` of a dense grid (batch 1, 4, 16, 32 x seq 32, 64,
      128, 256). Its report prices every point in milliseconds: what `orchestrate plan --report`
      interpolates between.
@@ -52,11 +53,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sequence_traffic import MODELS, TINY, run, traffic_arguments  # noqa: E402  (bench/ is not a package)
 
 CALIBRATION = {"batch": [1, 4, 16, 32], "seq": [32, 64, 128, 256]}
+ENCODERS = {
+    "minilm": MODELS["encoder"][1],
+    "base": {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "intermediate_size": 3072, "max_position_embeddings": 512},
+}  # fmt: skip
 TRACES = ("long-tailed", "bimodal", "uniform", "recorded")
 
 
-def config(name: str, buckets: dict[str, list[int]], out_dir: Path, device: str) -> Path:
-    factory, kwargs = MODELS["encoder"]
+def config(name: str, buckets: dict[str, list[int]], out_dir: Path, device: str, encoder: str = "minilm") -> Path:
+    factory, kwargs = MODELS["encoder"][0], ENCODERS[encoder]
     data = {
         "name": name,
         "model": {"factory": f"{ROOT / 'examples' / 'huggingface.py'}:{factory}",
@@ -210,6 +216,7 @@ def main() -> int:
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument("--points", type=int, default=6, help="grid points of the plan (and of powers of two)")
     parser.add_argument("--calibration", type=Path, help="an earlier run's warmup-calibration.json, to reuse")
+    parser.add_argument("--encoder", choices=sorted(ENCODERS), default="minilm", help="the encoder's sizes (on a GPU)")
     args = parser.parse_args()
     if args.calibration and "recorded" in args.traces.split(","):
         parser.error("the recorded trace is served by the calibration replica: leave out --calibration")
@@ -221,7 +228,7 @@ def main() -> int:
         return args.budget - (time.monotonic() - started)
 
     cache = out_dir / "cache"
-    calibration_config = config("calibration", CALIBRATION, out_dir, args.device)
+    calibration_config = config("calibration", CALIBRATION, out_dir, args.device, args.encoder)
     calibration = out_dir / "warmup-calibration.json"
     results: dict[str, Any] = {}
     if args.calibration:
@@ -247,7 +254,7 @@ def main() -> int:
             sizes = read_trace(trace)
             planned = plan(calibration_config, trace, args.points, calibration, out_dir, name)
             by_name = {c["name"]: c for c in planned["candidates"]}
-            configs = {kind: config(f"{name}-{kind.replace(' ', '-')}", by_name[kind]["buckets"], out_dir, args.device)
+            configs = {kind: config(f"{name}-{kind.replace(' ', '-')}", by_name[kind]["buckets"], out_dir, args.device, args.encoder)
                        for kind in ("plan", "powers of two")}  # fmt: skip
             warmed = {kind: warm(path, cache, out_dir, left()) for kind, path in configs.items()}
             measured = replay(args.device, cache, trace, list(configs.values()), out_dir, name, left())
