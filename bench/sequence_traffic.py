@@ -14,6 +14,7 @@ its logits read at the real positions; both built from configs with random weigh
        - `torch.compile(dynamic=True)` (mode default);
        - the list-form replica, every request padded to 256 by hand, cut back;
        - the grid replica (`runtime.load`), which pads to the point that costs least;
+       - the same through `borrow()`: the answer left in the graph's buffers, as the floor's is;
        - a CUDA graph per exact shape, no padding at all (`torch.compile(mode="reduce-overhead",
          dynamic=True)`: cudagraph trees record one per shape seen, and pay their bookkeeping and
          the shape guards at every call);
@@ -34,8 +35,8 @@ Output: OUT_DIR/sequence_traffic.json and a Markdown table on stdout; each proce
 OUT_DIR/logs (the traffic probe's says how long each first pass took and how far the timed pass
 got). On a device whose outputs come back only two folders deep and a few files at a time, give
 OUT_DIR outside them and copy back the JSON and logs/traffic-*.log. On the H200 one model's run of
-2,000 requests takes 500-530 s with the first five methods, 340 s with eager, dynamic, the grid and
-the floor: give each model a call of its own. A run cut short by its budget keeps the first passes'
+2,000 requests took 500-530 s with eager, dynamic, the list form, the grid and the reduce-overhead
+graphs, and 340 s with eager, dynamic, the grid and the floor: give each model a call of its own. A run cut short by its budget keeps the first passes'
 seconds in its row (`partial`).
 """
 
@@ -58,7 +59,7 @@ MODELS = {
     "decoder": ("gpt2", {"vocab_size": 50257, "n_positions": 512, "n_embd": 384, "n_layer": 6, "n_head": 6}),
 }  # fmt: skip
 BATCHES, SEQS = [1, 8, 32], [32, 64, 128, 256]
-METHODS = ["compile(dynamic=True)", "padded to the longest", "grid", "graph per exact shape",
+METHODS = ["compile(dynamic=True)", "padded to the longest", "grid", "grid (borrow)", "graph per exact shape",
            "hand-replayed graph per exact shape"]  # fmt: skip
 
 
@@ -180,6 +181,7 @@ methods = {
     "compile(dynamic=True)": lambda r: dynamic(**r),
     "padded to the longest": padded_to_longest,
     "grid": lambda r: grid(**r),
+    "grid (borrow)": lambda r: grid.borrow(**r),  # its answer read before the next call: no copy out
     "graph per exact shape": graph_per_shape,
     "hand-replayed graph per exact shape": hand_graph,
 }
@@ -232,7 +234,7 @@ with torch.no_grad():
             except Exception as exc:
                 mismatches.setdefault(name, str(exc)[:300])
 
-computed = {"grid": 0, "padded to the longest": 0}  # padded positions, by method
+computed = {"grid": 0, "grid (borrow)": 0, "padded to the longest": 0}  # padded positions, by method
 real = 0
 for request in traffic:
     n, s = request["input_ids"].shape
@@ -242,6 +244,7 @@ for request in traffic:
     fits = [b for b in part.buckets if b >= n]
     rows = fits[0] if fits else part.buckets[-1] * math.ceil(n / part.buckets[-1])
     computed["grid"] += rows * part.fixed["seq"]
+    computed["grid (borrow)"] += rows * part.fixed["seq"]
     fits = [b for b in [1, 8, 32] if b >= n]
     computed["padded to the longest"] += (fits[0] if fits else 32 * math.ceil(n / 32)) * LONGEST
 
@@ -293,6 +296,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     methods = args.methods.split(",")
+    if unknown := [name for name in methods if name not in METHODS]:
+        parser.error(f"--methods: unknown {', '.join(map(repr, unknown))}; choose among {', '.join(METHODS)}")
     if args.device != "cuda" and "hand-replayed graph per exact shape" in methods:
         methods.remove("hand-replayed graph per exact shape")  # a CUDA graph, captured by hand
     out_dir = args.out_dir.resolve()
