@@ -84,11 +84,25 @@ def build(
         except Unexportable:
             raise
         except Exception as exc:
-            raise Unexportable(f"Dynamo ahead-of-time compile: {brief(exc)}") from exc
+            raise Unexportable(f"Dynamo ahead-of-time compile: {brief(exc)}{known_fix(exc)}") from exc
         rel = file_name(bucket, target)
         (directory / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(target, directory / rel)
     return rel
+
+
+def known_fix(exc: BaseException) -> str:
+    """What to do about a refusal whose cause is known, said after torch's reason; else nothing."""
+    text = str(exc)
+    if "copy.deepcopy" in text and "cache_utils.py" in text:
+        # transformers' caches deep-copy the model's config in their constructor, which Dynamo
+        # traces from torch 2.13 on; an encoder-decoder's decoder builds one inside its forward
+        return (
+            "; the model builds a Hugging Face cache inside its forward, which deep-copies its config "
+            "(torch 2.13 compiles that, this torch cannot): where a call needs no cache, set "
+            "`call: {kwargs: {use_cache: false}}`"
+        )
+    return ""
 
 
 def check_platform(built_for: Mapping[str, Any], here: Platform) -> None:

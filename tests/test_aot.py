@@ -529,3 +529,26 @@ def test_a_benchmark_waits_until_no_aot_build_runs_and_their_functions_stay_to_t
                 builds.take(bucket, tmp_path / "cache" / "ns")
     finally:
         builds.close()
+
+
+# torch 2.11's refusal of T5ForConditionalGeneration (transformers 5.17 and 5.25), as Dynamo words it
+T5_ON_TORCH_2_11 = """Unsupported copy.deepcopy()
+  Explanation: Dynamo does not support copy.deepcopy()
+  Developer debug context: copy.deepcopy(UserDefinedObjectVariable(T5Config))
+
+from user code:
+  File ".../transformers/models/t5/modeling_t5.py", line 688, in forward
+    DynamicCache(config=self.config), DynamicCache(config=self.config)
+  File ".../transformers/cache_utils.py", line 1809, in __init__
+    decoder_config = config.get_text_config(decoder=True)
+  File ".../transformers/configuration_utils.py", line 1361, in get_text_config
+    config_to_return = copy.deepcopy(config_to_return)
+"""
+
+
+def test_a_refusal_whose_cause_is_known_says_what_to_do():
+    fix = aot.known_fix(RuntimeError(T5_ON_TORCH_2_11))
+    assert "`call: {kwargs: {use_cache: false}}`" in fix and "\n" not in fix
+    # a deepcopy of the user's own, or any other refusal: torch's reason alone
+    assert aot.known_fix(RuntimeError("Unsupported copy.deepcopy()\n  File model.py, in forward")) == ""
+    assert aot.known_fix(RuntimeError("Unsupported: data-dependent branching")) == ""
