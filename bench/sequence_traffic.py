@@ -36,8 +36,8 @@ OUT_DIR/logs (the traffic probe's says how long each first pass took and how far
 got). On a device whose outputs come back only two folders deep and a few files at a time, give
 OUT_DIR outside them and copy back the JSON and logs/traffic-*.log. On the H200 one model's run of
 2,000 requests took 500-530 s with eager, dynamic, the list form, the grid and the reduce-overhead
-graphs, and 340 s with eager, dynamic, the grid and the floor: give each model a call of its own. A run cut short by its budget keeps the first passes'
-seconds in its row (`partial`).
+graphs, and 340 s with eager, dynamic, the grid and the floor: give each model a call of its own.
+A run that ends early (its budget, a crash) keeps in its row how far it got (`partial`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -234,7 +235,7 @@ with torch.no_grad():
             except Exception as exc:
                 mismatches.setdefault(name, str(exc)[:300])
 
-computed = {"grid": 0, "grid (borrow)": 0, "padded to the longest": 0}  # padded positions, by method
+computed = {"grid": 0, "padded to the longest": 0}  # padded positions, by method
 real = 0
 for request in traffic:
     n, s = request["input_ids"].shape
@@ -244,9 +245,9 @@ for request in traffic:
     fits = [b for b in part.buckets if b >= n]
     rows = fits[0] if fits else part.buckets[-1] * math.ceil(n / part.buckets[-1])
     computed["grid"] += rows * part.fixed["seq"]
-    computed["grid (borrow)"] += rows * part.fixed["seq"]
     fits = [b for b in [1, 8, 32] if b >= n]
     computed["padded to the longest"] += (fits[0] if fits else 32 * math.ceil(n / 32)) * LONGEST
+computed["grid (borrow)"] = computed["grid"]  # the same points, its answers not copied
 
 def quantile(values, q):
     values = sorted(values)
@@ -273,6 +274,14 @@ os._exit(0)
 def run(command: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess:
     with log.open("w") as sink:
         return subprocess.run(command, stdout=subprocess.PIPE, stderr=sink, text=True, cwd=ROOT, timeout=timeout)
+
+
+def probe_result(stdout: str, ended: str) -> dict[str, Any]:
+    """The probe's last JSON line: its result where it has its rows, else `ended` (how the probe
+    ended) and, as `partial`, the first passes' seconds if it got that far."""
+    line = next((x for x in reversed(stdout.splitlines()) if x.startswith("{")), None)
+    found = json.loads(line) if line else {}
+    return found if "rows" in found else {"error": ended, **({"partial": found} if found else {})}
 
 
 def traffic_arguments(doc: str, requests: int) -> argparse.ArgumentParser:
@@ -340,12 +349,10 @@ def main() -> int:
             done = run([sys.executable, "-c", PROBE, str(grid_path), str(longest_path), str(cache), str(args.requests),
                         args.device, ",".join(methods)],
                        out_dir / "logs" / f"traffic-{name}.log", max(left, 30))  # fmt: skip
-            line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
-            results[name] = {"warmup": warm, **(json.loads(line) if line else {"error": f"exit {done.returncode}"})}
-        except subprocess.TimeoutExpired as exc:  # the first passes' seconds, if the probe got that far
+            results[name] = {"warmup": warm, **probe_result(done.stdout, f"exit {done.returncode}")}
+        except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-            line = next((x for x in reversed(out.splitlines()) if x.startswith("{")), None)
-            results[name] = {"warmup": warm, "error": "timed out", **({"partial": json.loads(line)} if line else {})}
+            results[name] = {"warmup": warm, **probe_result(out, "timed out")}
         (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
     lines = ["| model | method | p50 ms | p99 ms | requests/s | padding waste | first pass s | max abs error |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
