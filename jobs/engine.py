@@ -710,7 +710,7 @@ class _BucketWork:
             before = set(sync.scan(directory))
             started = time.perf_counter()
             try:
-                call = GraphedCall(fn, args, kwargs)
+                call = GraphedCall(fn, args, kwargs, padding=grid.input_padding(self.spec))
                 first = snapshot(call(*args, **kwargs))
                 replay = snapshot(call(*args, **kwargs))
                 for label, outputs in (("first replay", first), ("second replay", replay)):
@@ -745,7 +745,8 @@ class _BucketWork:
                 rel = aot.build(self.model, args, kwargs, directory, bucket, compile_options)
                 session.serving_files.append(rel)
             loaded = aot.load(directory / rel, self.model)
-            call = GraphedCall(loaded, args, kwargs) if self.device.type == "cuda" else loaded
+            padding = grid.input_padding(self.spec)
+            call = GraphedCall(loaded, args, kwargs, padding=padding) if self.device.type == "cuda" else loaded
             with torch.no_grad():
                 first = snapshot(call(*args, **kwargs))
                 replay = snapshot(call(*args, **kwargs))
@@ -862,10 +863,10 @@ class _BucketWork:
         exact_args, exact_kwargs = shaper.cut(*self.inputs, proof.request)
         dims = {path: {int(d): name for d, name in found.items()} for path, found in proof.output_dims.items()}
         replays = replays_into_buffers(proof.variant, self.spec, self.device.type)
+        run = grid.padded_call(runner, shaper, proof.point)
 
         def request() -> Any:
-            padded_args, padded_kwargs = shaper.pad(exact_args, exact_kwargs, proof.point)
-            outputs = grid.cut_outputs(runner(*padded_args, **padded_kwargs), dims, proof.request)
+            outputs = grid.cut_outputs(run(exact_args, exact_kwargs), dims, proof.request)
             return copies.copy_out(outputs) if replays else outputs
 
         with torch.no_grad():

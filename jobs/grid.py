@@ -24,6 +24,7 @@ import torch
 
 from orchestrator.jobs import trees
 from orchestrator.jobs.gate import Gate, Outputs, snapshot
+from orchestrator.jobs.graphs import GraphedCall, InputPadding
 from orchestrator.jobs.padding import pad_end, pad_value
 from orchestrator.jobs.spec import WarmupSpec
 
@@ -63,6 +64,33 @@ def input_dims(spec: WarmupSpec) -> list[dict[int, str]]:
         {d: dim for d, dim in enumerate(item.shape) if isinstance(dim, str) and dim in named}
         for item in (*positional, *keyword)
     ]
+
+
+def input_padding(spec: WarmupSpec) -> InputPadding:
+    """How a graph captured at one of `spec`'s buckets takes a shorter request (GraphedCall): per
+    input in call order, the dimensions that follow a bucket or grid dimension, and its pad value."""
+    shaper = InputShaper(spec)
+    return InputPadding(
+        names=tuple(shaper.names),
+        dims=tuple(frozenset(dims) for dims in shaper.dims),
+        pads=tuple(shaper.pads),
+    )
+
+
+def padded_call(runner: Callable[..., Any], shaper: InputShaper, point: Mapping[str, int]) -> Callable[..., Any]:
+    """`runner` called as a replica calls it with a request shorter than `point`: written into
+    the corners of the inputs of the graph it replays, where it replays one that takes it, else
+    padded with each input's pad value. Both leave the same inputs before the model."""
+
+    def call(args: Args, kwargs: Kwargs) -> Any:
+        if isinstance(runner, GraphedCall):
+            outputs = runner.replay_short(args, dict(kwargs))
+            if outputs is not None:
+                return outputs
+        padded_args, padded_kwargs = shaper.pad(args, kwargs, point)
+        return runner(*padded_args, **padded_kwargs)
+
+    return call
 
 
 class InputShaper:
@@ -168,7 +196,8 @@ def prove_padding(
     """Prove at the point (`bucket` of a grid slice `spec`) that padding a shorter request up to
     it and cutting the answer back gives eager's answer at the request's exact size (judged, as
     the gate judges, against `float64`: the model's float64 run of that request, where there is
-    one). `inputs` are the point's; `served` runs the variant that serves it. None where no
+    one). `inputs` are the point's; `served` runs the variant that serves it, and is given the
+    request as a replica gives it (padded_call). None where no
     dimension can be padded (every size 1). Raises PaddingUnsafe with one line naming the output
     and what to do."""
     request = proof_request(spec, bucket)
@@ -187,8 +216,7 @@ def prove_padding(
         dims = learn_output_dims(point, at_point, shorter)
         exact_args, exact_kwargs = shaper.cut(args, kwargs, request)
         expected = snapshot(eager(*exact_args, **exact_kwargs))
-        padded_args, padded_kwargs = shaper.pad(exact_args, exact_kwargs, point)
-        answer = snapshot(cut_outputs(served(*padded_args, **padded_kwargs), dims, request))
+        answer = snapshot(cut_outputs(padded_call(served, shaper, point)(exact_args, exact_kwargs), dims, request))
     shown = "x".join(str(request[name]) for name in point)
     try:
         verdict = gate.compare(expected, answer, call=f"{variant} padded from {shown}", float64=float64)

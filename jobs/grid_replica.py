@@ -21,7 +21,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +32,7 @@ from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import namespace
 from orchestrator.jobs import grid as grid_shapes
 from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs import trees
 from orchestrator.jobs.errors import SetupError
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
 from orchestrator.jobs.padding import BadRequest
@@ -41,8 +42,23 @@ from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
 from orchestrator.jobs.variants import read_plans
 
 
+@dataclass(frozen=True)
+class _GridRoute:
+    """Where a request of one shape goes."""
+
+    size: tuple[int, ...]  # rows, then each other grid dimension: what `request_sizes` counts
+    rows: int
+    sizes: dict[str, int]  # the other grid dimensions
+    index: int  # the slice
+    bucket: Optional[int]  # the slice's bucket; None: more rows than any, run in chunks
+    point: dict[str, int]  # the point's size in every grid dimension
+    cut: Optional[trees.Cut]  # how outputs are cut back; None: the point's own shapes
+
+
 class GridModel:
     """The served grid: call it as the model with any size in every grid dimension."""
+
+    ROUTES = 65536  # request shapes whose route is kept
 
     def __init__(
         self,
@@ -68,7 +84,7 @@ class GridModel:
         self._largest = {dim: max(sizes) for dim, sizes in (spec.grid or {}).items()}
         self._costs = costs  # per slice: batch bucket -> ms of the variant serving it (None: not measured)
         self._measured = all(ms is not None for by_bucket in costs for ms in by_bucket.values())
-        self._choices: dict[tuple[int, ...], int] = {}  # (rows, sizes...) -> slice index
+        self._routes: dict[tuple[torch.Size, ...], _GridRoute] = {}  # by the request's shapes
         self._requests: Counter[tuple[int, ...]] = Counter()  # (rows, sizes...) -> requests
         self._counted = threading.Lock()
         self.buckets = [part.point_label(b) for part, _ in slices for b in part.buckets]
@@ -81,27 +97,53 @@ class GridModel:
         return self._call(args, kwargs, borrow=True)
 
     def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any], borrow: bool) -> Any:
+        route = self._route(args, kwargs)
+        with self._counted:
+            self._requests[route.size] += 1
+        part, served = self.slices[route.index]
+        if route.bucket is None:  # more rows than any bucket: the slice runs them in chunks (serve.oversize)
+            if route.cut is not None:
+                args, kwargs = self._shaper.pad(args, kwargs, part.fixed)
+            outputs = (served.borrow if borrow else served)(*args, **kwargs)
+            return grid_shapes.cut_outputs(outputs, self.dims, route.sizes) if route.cut is not None else outputs
+        if route.cut is None:  # the point's own shapes
+            return (served.borrow if borrow else served)(*args, **kwargs)
+        # into the corners of the point's graph inputs where it replays one; else padded once in
+        # every dimension. Cut once either way (each padding of an input is a new tensor and, on a
+        # GPU, kernels launched; each cut a walk of the output tree).
+        outputs = served.call_short(args, dict(kwargs), route.rows, route.bucket, route.cut, not borrow)
+        if outputs is not None:
+            return outputs
+        args, kwargs = self._shaper.pad(args, kwargs, route.point)
+        return served.call_padded(args, kwargs, route.rows, route.cut, not borrow)
+
+    def _route(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> _GridRoute:
+        """Where a request goes, worked out once per request shape: its sizes, and with them every
+        check `_sizes` makes, follow from the shapes of its tensors alone."""
+        shaper, key = self._shaper, None
+        if len(args) == shaper.positional and len(kwargs) == len(shaper.names):
+            values = [*args, *(kwargs.get(name) for name in shaper.names)]
+            if all(type(value) is torch.Tensor for value in values):
+                key = tuple(value.shape for value in values)
+                found = self._routes.get(key)
+                if found is not None:
+                    return found
         rows, sizes = self._sizes(args, kwargs)
         index = self._choose(rows, sizes)
-        with self._counted:
-            self._requests[(rows,) + tuple(sizes.values())] += 1
-        part, served = self.slices[index]
-        fixed = part.fixed
-        short = any(sizes[dim] != fixed[dim] for dim in self._other)
-        buckets = served.buckets
-        if rows > buckets[-1]:  # more rows than any bucket: the slice runs them in chunks (serve.oversize)
-            if short:
-                args, kwargs = self._shaper.pad(args, kwargs, fixed)
-            outputs = (served.borrow if borrow else served)(*args, **kwargs)
-            return grid_shapes.cut_outputs(outputs, self.dims, sizes) if short else outputs
-        bucket = buckets[bisect.bisect_left(buckets, rows)]
-        if not short and rows == bucket:
-            return (served.borrow if borrow else served)(*args, **kwargs)
-        # padded once in every dimension and cut once (each padding of an input is a new tensor
-        # and, on a GPU, kernels launched; each cut a walk of the output tree)
-        args, kwargs = self._shaper.pad(args, kwargs, {part.bucket_symbol: bucket, **fixed})
-        real = {part.bucket_symbol: rows, **sizes}
-        return served.call_padded(args, kwargs, rows, grid_shapes.output_cut(self._all_dims, real), not borrow)
+        part = self.slices[index][0]
+        buckets = part.buckets
+        short = any(sizes[dim] != part.fixed[dim] for dim in self._other)
+        bucket = buckets[bisect.bisect_left(buckets, rows)] if rows <= buckets[-1] else None
+        point = {part.bucket_symbol: bucket or buckets[-1], **part.fixed}
+        cut = None
+        if bucket is None:
+            cut = grid_shapes.output_cut(self.dims, sizes) if short else None
+        elif short or rows != bucket:
+            cut = grid_shapes.output_cut(self._all_dims, {part.bucket_symbol: rows, **sizes})
+        route = _GridRoute((rows, *sizes.values()), rows, sizes, index, bucket, point, cut)
+        if key is not None and len(self._routes) < self.ROUTES:
+            self._routes[key] = route
+        return route
 
     def _sizes(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
         """The request's rows and its size in each other grid dimension, after checking that every
@@ -146,9 +188,6 @@ class GridModel:
     def _choose(self, rows: int, sizes: dict[str, int]) -> int:
         """The slice whose point costs this request least: measured milliseconds where every point
         has them, else computed positions (padding included)."""
-        key = (rows, *sizes.values())
-        if key in self._choices:
-            return self._choices[key]
         best: Optional[tuple[float, int]] = None
         for index, (part, _) in enumerate(self.slices):
             if any(part.fixed[dim] < size for dim, size in sizes.items()):
@@ -166,8 +205,6 @@ class GridModel:
         if best is None:  # the grid leaves out every point large enough (points.max_product)
             shown = ", ".join(f"{name} {size}" for name, size in sizes.items())
             raise BadRequest(f"no point of the grid takes {rows} rows at {shown}; the config's `points` leave them out")
-        if len(self._choices) < 65536:
-            self._choices[key] = best[1]
         return best[1]
 
     def info(self) -> ReplicaInfo:

@@ -49,6 +49,7 @@ from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.graphs import GraphedCall
+from orchestrator.jobs.grid import input_padding
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
 from orchestrator.jobs.padding import RequestShaper, output_bucket_dims
 from orchestrator.jobs.records import Remote
@@ -356,6 +357,35 @@ class BucketedModel:
         with torch.no_grad():
             return self._run(args, kwargs, rows, copies, padded_to=bucket, cut=cut)
 
+    def call_short(
+        self, args: Any, kwargs: dict[str, Any], rows: int, bucket: int, cut: trees.Cut, copies: bool = True
+    ) -> Optional[Any]:
+        """A request of `rows` real rows, shorter than `bucket`'s point along padded dimensions and
+        not padded: where the bucket's variant replays a graph of the tool's own, written into the
+        corners of its inputs (the positions beyond hold the pad values, as padding would make
+        them), run, and cut back by `cut` as call_padded does. None, having run nothing, where the
+        variant replays no such graph or the request's shapes, dtypes or device are not ones it
+        takes: the caller pads it and calls call_padded, whose checks name what is wrong."""
+        if rows > bucket:
+            return None
+        grad = _is_grad_enabled()
+        if not self._lock.acquire(False):
+            self._wait_for_lock()
+        try:
+            if grad:
+                _set_grad_enabled(False)
+            route = self._routes[bucket]
+            runner = route.runner
+            outputs = runner.replay_short(args, kwargs) if type(runner) is GraphedCall else None
+            if outputs is None:
+                return None
+            route.shaped.count(rows, bucket)
+            return cut_out(outputs, cut, route.copy, copies)
+        finally:
+            self._lock.release()
+            if grad:
+                _set_grad_enabled(True)
+
     def _run(
         self,
         args: Any,
@@ -368,13 +398,16 @@ class BucketedModel:
         if not self._lock.acquire(False):
             self._wait_for_lock()
         try:
-            if padded_to is None:
-                bucket = self._shaper.bucket_for(n)
-                padded_args, padded_kwargs = self._shaper.pad(args, kwargs, bucket)
-            else:
-                bucket, padded_args, padded_kwargs = padded_to, args, kwargs
+            bucket = self._shaper.bucket_for(n) if padded_to is None else padded_to
             route = self._routes[bucket]
-            outputs = route.runner(*padded_args, **padded_kwargs)
+            runner = route.runner
+            # a graph of the tool's own takes the request into its inputs' corners, unpadded
+            outputs = runner.replay_short(args, kwargs) if padded_to is None and type(runner) is GraphedCall else None
+            if outputs is None:
+                padded_args, padded_kwargs = (
+                    self._shaper.pad(args, kwargs, bucket) if padded_to is None else (args, kwargs)
+                )
+                outputs = runner(*padded_args, **padded_kwargs)
             route.shaped.count(n, bucket)
             if cut is None and n < bucket:
                 cut = self._shaper.rows_cut(n, self._dims)
@@ -726,7 +759,7 @@ class _Loader:
             if self.device.type != "cuda":
                 return loaded, 0.0
             started = time.perf_counter()
-            call = GraphedCall(loaded, args, kwargs, pool=self.pool)
+            call = GraphedCall(loaded, args, kwargs, pool=self.pool, padding=input_padding(self.spec))
             return call, time.perf_counter() - started
         if variant == "compiled":
             compiled = self._compile("compiled")
@@ -749,7 +782,7 @@ class _Loader:
             with self.call_lock, torch.no_grad():
                 fn(*args, **kwargs)  # the trace and the cache load (or the compile)
         started = time.perf_counter()
-        call = GraphedCall(fn, args, kwargs, pool=self.pool)
+        call = GraphedCall(fn, args, kwargs, pool=self.pool, padding=input_padding(self.spec))
         return call, time.perf_counter() - started
 
     def _compile(self, variant: str) -> Any:

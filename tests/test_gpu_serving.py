@@ -201,3 +201,60 @@ def test_a_graph_refused_at_load_leaves_the_next_buckets_capture_whole(tmp_path)
         x = torch.randn(batch, 16, device="cuda")
         with torch.no_grad():
             torch.testing.assert_close(served(x), model(x))
+
+
+GRID = """\
+name: tiny-grid
+model:
+  factory: {root}/examples/huggingface.py:bert
+  kwargs: {{vocab_size: 100, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,
+           intermediate_size: 64, max_position_embeddings: 64}}
+inputs:
+  - {{name: input_ids, shape: [batch, seq], dtype: int64, range: [1, 100], pad: 0}}
+  - {{name: attention_mask, shape: [batch, seq], dtype: int64, range: [1, 2], pad: 0}}
+buckets:
+  batch: [1, 4]
+  seq: [8, 16]
+compile: {{mode: default}}
+device: cuda
+serve: {{variants: [eager, eager-graphed]}}
+bench: {{iterations: 20, warmup: 3}}
+"""
+
+
+def test_a_grid_served_from_graphs_takes_short_requests_into_their_inputs_and_answers_as_eager(tmp_path, monkeypatch):
+    """A request shorter than its point is written into the corners of the point's graph inputs,
+    the rest holding the pad values: every answer, growing and shrinking in both dimensions, is
+    eager's at the request's exact size, copied or borrowed."""
+    pytest.importorskip("transformers")
+    from orchestrator import runtime
+    from orchestrator.config import load_spec
+    from orchestrator.jobs.gate import Gate, snapshot
+    from orchestrator.jobs.graphs import PaddedInputs
+    from orchestrator.jobs.model import build_model
+
+    config = tmp_path / "grid.yaml"
+    config.write_text(GRID.format(root=ROOT))
+    report = warmup(str(config), tmp_path / "cache")
+    for result in report["results"]:
+        assert result["status"] == "ok", result["error"]
+        assert result["padding_proof"]["variant"] == result["variant"]
+    written = []
+    write = PaddedInputs.write
+    monkeypatch.setattr(PaddedInputs, "write", lambda self, values: written.append(write(self, values)) or written[-1])
+    served = runtime.load(config, cache_dir=tmp_path / "cache", ready="planned")
+    graphed = [label for label, row in served.info().buckets.items() if row.variant == "eager-graphed"]
+    assert graphed, served.info().buckets
+    eager = build_model(load_spec(config).slices()[0], torch.device("cuda"))
+    generator = torch.Generator().manual_seed(0)
+    sizes = [(4, 16), (1, 1), (3, 9), (3, 9), (2, 15), (4, 3), (1, 16), (4, 16), (2, 5), (9, 11)]
+    for step, (rows, seq) in enumerate(sizes):
+        ids = torch.randint(1, 100, (rows, seq), generator=generator).cuda()
+        mask = torch.ones(rows, seq, dtype=torch.int64, device="cuda")
+        mask[0, seq // 2 + 1 :] = 0  # padded by its client too
+        call = served.borrow if step % 2 else served
+        with torch.no_grad():
+            answer = snapshot(call(input_ids=ids, attention_mask=mask))
+            expected = snapshot(eager(input_ids=ids, attention_mask=mask))
+        Gate().compare(expected, answer, call=f"{rows}x{seq}")
+    assert written and all(written), written  # the short requests went into the graphs' inputs
