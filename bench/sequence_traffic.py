@@ -26,7 +26,9 @@ its logits read at the real positions; both built from configs with random weigh
      A first pass calls each method once per request (compiles, recompiles and recordings happen
      there, untimed); the second is timed, the methods interleaved request by request: per request
      the wall time from the call to its outputs ready on the host's side (a synchronize), p50 and
-     p99, and throughput as requests over the summed latencies. Every answer of every method is
+     p99, and throughput as requests over the summed latencies; `host p50` is the time until the
+     call returned, before the synchronize: the host's own work per request, the device's queued
+     (a method whose host work is longer than its device work waits on neither). Every answer of every method is
      checked (untimed) against eager's at its exact shape with the correctness gate; `checked`
      counts those that passed.
   3. Padding waste: of the positions (rows x seq) computed, the fraction that was padding.
@@ -213,6 +215,7 @@ with torch.no_grad():
         # a line the parent keeps should the timed pass outlast the budget
         print(json.dumps({"first_pass_s": seconds, "failed": failed}), flush=True)
     latency = {name: [] for name in methods}
+    host = {name: [] for name in methods}  # ms until the call returned: the host's work, the device's queued
     timed_from = time.perf_counter()
     for i, request in enumerate(traffic):
         if i % 250 == 0:  # where the time goes, should the run outlast its budget
@@ -224,8 +227,10 @@ with torch.no_grad():
             sync()
             began = time.perf_counter()
             out = methods[name](request)
+            returned = time.perf_counter()
             sync()
             latency[name].append((time.perf_counter() - began) * 1e3)
+            host[name].append((returned - began) * 1e3)
             answers[name] = snapshot(plain(out))  # every answer checked, untimed
         for name, answer in answers.items():
             try:
@@ -257,6 +262,7 @@ rows = {}
 for name, values in latency.items():
     rows[name] = {"p50_ms": statistics.median(values), "p99_ms": quantile(values, 0.99),
                   "requests_per_s": 1e3 * len(values) / sum(values), "first_pass_s": seconds[name],
+                  "host_p50_ms": statistics.median(host[name]),
                   "max_abs_error": errors[name], "mismatch": mismatches.get(name),
                   "checked": checked.get(name, 0)}
 for name in computed:
@@ -354,18 +360,19 @@ def main() -> int:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
             results[name] = {"warmup": warm, **probe_result(out, "timed out")}
         (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
-    lines = ["| model | method | p50 ms | p99 ms | requests/s | padding waste | first pass s | max abs error |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| model | method | p50 ms | p99 ms | host p50 ms | requests/s | padding waste | first pass s | max abs error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, result in results.items():
         if "rows" not in result:
-            lines.append(f"| {name} | {result.get('error')} | | | | | | |")
+            lines.append(f"| {name} | {result.get('error')} | | | | | | | |")
             continue
         for method, row in result["rows"].items():
             if "error" in row:
-                lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | |")
+                lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | | |")
                 continue
             waste = f"{row['padding_waste']:.1%}" if "padding_waste" in row else ""
-            lines.append(f"| {name} | {method} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['requests_per_s']:.0f} | "
+            lines.append(f"| {name} | {method} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['host_p50_ms']:.3f} | "
+                         f"{row['requests_per_s']:.0f} | "
                          f"{waste} | {row['first_pass_s']:.1f} | {row['max_abs_error']:.2g} |")  # fmt: skip
     print("\n".join(lines))
     return 0
