@@ -126,3 +126,33 @@ def test_a_spec_pads_each_input_in_the_dimensions_that_follow_its_buckets():
     assert run((), {"input_ids": ids, "scores": scores}) == "answer"
     assert torch.equal(seen[0]["input_ids"], pad_end(ids, {0: 8, 1: 16}, 0))
     assert torch.equal(seen[0]["scores"], pad_end(scores, {0: 8, 1: 16}, -1.0))
+
+
+def test_a_request_covering_the_last_is_one_copy_a_shorter_one_two_and_views_are_worked_out_once(monkeypatch):
+    from orchestrator.jobs import graphs
+
+    copies, corners = [], []
+    copy, corner = graphs._copy, PaddedInputs._corner
+    monkeypatch.setattr(graphs, "_copy", lambda targets, sources: copies.append(len(targets)) or copy(targets, sources))
+    monkeypatch.setattr(PaddedInputs, "_corner", lambda self, shapes: corners.append(shapes) or corner(self, shapes))
+    buffers = statics()
+    inputs = PaddedInputs(buffers, PADDING)
+    generator = torch.Generator().manual_seed(2)
+    # (rows, seq) -> copies: the first write also fills what the capture left; then growing, equal
+    # in one dimension, the same shape, shorter in one dimension, shorter in the other
+    for (rows, seq), expected in [((2, 5), 2), ((2, 9), 1), ((3, 9), 1), ((3, 9), 1), ((3, 4), 2), ((1, 4), 2)]:
+        copies.clear()
+        values = request(rows, seq, generator)
+        assert inputs.write(values)
+        assert_holds(buffers, values)
+        assert len(copies) == expected, (rows, seq, copies)
+    assert len(corners) == len(set(corners)) == 5  # once per request shape, the repeated one reused
+
+
+def test_a_single_input_is_written_and_restored_alike():
+    buffer = torch.arange(ROWS * SEQ).reshape(ROWS, SEQ)
+    inputs = PaddedInputs([buffer], InputPadding(names=(), dims=(frozenset({0, 1}),), pads=(7,)))
+    for rows, seq in [(3, 9), (1, 2), (4, 16), (2, 3)]:
+        value = torch.randint(100, 200, (rows, seq))
+        assert inputs.write([value])
+        assert torch.equal(buffer, pad_end(value, {0: ROWS, 1: SEQ}, 7))
