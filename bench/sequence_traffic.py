@@ -2,12 +2,14 @@
 
     python bench/sequence_traffic.py OUT_DIR [--models encoder,decoder] [--requests 2000] [--budget SECONDS]
                                      [--methods grid,hand-replayed graph per exact shape,...]
+                                     [--batches 1,8,32] [--seqs 32,64,128,256] [--dynamic]
 
 Per model (a Hugging Face encoder called with its attention mask; a decoder padded on the right,
 its logits read at the real positions; both built from configs with random weights, MiniLM-sized):
-  1. `orchestrate warmup --no-ray` of a grid config (batch 1, 8, 32 x seq 32, 64, 128, 256), and of
-     a list config whose sequence is the longest, 256 (what a user of the list form does: every
-     request padded to the longest length).
+  1. `orchestrate warmup --no-ray` of a grid config (batch 1, 8, 32 x seq 32, 64, 128, 256 unless
+     `--batches` and `--seqs` say otherwise; `--dynamic`: compiled once with symbolic sizes, a
+     graph captured per point), and of a list config whose sequence is the longest (what a user
+     of the list form does: every request padded to the longest length).
   2. A fresh process replays one traffic: `--requests` requests, lengths long-tailed (a log-normal
      of median 60, cut to 1..256) and batch sizes 1..32 (a log-uniform draw), through
        - eager at the exact shape;
@@ -71,7 +73,17 @@ TINY = {"encoder": {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers":
         "decoder": {"vocab_size": 30522, "n_positions": 512, "n_embd": 32, "n_layer": 1, "n_head": 2}}  # fmt: skip
 
 
-def config(name: str, grid: bool, out_dir: Path, device: str = "cuda") -> Path:
+def config(
+    name: str,
+    grid: bool,
+    out_dir: Path,
+    device: str = "cuda",
+    batches: list[int] = BATCHES,
+    seqs: list[int] = SEQS,
+    dynamic: bool = False,
+) -> Path:
+    """The model's config: the grid of `batches` x `seqs`, or the list form padded to the longest
+    of `seqs`; `dynamic`: the grid compiled once with symbolic sizes (`compile.dynamic`)."""
     factory, kwargs = MODELS[name]
     if device != "cuda":
         kwargs = TINY[name]
@@ -80,13 +92,13 @@ def config(name: str, grid: bool, out_dir: Path, device: str = "cuda") -> Path:
         "model": {"factory": f"{ROOT / 'examples' / 'huggingface.py'}:{factory}", "kwargs": kwargs,
                   "dtype": "float16" if device == "cuda" else None},
         "inputs": [
-            {"name": "input_ids", "shape": ["batch", "seq" if grid else max(SEQS)], "dtype": "int64",
+            {"name": "input_ids", "shape": ["batch", "seq" if grid else max(seqs)], "dtype": "int64",
              "range": [1, 30000], "pad": 0},
-            {"name": "attention_mask", "shape": ["batch", "seq" if grid else max(SEQS)], "dtype": "int64",
+            {"name": "attention_mask", "shape": ["batch", "seq" if grid else max(seqs)], "dtype": "int64",
              "range": [1, 2], "pad": 0},
         ],
-        "buckets": {"batch": BATCHES, "seq": SEQS} if grid else BATCHES,
-        "compile": {"mode": "default"},
+        "buckets": {"batch": batches, "seq": seqs} if grid else batches,
+        "compile": {"mode": "default", "dynamic": dynamic and grid},
         "serve": {"variants": ["eager", "compiled", "graphed"] if device == "cuda" else ["eager", "compiled"],
                   "outputs": ["logits"] if name == "decoder" else None},
         "call": {"kwargs": {"use_cache": False}} if name == "decoder" else {"kwargs": {}},
@@ -250,8 +262,9 @@ for request in traffic:
     fits = [b for b in part.buckets if b >= n]
     rows = fits[0] if fits else part.buckets[-1] * math.ceil(n / part.buckets[-1])
     computed["grid"] += rows * part.fixed["seq"]
-    fits = [b for b in [1, 8, 32] if b >= n]
-    computed["padded to the longest"] += (fits[0] if fits else 32 * math.ceil(n / 32)) * LONGEST
+    batches = longest.spec.buckets if longest is not None else [1]
+    fits = [b for b in batches if b >= n]
+    computed["padded to the longest"] += (fits[0] if fits else batches[-1] * math.ceil(n / batches[-1])) * LONGEST
 computed["grid (borrow)"] = computed["grid"]  # the same points, its answers not copied
 
 def quantile(values, q):
@@ -290,6 +303,17 @@ def probe_result(stdout: str, ended: str) -> dict[str, Any]:
     return found if "rows" in found else {"error": ended, **({"partial": found} if found else {})}
 
 
+def sizes(text: str) -> list[int]:
+    """`1,8,32` as sizes, ascending; ValueError naming what is wrong."""
+    try:
+        found = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise ValueError(f"{text!r}: give sizes as whole numbers separated by commas, e.g. 1,8,32") from None
+    if found[0] < 1:
+        raise ValueError(f"{text!r}: every size must be at least 1")
+    return found
+
+
 def traffic_arguments(doc: str, requests: int) -> argparse.ArgumentParser:
     """What every traffic benchmark takes: where its output goes, how many requests, the seconds
     it may run and the device (cpu: a check of the script with tiny models)."""
@@ -309,7 +333,14 @@ def main() -> int:
         default=",".join(METHODS),
         help="comma-separated, of: " + ", ".join(METHODS) + " (eager, the reference, always runs)",
     )
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="the grid's batch sizes")
+    parser.add_argument("--seqs", default=",".join(map(str, SEQS)), help="the grid's sequence lengths")
+    parser.add_argument("--dynamic", action="store_true", help="the grid compiled once with symbolic sizes")
     args = parser.parse_args()
+    try:
+        shape = {"batches": sizes(args.batches), "seqs": sizes(args.seqs), "dynamic": args.dynamic}
+    except ValueError as exc:
+        parser.error(str(exc))
     methods = args.methods.split(",")
     if unknown := [name for name in methods if name not in METHODS]:
         parser.error(f"--methods: unknown {', '.join(map(repr, unknown))}; choose among {', '.join(METHODS)}")
@@ -327,7 +358,7 @@ def main() -> int:
         cache = out_dir / "cache"
         warm = {}
         for grid in (True, False) if "padded to the longest" in methods else (True,):
-            path = config(name, grid, out_dir, args.device)
+            path = config(name, grid, out_dir, args.device, **shape)
             began = time.perf_counter()
             try:
                 done = run([sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(path),
@@ -350,7 +381,8 @@ def main() -> int:
             (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
             continue
         left = args.budget - (time.monotonic() - started)
-        grid_path, longest_path = config(name, True, out_dir, args.device), config(name, False, out_dir, args.device)
+        grid_path = config(name, True, out_dir, args.device, **shape)
+        longest_path = config(name, False, out_dir, args.device, **shape)
         try:
             done = run([sys.executable, "-c", PROBE, str(grid_path), str(longest_path), str(cache), str(args.requests),
                         args.device, ",".join(methods)],
