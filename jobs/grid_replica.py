@@ -105,7 +105,7 @@ class GridModel:
             if route.cut is not None:
                 args, kwargs = self._shaper.pad(args, kwargs, part.fixed)
             outputs = (served.borrow if borrow else served)(*args, **kwargs)
-            return grid_shapes.cut_outputs(outputs, self.dims, route.sizes) if route.cut is not None else outputs
+            return route.cut(outputs) if route.cut is not None else outputs
         if route.cut is None:  # the point's own shapes
             return (served.borrow if borrow else served)(*args, **kwargs)
         # into the corners of the point's graph inputs where it replays one; else padded once in
