@@ -137,7 +137,9 @@ def _copy(targets: list[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
 class GraphedCall:
     """`fn(*args, **kwargs)` captured on the current CUDA device. A call copies its tensors into the
     static inputs, replays the graph and returns the static outputs: the next replay overwrites
-    them, so a caller that keeps an output copies it first. Not reentrant: one call at a time."""
+    them, so a caller that keeps an output copies it first. Not reentrant: one call at a time.
+    The static inputs are written by its own calls only: a shorter request's write relies on what
+    the last call left in them (PaddedInputs)."""
 
     def __init__(
         self,
