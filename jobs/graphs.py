@@ -157,21 +157,7 @@ class GraphedCall:
         self.kwargs = {k: _static(v) for k, v in kwargs.items()}
         # a call's tensors, in order, are copied into these (non-tensor arguments were fixed at capture)
         self._positional = [a for a in self.args if isinstance(a, torch.Tensor)]
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), torch.no_grad():
-                for _ in range(WARMUP_CALLS):
-                    fn(*self.args, **self.kwargs)
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            # thread-local: a replica captures on its loader thread while other threads serve eager
-            # calls, whose allocations and copies a process-wide capture mode would refuse
-            with torch.no_grad(), torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-                self.outputs = fn(*self.args, **self.kwargs)
-        except Exception as exc:
-            torch.cuda.synchronize()
-            raise CaptureError(f"cannot capture in a CUDA graph: {_first_line(exc)}") from exc
+        self.graph, self.outputs = self._capture(pool)
         # shorter requests: where every argument is a tensor the padding describes
         self.short: Optional[PaddedInputs] = None
         self._short_names: tuple[str, ...] = ()
@@ -184,6 +170,26 @@ class GraphedCall:
         ):
             self._short_names = padding.names
             self.short = PaddedInputs(self._positional + [self.kwargs[name] for name in padding.names], padding)
+
+    def _capture(self, pool: Optional[Any]) -> tuple[Any, Any]:
+        """The graph of `fn` at the static inputs, and the outputs its replays write into."""
+        fn = self.fn
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.no_grad():
+                for _ in range(WARMUP_CALLS):
+                    fn(*self.args, **self.kwargs)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread-local: a replica captures on its loader thread while other threads serve eager
+            # calls, whose allocations and copies a process-wide capture mode would refuse
+            with torch.no_grad(), torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                outputs = fn(*self.args, **self.kwargs)
+        except Exception as exc:
+            torch.cuda.synchronize()
+            raise CaptureError(f"cannot capture in a CUDA graph: {_first_line(exc)}") from exc
+        return graph, outputs
 
     @property
     def pool(self) -> Any:

@@ -376,7 +376,7 @@ class BucketedModel:
                 _set_grad_enabled(False)
             route = self._routes[bucket]
             runner = route.runner
-            outputs = runner.replay_short(args, kwargs) if type(runner) is GraphedCall else None
+            outputs = runner.replay_short(args, kwargs) if isinstance(runner, GraphedCall) else None
             if outputs is None:
                 return None
             route.shaped.count(rows, bucket)
@@ -402,7 +402,9 @@ class BucketedModel:
             route = self._routes[bucket]
             runner = route.runner
             # a graph of the tool's own takes the request into its inputs' corners, unpadded
-            outputs = runner.replay_short(args, kwargs) if padded_to is None and type(runner) is GraphedCall else None
+            outputs = (
+                runner.replay_short(args, kwargs) if padded_to is None and isinstance(runner, GraphedCall) else None
+            )
             if outputs is None:
                 padded_args, padded_kwargs = (
                     self._shaper.pad(args, kwargs, bucket) if padded_to is None else (args, kwargs)
