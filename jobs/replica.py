@@ -177,6 +177,7 @@ def load_replica(
         point_caches_at(local)
     compile_in_this_process()
     exit_without_collecting()
+    ti.set_device_guard_from_this_thread()  # before the loader, which traces and then exits
     loader = _Loader(spec, device, require_warm, local, platform, remote, started, call_lock)
     loader.start()
     try:

@@ -82,6 +82,18 @@ def import_compiler(*, to_compile: bool) -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
+def set_device_guard_from_this_thread() -> None:
+    """Where torch is built for CUDA but no GPU is usable, a fake tensor mode (every Dynamo trace)
+    sets a no-op CUDA device guard at its first use. torch 2.11 sets it with the first tracing
+    thread's lifetime: once that thread has exited (a replica's loader, after its buckets), the
+    next trace with dynamic shapes, in any thread, crashes the process in
+    `FakeTensorMode.__enter__`. Set here, from a thread that outlives the loaders (the caller of
+    a load), it stays valid. Nothing where CUDA is usable or not built in; harmless on later
+    torch, which sets the same guard."""
+    if torch.cuda._is_compiled() and not torch.cuda.is_available() and hasattr(torch._C, "_ensureCUDADeviceGuardSet"):
+        torch._C._ensureCUDADeviceGuardSet()
+
+
 def allow_recompiles(n_graphs: int) -> None:
     """Each static bucket is one more Dynamo cache entry for the same frame; past the limit
     (8 by default) Dynamo silently falls back to eager, which would make big bucket lists lie."""

@@ -113,6 +113,31 @@ def test_a_replica_whose_buckets_need_no_compile_never_imports_dynamo(rows_confi
     assert proc.stdout.split() == ["['eager']", "False"]
 
 
+def test_a_trace_after_a_tracing_thread_has_exited_does_not_crash_the_process(rows_config, tmp_path):
+    """torch 2.11 built for CUDA, on a machine without a usable GPU, crashed the process at the first
+    trace with dynamic shapes after a thread that had traced (a replica's loader) exited. A load
+    sets CUDA's device guard from the caller's thread first (torch_internals). Where CUDA is usable,
+    or torch has no CUDA, or from 2.13 on, nothing crashed to begin with."""
+    code = f"""
+import threading, torch
+from orchestrator import runtime
+runtime.load({str(rows_config)!r}, cache_dir={str(tmp_path / "cache")!r})
+def trace(dynamic):
+    compiled = torch.compile(torch.nn.Linear(8, 8), dynamic=dynamic, backend="eager")
+    with torch.no_grad():
+        compiled(torch.randn(4, 8))
+loader = threading.Thread(target=trace, args=(False,))  # traces, as a loader does, and exits
+loader.start()
+loader.join()
+trace(True)
+print("traced")
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["traced"]
+
+
 def test_without_a_serving_plan_every_bucket_serves_eager_and_says_so(rows_config, tmp_path):
     served = runtime.load(rows_config, cache_dir=tmp_path / "cache")
     info = served.info()
