@@ -724,7 +724,9 @@ class _Loader:
             if self._abandoned:
                 return None
             expected = snapshot(self._references[row.bucket])
-            with torch.no_grad():
+            # under the call lock, as every call of the model: another slice's loader may be
+            # tracing it, and a trace records whatever module calls any thread makes meanwhile
+            with self.call_lock, torch.no_grad():
                 if planned == "compiled":
                     ti.mark_step()
                 self.gate.compare(
