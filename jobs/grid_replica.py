@@ -96,7 +96,7 @@ class GridModel:
         """As BucketedModel.borrow: outputs may be the graph's own buffers, valid until the next call."""
         return self._call(args, kwargs, borrow=True)
 
-    def _call(self, args: Sequence[Any], kwargs: Mapping[str, Any], borrow: bool) -> Any:
+    def _call(self, args: Sequence[Any], kwargs: dict[str, Any], borrow: bool) -> Any:
         route = self._route(args, kwargs)
         with self._counted:
             self._requests[route.size] += 1
@@ -111,7 +111,7 @@ class GridModel:
         # into the corners of the point's graph inputs where it replays one; else padded once in
         # every dimension. Cut once either way (each padding of an input is a new tensor and, on a
         # GPU, kernels launched; each cut a walk of the output tree).
-        outputs = served.call_short(args, dict(kwargs), route.rows, route.bucket, route.cut, not borrow)
+        outputs = served.call_short(args, kwargs, route.rows, route.bucket, route.cut, not borrow)
         if outputs is not None:
             return outputs
         args, kwargs = self._shaper.pad(args, kwargs, route.point)
