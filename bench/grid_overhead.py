@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from runtime_overhead import host_blocks  # noqa: E402  (bench/ is not a package)
 
 from orchestrator.jobs import trees  # noqa: E402
 from orchestrator.jobs.graphs import GraphedCall  # noqa: E402
@@ -81,22 +82,6 @@ class ReplayOnHost(GraphedCall):
                     kept.copy_(new)
 
         return Replay(), outputs
-
-
-def blocks(calls: dict[str, Any], rounds: int, block: int) -> dict[str, list[float]]:
-    import time
-
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
-    for i in range(rounds + 1):
-        for name in names if i % 2 == 0 else names[::-1]:
-            fn = calls[name]
-            began = time.perf_counter_ns()
-            for _ in range(block):
-                fn()
-            if i:  # the first round warms up
-                samples[name].append((time.perf_counter_ns() - began) / block / 1000)
-    return samples
 
 
 def main() -> int:
@@ -153,11 +138,9 @@ def main() -> int:
                 expected = grid.model(ids=ids, mask=mask)["hidden"]
                 for way in (unpadded, padded_path):
                     assert torch.equal(way()["hidden"], expected), way.__name__
-                samples = blocks(
-                    {"grid": unpadded, "grid, padded": padded_path, "direct": direct},
-                    max(args.calls // args.block, 4),
-                    args.block,
-                )
+                ways = {"grid": unpadded, "grid, padded": padded_path, "direct": direct}
+                host_blocks(ways, 1, args.block)  # warms up
+                samples = host_blocks(ways, max(args.calls // args.block, 4), args.block)
             graph.short = short
             row: dict[str, float] = {}
             for name, values in samples.items():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from runtime_overhead import host_blocks  # noqa: E402  (bench/ is not a package)
 
 from orchestrator.jobs.graphs import PaddedInputs  # noqa: E402
 from orchestrator.jobs.grid import InputShaper, input_padding  # noqa: E402
@@ -84,18 +84,8 @@ def main() -> int:
         _, kwargs = shaper.pad((), request, POINT)
         assert corners.write([request["input_ids"], request["attention_mask"]])
         assert torch.equal(statics[0], kwargs["input_ids"]) and torch.equal(statics[1], kwargs["attention_mask"])
-    samples: dict[str, list[float]] = {name: [] for name in ways}
-    for i in range(args.rounds + 1):
-        for name in list(ways) if i % 2 == 0 else list(ways)[::-1]:
-            way = ways[name]
-            sync()
-            began = time.perf_counter()
-            for _ in range(args.calls):
-                way()
-            elapsed = time.perf_counter() - began
-            sync()
-            if i:  # the first round warms up
-                samples[name].append(elapsed / args.calls * 1e6)
+    host_blocks(ways, 1, args.calls, sync)  # warms up
+    samples = host_blocks(ways, args.rounds, args.calls, sync)
     print(
         f"host µs per call, {args.device}, torch {torch.__version__}; medians of {args.rounds} rounds of {args.calls}"
     )

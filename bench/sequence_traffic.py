@@ -303,17 +303,6 @@ def probe_result(stdout: str, ended: str) -> dict[str, Any]:
     return found if "rows" in found else {"error": ended, **({"partial": found} if found else {})}
 
 
-def sizes(text: str) -> list[int]:
-    """`1,8,32` as sizes, ascending; ValueError naming what is wrong."""
-    try:
-        found = sorted({int(part) for part in text.split(",")})
-    except ValueError:
-        raise ValueError(f"{text!r}: give sizes as whole numbers separated by commas, e.g. 1,8,32") from None
-    if found[0] < 1:
-        raise ValueError(f"{text!r}: every size must be at least 1")
-    return found
-
-
 def traffic_arguments(doc: str, requests: int) -> argparse.ArgumentParser:
     """What every traffic benchmark takes: where its output goes, how many requests, the seconds
     it may run and the device (cpu: a check of the script with tiny models)."""
@@ -337,10 +326,16 @@ def main() -> int:
     parser.add_argument("--seqs", default=",".join(map(str, SEQS)), help="the grid's sequence lengths")
     parser.add_argument("--dynamic", action="store_true", help="the grid compiled once with symbolic sizes")
     args = parser.parse_args()
-    try:
-        shape = {"batches": sizes(args.batches), "seqs": sizes(args.seqs), "dynamic": args.dynamic}
-    except ValueError as exc:
-        parser.error(str(exc))
+    if str(ROOT) not in sys.path:  # run as a script from anywhere
+        sys.path.insert(0, str(ROOT))
+    from orchestrator.config import ConfigError, parse_buckets
+
+    shape: dict[str, Any] = {"dynamic": args.dynamic}
+    for option, text in (("batches", args.batches), ("seqs", args.seqs)):
+        try:
+            shape[option] = parse_buckets(text)  # the sizes as --buckets takes them
+        except ConfigError as exc:
+            parser.error(f"--{option} {text!r}: {exc}")
     methods = args.methods.split(",")
     if unknown := [name for name in methods if name not in METHODS]:
         parser.error(f"--methods: unknown {', '.join(map(repr, unknown))}; choose among {', '.join(METHODS)}")
