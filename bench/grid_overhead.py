@@ -13,8 +13,8 @@ Per request size, three ways, timed in blocks of back-to-back calls, interleaved
 call, median of the blocks ± half their interquartile range):
   - grid: `grid(ids=..., mask=...)`, as served (the request written into the graph's corners);
   - grid, padded: the same with the corner writes off (each input padded into a new tensor, then
-    copied into the graph's inputs: the path before corner writes, and the one every variant
-    that replays no graph of the tool's own still takes);
+    copied into the graph's inputs: the path every variant that replays no graph of the tool's
+    own takes);
   - direct: the point's graph called with the request padded ahead of time, its outputs copied
     out whole: what serving the point costs with no runtime at all.
 `grid − direct` is the runtime's own cost per request: routing, checks, padding, cutting back.

@@ -114,10 +114,11 @@ def test_a_replica_whose_buckets_need_no_compile_never_imports_dynamo(rows_confi
 
 
 def test_a_trace_after_a_tracing_thread_has_exited_does_not_crash_the_process(rows_config, tmp_path):
-    """torch 2.11 built for CUDA, on a machine without a usable GPU, crashed the process at the first
-    trace with dynamic shapes after a thread that had traced (a replica's loader) exited. A load
-    sets CUDA's device guard from the caller's thread first (torch_internals). Where CUDA is usable,
-    or torch has no CUDA, or from 2.13 on, nothing crashed to begin with."""
+    """torch 2.11 built for CUDA, on a machine without a usable GPU, crashes the process at the first
+    trace with dynamic shapes after a thread that traced (a replica's loader) has exited, unless
+    CUDA's device guard was set from a thread that outlives it: a load sets it from the caller's
+    thread (torch_internals). Where CUDA is usable, or torch has no CUDA, or from 2.13 on, nothing
+    crashes either way."""
     code = f"""
 import threading, torch
 from orchestrator import runtime
