@@ -11,6 +11,8 @@ import pytest
 import torch
 from conftest import ROOT, orchestrate
 
+from orchestrator.jobs import trees
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 SYNCING_MODEL = """
@@ -222,27 +224,35 @@ bench: {{iterations: 20, warmup: 3}}
 """
 
 
-def test_a_grid_served_from_graphs_takes_short_requests_into_their_inputs_and_answers_as_eager(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def warm_grid(tmp_path_factory):
+    """The tiny encoder's grid, warmed once for the tests that serve it: (config, cache)."""
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("grid")
+    config = root / "grid.yaml"
+    config.write_text(GRID.format(root=ROOT))
+    report = warmup(str(config), root / "cache")
+    for result in report["results"]:
+        assert result["status"] == "ok", result["error"]
+        assert result["padding_proof"]["variant"] == result["variant"]
+    return config, root / "cache"
+
+
+def test_a_grid_served_from_graphs_takes_short_requests_into_their_inputs_and_answers_as_eager(warm_grid, monkeypatch):
     """A request shorter than its point is written into the corners of the point's graph inputs,
     the rest holding the pad values: every answer, growing and shrinking in both dimensions, is
     eager's at the request's exact size, copied or borrowed."""
-    pytest.importorskip("transformers")
     from orchestrator import runtime
     from orchestrator.config import load_spec
     from orchestrator.jobs.gate import Gate, snapshot
     from orchestrator.jobs.graphs import PaddedInputs
     from orchestrator.jobs.model import build_model
 
-    config = tmp_path / "grid.yaml"
-    config.write_text(GRID.format(root=ROOT))
-    report = warmup(str(config), tmp_path / "cache")
-    for result in report["results"]:
-        assert result["status"] == "ok", result["error"]
-        assert result["padding_proof"]["variant"] == result["variant"]
+    config, cache = warm_grid
     written = []
     write = PaddedInputs.write
     monkeypatch.setattr(PaddedInputs, "write", lambda self, values: written.append(write(self, values)) or written[-1])
-    served = runtime.load(config, cache_dir=tmp_path / "cache", ready="planned")
+    served = runtime.load(config, cache_dir=cache, ready="planned")
     graphed = [label for label, row in served.info().buckets.items() if row.variant == "eager-graphed"]
     assert graphed, served.info().buckets
     eager = build_model(load_spec(config).slices()[0], torch.device("cuda"))
@@ -258,3 +268,56 @@ def test_a_grid_served_from_graphs_takes_short_requests_into_their_inputs_and_an
             expected = snapshot(eager(input_ids=ids, attention_mask=mask))
         Gate().compare(expected, answer, call=f"{rows}x{seq}")
     assert written and all(written), written  # the short requests went into the graphs' inputs
+
+
+def test_a_served_batch_is_read_out_of_the_graphs_buffers_to_the_host_once_and_only_what_is_asked(warm_grid):
+    """`orchestrate serve`'s path for a batch of Open Inference Protocol requests: joined, run with
+    `borrow()`, the outputs some request asks for read to the host once (the rest left on the GPU,
+    unread), cut back per request: each answer is eager's at the request's own size."""
+    from orchestrator import runtime
+    from orchestrator.config import load_spec
+    from orchestrator.jobs.gate import Gate, snapshot
+    from orchestrator.jobs.model import build_model
+    from orchestrator.serving.codec import RequestCodec
+    from orchestrator.serving.inference_protocol import InferenceProtocol
+
+    config, cache = warm_grid
+    served = runtime.load(config, cache_dir=cache, ready="planned")
+    assert any(row.variant == "eager-graphed" for row in served.info().buckets.values()), served.info().buckets
+    codec = RequestCodec(served.spec, served.device, served.dims)
+    protocol = InferenceProtocol(served.spec, codec, served, served.output_dims)
+    eager = build_model(load_spec(config).slices()[0], torch.device("cuda"))
+    generator = torch.Generator().manual_seed(0)
+
+    def request(rows, seq, outputs=None):
+        ids = torch.randint(1, 100, (rows, seq), generator=generator)
+        inputs = [
+            {"name": "input_ids", "shape": [rows, seq], "datatype": "INT64", "data": ids.flatten().tolist()},
+            {"name": "attention_mask", "shape": [rows, seq], "datatype": "INT64", "data": [1] * (rows * seq)},
+        ]
+        document = {"inputs": inputs, **({"outputs": [{"name": name} for name in outputs]} if outputs else {})}
+        return ids, protocol.decode(json.dumps(document).encode())
+
+    pooled = ["output.pooler_output"]
+    for batch, left_on_gpu in (
+        ([request(2, 7, pooled), request(1, 7, pooled)], {"output.last_hidden_state"}),
+        ([request(1, 12, pooled), request(3, 12)], set()),  # one asks for every output
+        ([request(4, 16)], set()),
+    ):
+        requests = [decoded for _, decoded in batch]
+        assert len(codec.groups(requests)) == 1
+        args, kwargs = codec.join(requests)
+        on_host = codec.to_host(served.borrow(*args, **kwargs), requests)
+        devices = {path: leaf.device.type for path, leaf in trees.leaves(on_host)}
+        assert {path for path, device in devices.items() if device == "cuda"} == left_on_gpu, devices
+        answers = codec.split(on_host, requests)
+        for (ids, decoded), answer in zip(batch, answers, strict=True):
+            assert answer.status == 200, answer.body
+            with torch.no_grad():
+                expected = eager(input_ids=ids.cuda(), attention_mask=torch.ones_like(ids).cuda())
+            got = {entry["name"]: entry for entry in json.loads(answer.body)["outputs"]}
+            assert set(got) == ({"output.pooler_output"} if decoded.outputs else set(dict(trees.leaves(expected))))
+            for name, entry in got.items():
+                want = dict(trees.leaves(expected))[name].float().cpu()
+                tensor = torch.tensor(entry["data"], dtype=torch.float32).reshape(entry["shape"])
+                Gate().compare(snapshot(want), snapshot(tensor), call=f"{name} of {ids.shape[0]}x{ids.shape[1]}")

@@ -224,6 +224,31 @@ def test_protocol_requests_batched_with_predicts_answer_as_each_alone(codec, pro
         assert torch.equal(got["output.total"], (args[0].sum()))  # no batch dimension: the call's value
 
 
+def test_a_batch_takes_to_the_host_only_the_outputs_its_requests_ask_for(codec, protocol):
+    """The server reads a batch's outputs out of the model's buffers before its next call: only
+    the leaves some request's answer carries. A model on the meta device stands for one on the
+    GPU: its tensors hold no data, so reading one to the host fails, and one no request asks for
+    is never read. A model on the host answers there: nothing is read."""
+
+    def asking(*names: str):
+        return protocol.decode(
+            *request(("arr_0", features(1), False), ("ids", np.array([1]), False), outputs=[{"name": n} for n in names])
+        )
+
+    assert asking("output.total", "output.half").outputs == {"output.total", "output.half"}
+    assert protocol.decode(*request(("arr_0", features(1), False), ("ids", np.array([1]), False))).outputs is None
+    outputs = {"scaled": torch.ones(2, 4, device="meta"), "total": torch.zeros(())}
+    on_meta = RequestCodec(SPEC, "meta")
+    kept = on_meta.to_host(outputs, [asking("output.total"), asking("output.total")])
+    assert kept["scaled"] is outputs["scaled"] and kept["total"] is outputs["total"]
+    with pytest.raises(NotImplementedError, match="meta"):  # one request of the batch asks for it
+        on_meta.to_host(outputs, [asking("output.total"), asking("output.scaled")])
+    predict = codec.decode(json.dumps({"inputs": [features(1).tolist(), [1]]}))
+    with pytest.raises(NotImplementedError, match="meta"):  # /predict's answer carries every output
+        on_meta.to_host(outputs, [asking("output.total"), predict])
+    assert codec.to_host(outputs, [predict]) is outputs
+
+
 def test_an_unknown_output_is_a_400_for_its_request_alone(codec, protocol):
     good = protocol.decode(*request(("arr_0", features(2), False), ("ids", np.array([1, 2]), False)))
     bad = protocol.decode(

@@ -30,6 +30,7 @@ not hold up) is refused the same way, naming what is wrong.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import io
 import json
 import math
@@ -123,6 +124,8 @@ class Request:
     encoder: Optional[Encoder] = None
     # a grid's request: its size in each other dimension (`{"seq": 71}`); empty in the list form
     sizes: dict[str, int] = field(default_factory=dict)
+    # the output leaves its answer carries, by path (`output.logits`); None: every one
+    outputs: Optional[frozenset[str]] = None
 
 
 @dataclass(frozen=True)
@@ -198,14 +201,17 @@ class RequestCodec:
             raise RequestError(f"Content-Type {wire!r} is not served; send {JSON} or {NPZ}")
         return self._request(tensors, wire)
 
-    def request(self, tensors: Sequence[torch.Tensor], encoder: Encoder) -> Request:
+    def request(
+        self, tensors: Sequence[torch.Tensor], encoder: Encoder, outputs: Optional[frozenset[str]] = None
+    ) -> Request:
         """Tensors decoded by another protocol, one per input in config order, checked as a body's
         are (shape, then values) and moved to the model's device: a request whose answer `encoder`
-        writes. RequestError as `decode`."""
+        writes, from the output leaves named in `outputs` alone (None: every one). RequestError as
+        `decode`."""
         if len(tensors) != len(self._inputs):
             raise ValueError(f"{len(tensors)} tensors for a model of {len(self._inputs)} inputs")
         checked = [self._checked(entry, tensor) for entry, tensor in zip(self._inputs, tensors, strict=True)]
-        return self._request(checked, JSON, encoder)
+        return dataclasses.replace(self._request(checked, JSON, encoder), outputs=outputs)
 
     def tensor_from_json(self, index: int, value: Any, body: bytes | str) -> torch.Tensor:
         """Input `index` as JSON gives it (a nested list of numbers) as a tensor that holds them
@@ -486,6 +492,34 @@ class RequestCodec:
             for entry in named
         }
         return args, kwargs
+
+    def to_host(self, outputs: Any, requests: Sequence[Request]) -> Any:
+        """The outputs of one call for these requests, every tensor that some request's answer
+        carries copied to the host once for all of them: each request's rows are then a view of
+        that copy. A tensor no request carries stays where it is, unread. Once this returns, the
+        call's outputs may be overwritten (the next replay of a CUDA graph overwrites what the
+        replica's `borrow()` returned)."""
+        if self.device.type == "cpu":  # a model on the host answers there: nothing to read
+            return outputs
+        wanted: Optional[set[str]] = set()
+        for request in requests:
+            wanted = None if wanted is None or request.outputs is None else wanted | request.outputs
+
+        # on CUDA the copies are queued together (into pinned memory) and waited for once; on
+        # another device each copy waits for itself
+        queued = self.device.type == "cuda"
+        copies: list[torch.Tensor] = []
+
+        def moved(path: str, leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu" and (wanted is None or path in wanted):
+                copies.append(leaf.to("cpu", non_blocking=queued))
+                return copies[-1]
+            return leaf
+
+        on_host = trees.map_leaves(outputs, moved)
+        if copies and queued:
+            torch.cuda.current_stream(self.device).synchronize()
+        return on_host
 
     def split(self, outputs: Any, requests: Sequence[Request]) -> list[Answer]:
         """Outputs of one call for these requests, as each request's answer in its own wire

@@ -141,9 +141,17 @@ class InferRequest:
 class InferenceProtocol:
     """The protocol for one served model: its routes, its metadata, its requests and answers."""
 
-    def __init__(self, spec: WarmupSpec, codec: RequestCodec, model: Callable[..., Any]) -> None:
+    def __init__(
+        self,
+        spec: WarmupSpec,
+        codec: RequestCodec,
+        model: Callable[..., Any],
+        output_dims: Optional[Callable[[], dict[str, set[int]]]] = None,
+    ) -> None:
+        """`model`: what calls the served model; `output_dims`: a grid replica's, the dimensions
+        of its outputs that follow the grid's (GridModel.output_dims)."""
         self.model_name = spec.label
-        self._spec, self._codec, self._model = spec, codec, model
+        self._spec, self._codec, self._model, self._output_dims = spec, codec, model, output_dims
         self.inputs = tuple(
             TensorMetadata(name, DATATYPES[item.dtype], tuple(_dims(item.shape)))
             for name, item in zip(codec.input_names, spec.inputs, strict=True)
@@ -216,7 +224,7 @@ class InferenceProtocol:
         from orchestrator.jobs.padding import output_bucket_dims
 
         spec = self._spec
-        grid_dims = getattr(self._model, "output_dims", None)
+        grid_dims = self._output_dims
         if spec.grid and grid_dims is not None:  # a grid's replica learnt them, every dimension's
             spec = spec.slices()[0]
         sizes = (1, 2) if spec.serve.oversize == "split" or max(spec.buckets) >= 2 else (1,)
@@ -250,7 +258,8 @@ class InferenceProtocol:
         header, binary = split_body(body, header_length)
         request = parse_request(header)
         tensors = self._tensors(request.inputs, header, binary)
-        return self._codec.request(tensors, functools.partial(self.encode, request))
+        named = None if request.outputs is None else frozenset(output.name for output in request.outputs)
+        return self._codec.request(tensors, functools.partial(self.encode, request), named)
 
     def _tensors(self, inputs: Sequence[InputTensor], header: bytes, binary: bytes | memoryview) -> list[torch.Tensor]:
         """The request's inputs as tensors in config order."""

@@ -107,9 +107,14 @@ class ModelServer:
             ready=ready,
         )
         # a grid's replica knows its outputs' dimensions: what cuts a joined call's answer back
-        grid_dims = self.model.dims if isinstance(self.model, runtime.GridModel) else None
-        self.codec = RequestCodec(self.model.spec, self.model.device, grid_dims)
-        self.protocol = InferenceProtocol(self.model.spec, self.codec, self.model)
+        grid = self.model if isinstance(self.model, runtime.GridModel) else None
+        self.codec = RequestCodec(self.model.spec, self.model.device, grid.dims if grid else None)
+        # a batch's outputs are the model's own buffers (`borrow()`) until they are on the host;
+        # no other call of the model may replay over them meanwhile, the protocol's own included
+        self._calls = threading.Lock()
+        self.protocol = InferenceProtocol(
+            self.model.spec, self.codec, self._call_model, grid.output_dims if grid else None
+        )
         self._answer_type = Answer
         self._request_error = RequestError
         self._client_errors: tuple[type[Exception], ...] = (RequestError, runtime.BadRequest)
@@ -197,12 +202,19 @@ class ModelServer:
                 answers[i] = answer
         return answers
 
+    def _call_model(self, *args: Any, **kwargs: Any) -> Any:
+        with self._calls:
+            return self.model(*args, **kwargs)
+
     def _answer(self, requests: list[Decoded]) -> list[Answer]:
         """One model call for these requests; if it fails, each request alone, so that a failure
         is only the request's own that caused it."""
         try:
             args, kwargs = self.codec.join(requests)
-            outputs = self.model(*args, **kwargs)
+            # read straight out of a CUDA graph's buffers to the host, once for the batch: a copy
+            # out of the buffers first (what a call returns) would be a second copy of everything
+            with self._calls:
+                outputs = self.codec.to_host(self.model.borrow(*args, **kwargs), requests)
             return self.codec.split(outputs, requests)
         except Exception as exc:
             if len(requests) > 1:
