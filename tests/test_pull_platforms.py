@@ -24,11 +24,13 @@ KEY = SigningKey.generate()
 STRANGER = SigningKey.generate()  # a key the replica does not trust
 SPEC = load_spec_with_overrides(str(ROOT / "examples" / "mlp.yaml"), device="cpu")
 HERE = platform_probe.cache_platform(SPEC)
+# the warmup's machine: an H200 with a torch no machine running these tests has (2.11 to 2.13),
+# so that the torch it names always differs from this pod's
 H200 = Platform(
-    torch_version="2.11.0+cu130",
+    torch_version="2.10.0+cu128",
     torch_git="70d99e998b4955e0049d13a98d77ae1b14db1f45",
-    triton_version="3.6.0",
-    cuda_version="13.0",
+    triton_version="3.5.1",
+    cuda_version="12.8",
     gpu_name="NVIDIA H200",
     python_version="3.12.3",
 )
@@ -78,7 +80,7 @@ def test_a_pod_on_another_platform_fails_with_one_line_naming_both(store, trust,
     [line] = error_lines(proc.stderr)
     mine = platform_probe.cache_namespace(SPEC)
     assert line.startswith(f"orchestrate: error: namespace {mine} was never published to {store.url}: ")
-    assert "this model's config was warmed for NVIDIA H200, torch 2.11.0+cu130" in line
+    assert "this model's config was warmed for NVIDIA H200, torch 2.10.0+cu128" in line
     assert f", but this pod is {describe(asdict(HERE), differing(HERE, [asdict(H200)]))};" in line
     assert HERE.gpu_name.removeprefix("cpu-") in line and "on a node with that GPU" in line
     assert "L4" not in line and "B200" not in line
@@ -160,12 +162,12 @@ def test_only_the_fields_that_differ_are_named():
     other = replace(H200, gpu_name="NVIDIA A100-SXM4-80GB")
     assert differing(H200, [asdict(other)]) == ["gpu_name"]
     assert describe(asdict(other), ["gpu_name"]) == "NVIDIA A100-SXM4-80GB"
-    older = replace(other, torch_version="2.10.0+cu128", torch_git="abc")
+    older = replace(other, torch_version="2.9.1+cu128", torch_git="abc")
     assert differing(H200, [asdict(older)]) == ["gpu_name", "torch_version"]  # a version names its commit
     assert differing(H200, [asdict(replace(H200, torch_git="abc"))]) == ["torch_git"]
     cpu = replace(H200, gpu_name="cpu-x86_64", cuda_version=None, triton_version=None)
     assert describe(asdict(cpu)) == (
-        f"CPU x86_64, torch 2.11.0+cu130, torch commit {H200.torch_git[:12]}, no Triton, no CUDA, Python 3.12.3"
+        f"CPU x86_64, torch 2.10.0+cu128, torch commit {H200.torch_git[:12]}, no Triton, no CUDA, Python 3.12.3"
     )
 
 
