@@ -25,8 +25,10 @@ Per bucket, in this order, each timed on its own:
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
+import gc
 import os
 import resource
 import shutil
@@ -141,6 +143,7 @@ def run_warmup(
     Raises SetupError when nothing can run, StoreError/IntegrityError when the store cannot be
     read or is not trusted (before anything touched the local cache)."""
     ti.forget_compiled_frames()  # an earlier run in this process (a grid's slice) compiled for its own namespace
+    exit_without_collecting()
     session = Session(
         spec,
         cache_root,
@@ -549,6 +552,20 @@ def _quarantine(directory: Path, created: set[str]) -> list[str]:
 def cache_namespace(spec: WarmupSpec) -> str:
     """The namespace this machine would compile `spec` into (imports torch, asks for the GPU)."""
     return namespace(spec.label, ti.current_platform(resolve_device(spec.device)), spec.identity_hash())
+
+
+def exit_without_collecting() -> None:
+    """At exit, Python's last garbage collections walk every object torch, Dynamo and Inductor
+    made (seconds after a compile, on a GPU more); the process is ending and its memory goes back
+    to the system whole, so they are skipped: the objects alive at exit are frozen out of the
+    collector."""
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(gc.freeze)
+        _exit_registered = True
+
+
+_exit_registered = False
 
 
 def point_caches_at(local: LocalCache) -> None:

@@ -21,10 +21,8 @@ its plan (or refused with a reason). A failed pull fails the load either way.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
-import gc
 import os
 import sys
 import threading
@@ -45,7 +43,7 @@ from orchestrator.cache.store import open_store
 from orchestrator.jobs import aot, trees
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.copies import copier, cut_out
-from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
+from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, exit_without_collecting, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.graphs import GraphedCall
@@ -239,19 +237,6 @@ def compile_in_this_process() -> None:
     config = sys.modules.get("torch._inductor.config")
     if config is not None:  # imported already (by the model's own code): set it there too
         config.compile_threads = 1  # type: ignore[attr-defined]
-
-
-def exit_without_collecting() -> None:
-    """At exit, Python's last garbage collections walk every object torch, Dynamo and Inductor
-    made (a second and more in a replica); the process is ending and its memory goes back to the
-    system whole, so they are skipped: the objects alive at exit are frozen out of the collector."""
-    global _exit_registered
-    if not _exit_registered:
-        atexit.register(gc.freeze)
-        _exit_registered = True
-
-
-_exit_registered = False
 
 
 class BucketedModel:
