@@ -60,8 +60,8 @@ def bodies(served: Any, protocol: InferenceProtocol, codec: RequestCodec, rows: 
     npz = io.BytesIO()
     np.savez(npz, **{name: t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
                      for name, t in zip(codec.input_names, tensors, strict=True)})  # fmt: skip
-    first = next(iter(trees.leaves(served(*(a.to(served.device) for a in args),
-                                          **{k: v.to(served.device) for k, v in kwargs.items()}))))[0]  # fmt: skip
+    outputs = served(*(a.to(served.device) for a in args), **{k: v.to(served.device) for k, v in kwargs.items()})
+    first = next(path for path, leaf in trees.leaves(outputs) if isinstance(leaf, torch.Tensor))
     inputs, raw = [], b""
     for name, item, tensor in zip(codec.input_names, served.spec.inputs, tensors, strict=True):
         data = tensor.contiguous().view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor.contiguous()
@@ -108,6 +108,11 @@ def bench_model(name: str, args: argparse.Namespace, out_dir: Path) -> dict[str,
             answers = {way: [answer.body for answer in fn()] for way, fn in ways.items()}
             same = answers["copied"] == answers["borrowed"]
             statuses = {answer.status for answer in copied()}
+            if statuses != {200}:
+                print(
+                    f"{name} {batch} {wire}: answered {sorted(statuses)}: {answers['copied'][0][:300]!r}",
+                    file=sys.stderr,
+                )
             samples = host_blocks(ways, args.rounds + 1, args.block, sync)
             row = {"batch": batch, "wire": wire, "same_answers": same, "statuses": sorted(statuses),
                    "answer_bytes": sum(len(body) for body in answers["copied"])}  # fmt: skip
@@ -130,10 +135,11 @@ def table(results: list[dict[str, Any]]) -> str:
     for result in results:
         for row in result.get("cases", []):
             saving = row["saving_us"] / row["copied"]["us"] * 100 if row["copied"]["us"] else 0.0
+            http = "" if row["statuses"] == [200] else f" (HTTP {row['statuses']})"
             lines.append(
                 f"| {result['model']} | {row['batch']} | {row['wire']} | {row['copied']['us']:.1f} ±{row['copied']['spread']:.1f} "
                 f"| {row['borrowed']['us']:.1f} ±{row['borrowed']['spread']:.1f} | {row['saving_us']:.1f} µs ({saving:.0f}%) "
-                f"| {'yes' if row['same_answers'] else 'NO'} |"
+                f"| {'yes' if row['same_answers'] else 'NO'}{http} |"
             )
         if "cases" not in result:
             lines.append(f"| {result['model']} | | | warmup failed: {result['warmup'].get('error', '')[:200]} | | | |")
@@ -154,7 +160,8 @@ def main() -> int:
     results = [bench_model(name, args, args.out_dir) for name in args.models]
     (args.out_dir / "serve-batch.json").write_text(json.dumps(results, indent=2, default=str))
     print(table(results))
-    return 0 if all(row["same_answers"] for result in results for row in result.get("cases", [])) else 1
+    cases = [row for result in results for row in result.get("cases", [])]
+    return 0 if all(row["same_answers"] and row["statuses"] == [200] for row in cases) else 1
 
 
 if __name__ == "__main__":
