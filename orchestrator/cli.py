@@ -306,7 +306,9 @@ def warmup(
     if html_path:
         _write_html(report, html_path)
     if log.kept:
-        click.echo(f"orchestrate: torch's, Ray's and the compilers' own output is in {log.kept}", err=True)
+        from orchestrator.progress import say
+
+        say(f"orchestrate: torch's, Ray's and the compilers' own output is in {log.kept}", sys.stderr)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -128,7 +128,8 @@ def test_at_80_columns_no_line_is_cut_or_runs_past_the_edge(tmp_path, path):
     )
     lines = [line.rstrip() for line in re.split(r"[\r\n]", _ESCAPE.sub("", text))]
     assert "…" not in text
-    assert [line for line in lines if len(line) > 80] == []
+    # every line fits; only a word longer than the terminal (a path) cannot fold between words
+    assert [line for line in lines if len(line) > 80 and " " in line.strip()] == []
     # the footer is there, wrapped (on Ray it starts with the compile wave)
     assert any(line.startswith(("cache cold (", "compile wave cold (")) for line in lines), lines[-40:]
     # and the table's rows (on Ray with the ranks that are ok: "1  1/1 ok")

@@ -116,6 +116,7 @@ def test_fresh_forces_a_cold_compile(runs):
     report = json.loads(fresh.stdout)
     assert report["summary"]["cache_state"] == "cold"
     assert all(r["cache"]["fx_graph_misses"] == 1 for r in report["results"])
-    # nothing but the namespace directory and the store beside the cache (no leftovers of the wipe)
-    beside = {"store", ".signing-key", ".signing-key.pub"}
+    # nothing but the namespace directory, the store and the run logs beside the cache (no
+    # leftovers of the wipe); a torch that writes nothing leaves no log folder
+    beside = {"store", ".signing-key", ".signing-key.pub", "logs"}
     assert [p.name for p in runs["cache_dir"].iterdir() if p.name not in beside] == [report["namespace"]]
