@@ -59,6 +59,9 @@ def deep():
     if os.environ.get("MODEL_BUILDS"):  # which processes build the model
         with open(os.environ["MODEL_BUILDS"], "a") as builds:
             builds.write(f"{os.getpid()}\\n")
+    if os.environ.get("MODEL_EXITS"):  # which of them run their exit handlers
+        import atexit
+        atexit.register(lambda: open(os.environ["MODEL_EXITS"], "a").write(f"{os.getpid()}\\n"))
     if os.environ.get("MODEL_CACHES"):  # and in which Inductor cache
         with open(os.environ["MODEL_CACHES"], "a") as caches:
             caches.write(f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR')}\\n")
@@ -139,7 +142,11 @@ def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles
         store,
         "--json",
         cache_dir=tmp_path / "warm",
-        env={"ORCHESTRATE_CACHE_SIGNING_KEY": KEY, "MODEL_BUILDS": str(tmp_path / "builds")},
+        env={
+            "ORCHESTRATE_CACHE_SIGNING_KEY": KEY,
+            "MODEL_BUILDS": str(tmp_path / "builds"),
+            "MODEL_EXITS": str(tmp_path / "exits"),
+        },
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = json.loads(proc.stdout)["results"]
@@ -156,6 +163,9 @@ def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles
     # staging directory is gone with it
     builders = (tmp_path / "builds").read_text().split()
     assert len(builders) == 2 and len(set(builders)) == 2, builders
+    # the warmup's process exits as a process does; the builder ends once its result is written,
+    # without the exit handlers (nor the collections and pool shutdown) the warmup would wait for
+    assert len(_read(tmp_path / "exits")) == 1 and set(_read(tmp_path / "exits")) < set(builders)
     assert not list((tmp_path / "warm").glob(".aot-build-*"))
 
     public = tmp_path / "publisher.pub"  # the replica holds only the public half
