@@ -113,6 +113,36 @@ def test_the_codec_carries_a_cache_as_an_object():
     assert len(layers) == TINY_GPT2["n_layer"]
 
 
+def test_a_served_batch_reads_to_the_host_the_outputs_asked_for_and_leaves_the_cache():
+    """The server's read of a batch to the host walks a decoder's output by the paths the Open
+    Inference Protocol names outputs by, and rebuilds it, cache included. The cache's tensors are on
+    the meta device here, standing for a GPU's buffers: they hold no data, so reading one fails."""
+    from orchestrator.serving.codec import Request, RequestCodec
+
+    output = decoder_output(2)
+    paths = cache_keys(output)
+    output = trees.map_leaves(output, lambda path, leaf: leaf.to("meta") if path in paths else leaf)
+    spec = WarmupSpec.model_validate(
+        {
+            "model": {"factory": "x:y"},
+            "inputs": [{"name": "input_ids", "shape": ["batch", 6], "dtype": "int64", "range": [0, 101]}],
+        }
+    )
+    codec = RequestCodec(spec, "meta")
+
+    def asking(*names: str) -> Request:
+        return Request((), {}, 1, outputs=frozenset(names))
+
+    on_host = codec.to_host(output, [asking("output.logits"), asking("output.logits")])
+    assert type(on_host) is type(output) and on_host.logits is output.logits
+    cache = on_host[cache_name(on_host)]
+    assert type(cache) is cache_utils.DynamicCache
+    kept = dict(trees.leaves(on_host))
+    assert all(kept[path] is leaf for path, leaf in trees.leaves(output) if path in paths)  # never read
+    with pytest.raises(NotImplementedError, match="meta"):  # a client that names a cache tensor gets it read
+        codec.to_host(output, [asking("output.logits"), asking(paths[-1])])
+
+
 def test_an_object_the_gate_cannot_compare_is_named_with_what_to_set():
     class Opaque:
         pass
