@@ -30,7 +30,6 @@ not hold up) is refused the same way, naming what is wrong.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import io
 import json
 import math
@@ -211,7 +210,7 @@ class RequestCodec:
         if len(tensors) != len(self._inputs):
             raise ValueError(f"{len(tensors)} tensors for a model of {len(self._inputs)} inputs")
         checked = [self._checked(entry, tensor) for entry, tensor in zip(self._inputs, tensors, strict=True)]
-        return dataclasses.replace(self._request(checked, JSON, encoder), outputs=outputs)
+        return self._request(checked, JSON, encoder, outputs)
 
     def tensor_from_json(self, index: int, value: Any, body: bytes | str) -> torch.Tensor:
         """Input `index` as JSON gives it (a nested list of numbers) as a tensor that holds them
@@ -219,7 +218,13 @@ class RequestCodec:
         must be looked for. RequestError for anything but numbers."""
         return self._from_json(self._inputs[index], value, _spells_a_boolean(body))
 
-    def _request(self, tensors: list[torch.Tensor], wire: str, encoder: Optional[Encoder] = None) -> Request:
+    def _request(
+        self,
+        tensors: list[torch.Tensor],
+        wire: str,
+        encoder: Optional[Encoder] = None,
+        outputs: Optional[frozenset[str]] = None,
+    ) -> Request:
         sizes = self._sizes(tensors)
         size = sizes.pop(self.symbol)
         if self.oversize == "error" and size > self.largest_bucket:
@@ -229,7 +234,7 @@ class RequestCodec:
             )
         args = tuple(t for entry, t in zip(self._inputs, tensors, strict=True) if not entry.spec.name)
         kwargs = {entry.spec.name: t for entry, t in zip(self._inputs, tensors, strict=True) if entry.spec.name}
-        return Request(args, kwargs, size, wire, encoder, sizes)
+        return Request(args, kwargs, size, wire, encoder, sizes, outputs)
 
     def _json_tensors(self, body: bytes | str) -> list[torch.Tensor]:
         try:
