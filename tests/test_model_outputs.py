@@ -39,6 +39,16 @@ def decoder_output(batch: int = 2) -> object:
         return tiny_gpt2()(torch.arange(batch * 6).reshape(batch, 6) % 101)
 
 
+def decoder_spec() -> WarmupSpec:
+    """A config taking what decoder_output's model takes: rows of 6 token ids."""
+    return WarmupSpec.model_validate(
+        {
+            "model": {"factory": "x:y"},
+            "inputs": [{"name": "input_ids", "shape": ["batch", 6], "dtype": "int64", "range": [0, 101]}],
+        }
+    )
+
+
 def cache_name(output: Any) -> str:
     """The output's key that holds the cache: `past_key_values`, or `cache` in newer releases."""
     (name,) = [key for key, value in output.items() if isinstance(value, cache_utils.Cache)]
@@ -87,12 +97,7 @@ def test_an_encoder_decoder_cache_holds_both_caches():
 
 
 def test_a_padded_decoder_output_is_cut_back_cache_included_and_stays_a_cache():
-    spec = WarmupSpec.model_validate(
-        {
-            "model": {"factory": "x:y"},
-            "inputs": [{"name": "input_ids", "shape": ["batch", 6], "dtype": "int64", "range": [0, 101]}],
-        }
-    )
+    spec = decoder_spec()
     shaper = RequestShaper(spec, [2, 4], "cpu")
     from orchestrator.jobs.padding import output_bucket_dims
 
@@ -122,12 +127,7 @@ def test_a_served_batch_reads_to_the_host_the_outputs_asked_for_and_leaves_the_c
     output = decoder_output(2)
     paths = cache_keys(output)
     output = trees.map_leaves(output, lambda path, leaf: leaf.to("meta") if path in paths else leaf)
-    spec = WarmupSpec.model_validate(
-        {
-            "model": {"factory": "x:y"},
-            "inputs": [{"name": "input_ids", "shape": ["batch", 6], "dtype": "int64", "range": [0, 101]}],
-        }
-    )
+    spec = decoder_spec()
     codec = RequestCodec(spec, "meta")
 
     def asking(*names: str) -> Request:
