@@ -5,6 +5,8 @@ what it does, on a copy of the model, and how its seconds are counted is the sam
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,109 @@ def test_on_a_gpu_a_conv_net_sets_up_its_layouts_and_still_loads_checked(config,
     assert "layouts set up" in [what for what, _ in session.events]
     stages = result.stage_seconds
     assert result.compile_seconds >= stages["trace ahead"] + stages["layouts ahead"]
+
+
+# A replica serving `aot` on a GPU does the same per bucket, on a thread of its own beside its
+# loads (replica._LayoutsAhead); the thread's work is the same on the CPU.
+
+
+def replica_layouts(config: Path, buckets: list[int], abandoned=lambda: False):
+    from orchestrator.jobs import replica
+
+    spec = load_spec(config).model_copy(update={"buckets": buckets})
+    answering = threading.Event()
+    events = replica._Events(time.perf_counter())
+    return replica._LayoutsAhead(spec, torch.device("cpu"), buckets, answering, events, abandoned), answering, events
+
+
+def recording(model: nn.Module) -> list[tuple[int, bool, bool]]:
+    """The calls of `model` or of a copy of it: rows, and whether input and weight are channels-last."""
+    calls: list[tuple[int, bool, bool]] = []
+
+    def record(module: nn.Module, args: tuple) -> None:
+        last = torch.channels_last
+        calls.append(
+            (
+                args[0].shape[0],
+                args[0].is_contiguous(memory_format=last),
+                module.weight.is_contiguous(memory_format=last),
+            )
+        )
+
+    model[0].register_forward_pre_hook(record)  # a copy's hook is the same function: it records here
+    return calls
+
+
+def test_a_replicas_layouts_are_set_up_once_it_answers_largest_bucket_first(config):
+    model = convnet()
+    calls = recording(model)
+    layouts, answering, events = replica_layouts(config, [4, 2])
+    layouts.start(model)
+    time.sleep(0.2)
+    assert calls == []  # the answering path goes first
+    answering.set()
+    seconds = layouts.wait(4), layouts.wait(2)
+
+    assert calls == [(4, True, True), (2, True, True)]  # a channels-last copy, as Inductor lays it out
+    assert all(s > 0 for s in seconds)
+    assert [what for what, _ in events.snapshot()] == ["bucket 4 layouts set up", "bucket 2 layouts set up"]
+    assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)  # the served model as it was
+
+
+def test_a_replicas_failed_set_up_releases_every_capture_waiting_on_it(config, monkeypatch):
+    def no_copy(model: nn.Module) -> nn.Module:
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(ti, "channels_last_twin", no_copy)
+    layouts, answering, events = replica_layouts(config, [4, 2])
+    layouts.start(convnet())
+    answering.set()
+
+    assert (layouts.wait(4), layouts.wait(2)) == (0.0, 0.0)
+    assert [what for what, _ in events.snapshot()] == ["layouts not set up ahead: RuntimeError: CUDA out of memory"]
+
+
+def test_an_abandoned_replica_sets_up_no_layouts(config):
+    model = convnet()
+    calls = recording(model)
+    layouts, answering, events = replica_layouts(config, [4, 2], abandoned=lambda: True)
+    layouts.start(model)
+    answering.set()  # set by an abandoned load too
+
+    assert (layouts.wait(4), layouts.wait(2)) == (0.0, 0.0)
+    assert calls == [] and events.snapshot() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_replica_sets_up_its_aot_buckets_layouts_before_capturing_them(config, tmp_path):
+    import json
+
+    from conftest import orchestrate
+
+    from orchestrator import runtime
+    from orchestrator.jobs.model import make_inputs
+
+    config.write_text(
+        config.read_text().replace("device: cpu", "device: cuda").replace("[2]", "[2, 4]")
+        + "serve: {variants: [aot]}\n"
+    )
+    proc = orchestrate("warmup", "--no-ray", "--model", str(config), "--json", cache_dir=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    planned = {r["bucket"]: r["variant"] for r in json.loads(proc.stdout)["results"]}
+    served = runtime.load(str(config), cache_dir=tmp_path / "cache", ready="planned")
+    info = served.info()
+    events = [what for what, _ in info.events]
+
+    for bucket in (4, 2):
+        row = info.buckets[bucket]
+        assert row.variant == planned[bucket] and row.reason is None, row
+        if planned[bucket] == "aot":
+            assert row.layout_seconds > 0
+            assert events.index(f"bucket {bucket} layouts set up") < events.index(f"bucket {bucket} on aot")
+    spec = load_spec(config)
+    for n in (1, 3, 4):  # padded into a bucket's graph and cut back, as eager answers at that size
+        args, _ = make_inputs(spec, n, torch.device("cuda"))
+        with torch.no_grad():
+            want = served.model(*args)
+        torch.testing.assert_close(served(*args), want, atol=1e-2, rtol=1e-2)  # TF32 convolutions
