@@ -685,8 +685,12 @@ class _Loader:
             compiled = frames.stats().frames_compiled if frames else 0
             self._served._loaded_all(self.events.add("settled"), compiled, failure)
 
+    def _served_plans(self) -> dict[int, dict[str, Any]]:
+        """The plans of the buckets this replica serves: the namespace may hold others'."""
+        return {bucket: self._plans[bucket] for bucket in self.spec.buckets if bucket in self._plans}
+
     def _import_what_plans_need(self) -> ti.CounterWindow:
-        planned = {plan["variant"] for plan in self._plans.values()}
+        planned = {plan["variant"] for plan in self._served_plans().values()}
         if planned & set(COMPILED_VARIANTS):  # else Dynamo is never imported at all
             ti.import_compiler(to_compile=bool(planned & {"compiled", "graphed"}))
             ti.allow_recompiles(2 * len(self.spec.buckets))
@@ -700,8 +704,9 @@ class _Loader:
         miss) would record the twin's module calls, and the call lock that keeps served calls out
         of one would hold every answer for the seconds of a set-up."""
         assert self.model is not None  # the imports waited for it
-        variants = {plan["variant"] for plan in self._plans.values()}
-        buckets = [b for b in sorted(self.spec.buckets, reverse=True) if self._plans.get(b, {}).get("variant") == "aot"]
+        plans = self._served_plans()
+        variants = {plan["variant"] for plan in plans.values()}
+        buckets = sorted((b for b, plan in plans.items() if plan["variant"] == "aot"), reverse=True)
         options = self.spec.compile
         if (
             not buckets
