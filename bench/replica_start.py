@@ -2,7 +2,7 @@
 docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machine without network access.
 
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
-                                  [--budget SECONDS] [--compare-layouts] [CFG.yaml or name ...]
+                                  [--budget SECONDS] [CFG.yaml or name ...]
     # names: examples/<name>.yaml or bench/models/<name>.yaml;
     # default: mlp resnet18 vit_s16 bert_base gpt2_bf16 mixnet_l; 3 starts of each kind
 
@@ -19,9 +19,6 @@ Per model, in one run, with the cache <cache root>/<name> (default cache root: O
        plan, and checked against the eager module with the warmup's gate (tolerance by dtype):
        max |err| per bucket. The child prints one JSON line and exits at once; the time from
        that line to the process reaped is `exit_seconds` (target: within 1 s).
-     --compare-layouts: a third kind alternating with these, a replica whose captures set cuDNN
-     up themselves (its loader's layouts ahead switched off), the way a conv net's replica
-     started before they were set up ahead; its on plan and where its time went are printed too.
      A process that fails or runs past its timeout is recorded with its stderr's tail; the
      others go on. OUT_DIR/logs/ keeps every process's stderr.
   3. Per model: floor, answering and on plan, median [min-max], their ratios to the floor
@@ -66,10 +63,7 @@ ENV = {"PYTHONUNBUFFERED": "1"}  # both kinds of process start the same way
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
 # itself: the time to answering is the replica's own.
 REPLICA = r"""
-import json, os, sys, time
-if os.environ.get("REPLICA_LAYOUTS_AT_CAPTURE"):  # --compare-layouts: each capture sets cuDNN up itself
-    from orchestrator.jobs import replica
-    replica._Loader._set_up_layouts_ahead = lambda self: None
+import json, sys, time
 from orchestrator import runtime
 served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device=sys.argv[3], ready="answering")
 answering = served.info()
@@ -114,7 +108,6 @@ for bucket, i in on_plan.buckets.items():
     buckets[bucket] = {
         "variant": i.variant, "planned": i.planned, "on_plan": i.on_plan, "on_plan_seconds": i.on_plan_seconds,
         "reason": i.reason, "load_seconds": i.load_seconds, "capture_seconds": i.capture_seconds,
-        "layout_seconds": i.layout_seconds,
         "cache_hits": i.cache_hits, "cache_misses": i.cache_misses,
         "answering_variant": answering.buckets[bucket].variant,
         "check_answering": check(bucket, early[bucket]), "check_on_plan": check(bucket, late[bucket]),
@@ -222,18 +215,15 @@ def floor_start(config: Path, device: str, budget: Budget) -> dict:
     return row
 
 
-def replica_start(
-    config: Path, cache: Path, device: str, log: Path, budget: Budget, layouts_at_capture: bool = False
-) -> dict:
+def replica_start(config: Path, cache: Path, device: str, log: Path, budget: Budget) -> dict:
     """A fresh process on the runtime; its JSON line, and how long it took to exit after it."""
-    env = {**os.environ, **ENV, **({"REPLICA_LAYOUTS_AT_CAPTURE": "1"} if layouts_at_capture else {})}
     timeout = budget.timeout(PROCESS_TIMEOUT)
     started = time.perf_counter()
     row: dict[str, Any] = {"ok": False, "log": log.name}
     with log.open("w") as stderr:
         child = subprocess.Popen(
             [sys.executable, "-c", REPLICA, str(config), str(cache), device],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1, cwd=ROOT, env=env,
+            stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1, cwd=ROOT, env={**os.environ, **ENV},
         )  # fmt: skip
         lines: queue.Queue[Optional[tuple[float, str]]] = queue.Queue()
 
@@ -294,21 +284,13 @@ def _json_line(line: str) -> Optional[dict]:
 
 
 def bench(
-    config: Path,
-    out_dir: Path,
-    cache_root: Path,
-    starts: int,
-    warm_first: bool,
-    device: str,
-    budget: Budget,
-    compare_layouts: bool = False,
+    config: Path, out_dir: Path, cache_root: Path, starts: int, warm_first: bool, device: str, budget: Budget
 ) -> dict:
     name = config.stem
     cache = cache_root / name
     cache.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"model": name, "config": str(config), "device": device, "cache": str(cache)}
-    kinds = ["floor", "replica", *(["at_capture"] if compare_layouts else [])]
-    result.update(starts={kind: [] for kind in kinds}, order=[], skipped=[])
+    result.update(starts={"floor": [], "replica": []}, order=[], skipped=[])
 
     def save() -> None:
         (out_dir / f"replica-{name}.json").write_text(json.dumps(result, indent=2, default=str))
@@ -324,19 +306,17 @@ def bench(
         if "error" in result["warmup"]:
             return result
     for i in range(starts):
-        if not budget.fits(*("replica" if kind == "at_capture" else kind for kind in kinds)):
+        if not budget.fits("floor", "replica"):
             result["skipped"].append(f"starts {i + 1}..{starts}: the budget would run out")
             break
-        print(f"{name}: start {i + 1}/{starts}: {', '.join(kinds)} ...", file=sys.stderr, flush=True)
-        for kind in kinds:
-            if kind == "floor":
-                row = floor_start(config, device, budget)
-            else:
-                log = out_dir / "logs" / f"{kind}-{name}-{i + 1}.log"
-                row = replica_start(config, cache, device, log, budget, layouts_at_capture=kind == "at_capture")
-            result["starts"][kind].append(row)
-            result["order"].append(kind)
-            save()
+        print(f"{name}: start {i + 1}/{starts}: floor, replica ...", file=sys.stderr, flush=True)
+        result["starts"]["floor"].append(floor_start(config, device, budget))
+        result["order"].append("floor")
+        save()
+        log = out_dir / "logs" / f"replica-{name}-{i + 1}.log"
+        result["starts"]["replica"].append(replica_start(config, cache, device, log, budget))
+        result["order"].append("replica")
+        save()
     return result
 
 
@@ -373,8 +353,8 @@ def served_label(result: dict) -> str:
     return " ".join(f"{b}:{v}" for b, v in sorted(parts.items()))
 
 
-def ok_replicas(result: dict, kind: str = "replica") -> list[dict]:
-    return [r for r in result["starts"].get(kind, []) if r.get("ok")]
+def ok_replicas(result: dict) -> list[dict]:
+    return [r for r in result["starts"]["replica"] if r.get("ok")]
 
 
 def figures(result: dict) -> dict[str, list[float]]:
@@ -434,18 +414,9 @@ def summary(result: dict) -> list[str]:
             else ""
         ),
     ]
-    compared = [r["on_plan_from_spawn"] for r in ok_replicas(result, "at_capture") if r.get("on_plan_from_spawn")]
-    if "at_capture" in result["starts"]:
-        c = ratio(compared, f["floor"])
-        lines.append(
-            f"  on plan, cuDNN set up by each capture instead (--compare-layouts)  {spread(compared)}"
-            + (f"  {c:.2f}x floor" if c else "")
-        )
     lines += where_the_time_went(result)
-    if "at_capture" in result["starts"]:
-        lines += where_the_time_went(result, "at_capture")
     lines += correctness(result)
-    for kind in result["starts"]:
+    for kind in ("floor", "replica"):
         for i, run in enumerate(result["starts"][kind], 1):
             if not run.get("ok") or run.get("error"):
                 lines.append(f"  {kind} #{i} FAILED: {run.get('error')}")
@@ -455,20 +426,20 @@ def summary(result: dict) -> list[str]:
     return lines
 
 
-def where_the_time_went(result: dict, kind: str = "replica") -> list[str]:
-    run = median_run(ok_replicas(result, kind), "on_plan_from_spawn") or median_run(
-        ok_replicas(result, kind), "answering_from_spawn"
+def where_the_time_went(result: dict) -> list[str]:
+    run = median_run(ok_replicas(result), "on_plan_from_spawn") or median_run(
+        ok_replicas(result), "answering_from_spawn"
     )
     if run is None:
         return []
-    index = result["starts"][kind].index(run) + 1
+    index = result["starts"]["replica"].index(run) + 1
     events = [(str(e[0]), float(e[1])) for e in run.get("events") or []]
     answered = dict(events).get("answering")
     # load's start, from spawn: interpreter, imports, until runtime.load began
     offset = (
         run["answering_from_spawn"] - answered if answered is not None and run.get("answering_from_spawn") else None
     )
-    lines = [f"  where the time went ({kind} #{index}, the median on plan):"]
+    lines = [f"  where the time went (replica #{index}, the median on plan):"]
     if offset is not None:
         lines.append(f"    {offset:7.2f} s  spawn -> runtime.load called (interpreter, imports)")
     before = 0.0
@@ -481,7 +452,6 @@ def where_the_time_went(result: dict, kind: str = "replica") -> list[str]:
         lines.append(
             f"    bucket {bucket}: {row['variant']} (planned {row['planned']}; answered first by "
             f"{row.get('answering_variant')}), load {row['load_seconds']:.2f} s, capture {row['capture_seconds']:.2f} s, "
-            f"layouts ahead {row.get('layout_seconds') or 0:.2f} s, "
             f"settled {'-' if settled is None else f'{settled:.2f} s'} from load, "
             f"cache {row.get('cache_hits')} hits/{row.get('cache_misses')} misses"
             + (f"; reason: {row['reason']}" if row.get("reason") else "")
@@ -546,12 +516,6 @@ def main() -> int:
     parser.add_argument("--cache-root", type=Path, help="cache dir per model below it (default OUT_DIR/cache)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--budget", type=float, help="seconds: start nothing that would end later")
-    parser.add_argument(
-        "--compare-layouts",
-        action="store_true",
-        help="a third kind of start, alternating with the others: a replica whose captures set cuDNN up "
-        "themselves, as before the layouts were set up ahead",
-    )
     args = parser.parse_intermixed_args()
     configs = [resolve(name) for name in args.models or MODELS]
     out_dir = args.out_dir.resolve()
@@ -561,9 +525,7 @@ def main() -> int:
     lines: list[str] = []
     for config in configs:
         try:
-            result = bench(
-                config, out_dir, cache_root, args.starts, not args.no_warm, args.device, budget, args.compare_layouts
-            )
+            result = bench(config, out_dir, cache_root, args.starts, not args.no_warm, args.device, budget)
             block = summary(result)
             if result["order"]:
                 write_table(out_dir / "replica-table.md", result)

@@ -89,9 +89,6 @@ class BucketInfo:
     cache_misses: int = 0
     load_seconds: float = 0.0  # building the variant: compile or cache load, CUDA-graph warm-up
     capture_seconds: float = 0.0  # the CUDA-graph capture alone (graphed variants)
-    # cuDNN's set-up in the compiled graph's layout, ahead of the capture on a thread beside the
-    # loads (a GPU conv net served `aot`): not part of load_seconds, which may have waited on it
-    layout_seconds: float = 0.0
     memory_bytes: Optional[int] = None  # CUDA memory held after loading it (allocator, this bucket's part)
     loading: bool = False  # its planned variant is being loaded in the background: eager serves meanwhile
     on_plan: bool = False  # serving what warmup chose (eager where it chose eager or nothing)
@@ -535,60 +532,6 @@ class _Events:
             return list(self._rows)
 
 
-class _LayoutsAhead:
-    """cuDNN's set-up of each `aot` bucket's convolutions in the layout Inductor gives them
-    (channels-last), ahead of the bucket's capture: an eager call of a channels-last twin of the
-    model per bucket, largest first (the loads' order), on a thread of its own once the replica
-    answers. cuDNN sets a convolution up at its first call in a process and layout, seconds for a
-    net of many small ones; it is C++ that runs without the interpreter lock, so it goes on beside
-    the loader's Python (unpickling, guards, kernel loads) instead of after it. A failure costs
-    only the head start: the capture sets up whatever is left, as it would have."""
-
-    def __init__(
-        self,
-        spec: WarmupSpec,
-        device: torch.device,
-        buckets: list[int],
-        answering: threading.Event,
-        events: _Events,
-        abandoned: Callable[[], bool],
-    ) -> None:
-        self.spec, self.device, self.buckets = spec, device, buckets
-        self._answering, self._events, self._abandoned = answering, events, abandoned
-        self._done = {bucket: threading.Event() for bucket in buckets}
-        self._seconds: dict[int, float] = {}
-
-    def start(self, model: torch.nn.Module) -> None:
-        threading.Thread(target=self._run, args=(model,), name="orchestrate-replica-layouts", daemon=True).start()
-
-    def wait(self, bucket: int) -> float:
-        """Once the bucket's set-up is over (or given up): its seconds, 0 where it did not run."""
-        self._done[bucket].wait()
-        return self._seconds.get(bucket, 0.0)
-
-    def _run(self, model: torch.nn.Module) -> None:
-        try:
-            # the answering path first: its eager references set up the model's own layout
-            self._answering.wait()
-            twin = ti.channels_last_twin(model) if not self._abandoned() else None
-            for bucket in self.buckets:
-                if twin is None or self._abandoned():
-                    return
-                inputs, named = make_inputs(self.spec, bucket, self.device)
-                args, kwargs = ti.channels_last_inputs(tuple(inputs), named)
-                started = time.perf_counter()
-                with torch.no_grad():
-                    twin(*args, **kwargs)
-                self._seconds[bucket] = time.perf_counter() - started
-                self._events.add(f"bucket {bucket} layouts set up")
-                self._done[bucket].set()
-        except Exception as exc:  # the head start only
-            self._events.add(f"layouts not set up ahead: {brief(exc)}")
-        finally:
-            for done in self._done.values():
-                done.set()
-
-
 class _Loader:
     """The loader's thread (see the module doc)."""
 
@@ -623,8 +566,6 @@ class _Loader:
         self._abandoned = False
         self._served: Optional[BucketedModel] = None
         self._references: dict[int, Any] = {}
-        self._own_lock = call_lock is None  # a grid's slices share theirs: another slice may trace
-        self._layouts: Optional[_LayoutsAhead] = None
         # a daemon: a process told to exit while buckets load exits at once
         self._thread = threading.Thread(target=self._run, name="orchestrate-replica-loader", daemon=True)
 
@@ -670,7 +611,6 @@ class _Loader:
         frames: Optional[ti.CounterWindow] = None
         try:
             frames = self._import_what_plans_need()
-            self._layouts = self._set_up_layouts_ahead()
             failure = self._load_buckets(settled)
         except Exception as exc:  # the loader's own fault: every bucket not yet settled stays on eager
             failure = exc
@@ -696,28 +636,6 @@ class _Loader:
             ti.allow_recompiles(2 * len(self.spec.buckets))
             self.events.add("compiler imported")
         return ti.CounterWindow()
-
-    def _set_up_layouts_ahead(self) -> Optional[_LayoutsAhead]:
-        """The layouts' set-up for every `aot` bucket, on a thread of its own, where Inductor may
-        have laid the model's convolutions out channels-last (ti.may_go_channels_last). Only where
-        nothing in the process traces the model: a trace (Dynamo's, then torch.fx's on a cache
-        miss) would record the twin's module calls, and the call lock that keeps served calls out
-        of one would hold every answer for the seconds of a set-up."""
-        assert self.model is not None  # the imports waited for it
-        plans = self._served_plans()
-        variants = {plan["variant"] for plan in plans.values()}
-        buckets = sorted((b for b, plan in plans.items() if plan["variant"] == "aot"), reverse=True)
-        options = self.spec.compile
-        if (
-            not buckets
-            or not self._own_lock
-            or variants & {"compiled", "graphed"}
-            or not ti.may_go_channels_last(self.model, self.device, options.backend, options.options)
-        ):
-            return None
-        layouts = _LayoutsAhead(self.spec, self.device, buckets, self._serving, self.events, lambda: self._abandoned)
-        layouts.start(self.model)
-        return layouts
 
     def _load_buckets(self, settled: set[int]) -> Optional[BaseException]:
         """Each bucket on its plan, largest first (it sizes the shared pool); NotWarm, where one
@@ -783,7 +701,7 @@ class _Loader:
             # one load at a time reads the caches, so its counters count its own lookups alone
             with _reading(self.local):
                 window = ti.CounterWindow()
-                runner, capture_seconds = self._build(row, args, kwargs, plan.get("artifacts", {}))
+                runner, capture_seconds = self._build(planned, args, kwargs, plan.get("artifacts", {}))
                 stats = window.stats()
             row.cache_hits, row.cache_misses = stats.cache_hits, stats.cache_misses
             if self.require_warm and stats.cache_misses:
@@ -822,9 +740,9 @@ class _Loader:
         return runner
 
     def _build(
-        self, row: BucketInfo, args: Any, kwargs: dict[str, Any], artifacts: dict[str, Any]
+        self, variant: str, args: Any, kwargs: dict[str, Any], artifacts: dict[str, Any]
     ) -> tuple[Callable[..., Any], float]:
-        model, variant = self.model, str(row.planned)
+        model = self.model
         assert model is not None  # set before serving began
         if variant == "aot":
             saved = artifacts.get("aot")
@@ -834,8 +752,6 @@ class _Loader:
             loaded = aot.load(self.directory / saved["path"], model)
             if self.device.type != "cuda":
                 return loaded, 0.0
-            if self._layouts is not None:  # its first call would set cuDNN up all over again
-                row.layout_seconds = self._layouts.wait(row.bucket)
             started = time.perf_counter()
             call = GraphedCall(loaded, args, kwargs, pool=self.pool, padding=input_padding(self.spec))
             return call, time.perf_counter() - started
