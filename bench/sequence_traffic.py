@@ -382,8 +382,10 @@ def main() -> int:
             done = run([sys.executable, "-c", PROBE, str(grid_path), str(longest_path), str(cache), str(args.requests),
                         args.device, ",".join(methods)],
                        out_dir / "logs" / f"traffic-{name}.log", max(left, 30))  # fmt: skip
-            said = (out_dir / "logs" / f"traffic-{name}.log").read_text().strip().splitlines()
-            ended = f"exit {done.returncode}" + (f": {said[-1][:200]}" if done.returncode and said else "")
+            ended = f"exit {done.returncode}"
+            if done.returncode:  # its reason is the last line of its log
+                said = (out_dir / "logs" / f"traffic-{name}.log").read_text().strip().splitlines()
+                ended += f": {said[-1][:200]}" if said else ""
             results[name] = {"warmup": warm, **probe_result(done.stdout, ended)}
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
