@@ -10,8 +10,9 @@ three ways, interleaved round by round (the order rotating):
   - beside a whole `sync.pull` of the unchanged namespace, on a thread (what a replica does);
   - beside the same files hashed by a child process running the standard library alone (a way to
     take the hashing off the interpreter: the pull's listing and manifest stay in process).
-The loop is sized to end while the pull still runs, so it overlaps the pull whole. Figures:
-median ms ± half the IQR, and the ratio to alone.
+The loop is sized to about 60% of an unchanged pull, alone, so that it runs inside the pull; slowed
+beside it, it may end just after, which understates the ratio. Figures: median ms ± half the IQR,
+and the ratio to alone.
 
 Without --source, a namespace shaped like Inductor's and Triton's caches is generated (`--files`
 files of 2-60 KB in folders of 8, and two of 32 MB) and published to a directory store beside it.
@@ -126,7 +127,7 @@ def main() -> int:
             assert json.loads(done.stdout) == [], "a file differs from its recorded hash"
 
         pulls = sorted(timed(pull) for _ in range(3))
-        # the loop sized to about 60% of a pull: it overlaps the pull whole
+        # about 60% of a pull alone: it starts and mostly ends inside the pull
         steps = 1_000_000
         steps = max(100_000, int(steps * 0.6 * pulls[1] / python_work(steps)))
         ways: dict[str, Callable[[], float]] = {
