@@ -26,6 +26,10 @@ computed) called with its attention mask, bucketed over batch x seq.
      Figures: p50, p99, mean and throughput (requests over the summed latencies), and the
      prediction's error, predicted mean / measured mean - 1. Every 20th answer of both replicas is
      checked against eager at the request's exact size with the correctness gate.
+  3. Where a prediction's error comes from, point by point: the planner's price of the point, the
+     point's own warmup figure (`padding_proof.padded_ms`: CUDA events, blocks of calls), one
+     request of that point called back to back in the replay's process (blocks of 20, host clock
+     and a synchronize, as the traffic is timed), and the traffic's own latencies there.
 
 `--calibration` takes the calibration report of an earlier run on the same kind of machine instead of
 warming the dense grid again (the recorded trace needs the calibration replica, so not with it).
@@ -51,6 +55,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sequence_traffic import MODELS, TINY, run, traffic_arguments  # noqa: E402  (bench/ is not a package)
+
+sys.path.insert(0, str(ROOT))
+from orchestrator.planning.advice import measured_costs  # noqa: E402
+from orchestrator.planning.buckets import Cost  # noqa: E402
 
 CALIBRATION = {"batch": [1, 4, 16, 32], "seq": [32, 64, 128, 256]}
 ENCODERS = {
@@ -149,7 +157,12 @@ for line in open(trace):
     ids = torch.randint(1, 30000, (size["batch"], size["seq"]), generator=generator).to(device)
     requests.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
 latency = {path: [] for path in configs}
+at_point = {path: {} for path in configs}  # the point that served each timed request -> its latencies
+first_at = {path: {} for path in configs}  # the point -> the first request it served
 mismatches = {}
+
+def point_of(replica, request):
+    return "x".join(str(size) for size in replica._route((), request).point.values())
 with torch.no_grad():
     for request in requests:  # untimed: every replica's first call at each point, and the host's warm-up
         for replica in replicas.values():
@@ -163,7 +176,11 @@ with torch.no_grad():
             began = time.perf_counter()
             out = replicas[path](**request)
             sync()
-            latency[path].append((time.perf_counter() - began) * 1e3)
+            ms = (time.perf_counter() - began) * 1e3
+            latency[path].append(ms)
+            point = point_of(replicas[path], request)
+            at_point[path].setdefault(point, []).append(ms)
+            first_at[path].setdefault(point, request)
             if i % 20 == 0:
                 answers[path] = snapshot(dict(out))
         if answers:
@@ -173,6 +190,22 @@ with torch.no_grad():
                     gate.compare(expected, answer, call=f"{tuple(request['input_ids'].shape)}")
                 except Exception as exc:
                     mismatches.setdefault(path, str(exc)[:300])
+    # each point again, one request of its own called back to back (blocks of 20, 5 rounds), timed
+    # as above: what the traffic's interleaving adds to a point's latency, beside what warmup measured
+    repeated = {path: {} for path in configs}
+    for path, firsts in first_at.items():
+        for point, request in firsts.items():
+            samples = []
+            for _ in range(5):
+                for _ in range(3):
+                    replicas[path](**request)
+                for _ in range(20):
+                    sync()
+                    began = time.perf_counter()
+                    replicas[path](**request)
+                    sync()
+                    samples.append((time.perf_counter() - began) * 1e3)
+            repeated[path][point] = statistics.median(samples)
 if record_to != "-":  # what a replica recorded of the traffic it served: sizes in the grid's dimensions
     with open(record_to, "w") as sink:  # each request was served twice, untimed and timed
         for (batch, seq), count in sorted(first.request_sizes().items()):
@@ -184,7 +217,11 @@ def quantile(values, q):
 
 print(json.dumps({path: {"p50_ms": statistics.median(v), "p99_ms": quantile(v, 0.99), "mean_ms": statistics.fmean(v),
                          "requests_per_s": 1e3 * len(v) / sum(v), "mismatch": mismatches.get(path),
-                         "variants": sorted({r.variant for r in replicas[path].info().buckets.values()})}
+                         "variants": sorted({r.variant for r in replicas[path].info().buckets.values()}),
+                         "points": {point: {"requests": len(values), "traffic_p50_ms": statistics.median(values),
+                                            "traffic_mean_ms": statistics.fmean(values),
+                                            "repeated_ms": repeated[path][point]}
+                                    for point, values in sorted(at_point[path].items())}}
                   for path, v in latency.items()}), flush=True)
 import os
 os._exit(0)
@@ -259,8 +296,15 @@ def main() -> int:
             warmed = {kind: warm(path, cache, out_dir, left()) for kind, path in configs.items()}
             measured = replay(args.device, cache, trace, list(configs.values()), out_dir, name, left())
             rows = {}
+            price = Cost(measured_costs(json.loads(calibration.read_text()), ["batch", "seq"])[0])
             for kind, path in configs.items():
                 figures = measured[str(path)]
+                own = measured_costs(json.loads((out_dir / f"warmup-{path.stem}.json").read_text()), ["batch", "seq"])[
+                    0
+                ]
+                for point, row in figures["points"].items():
+                    point_sizes = tuple(int(n) for n in point.split("x"))
+                    row["planner_ms"], row["warmup_padded_ms"] = price(point_sizes), own.get(point_sizes)
                 predicted = by_name[kind]["mean_cost"]
                 rows[kind] = {
                     **figures,
@@ -295,6 +339,17 @@ def main() -> int:
                          f"{row['mean_ms']:.3f} | {row['predicted_mean_ms']:.3f} | {error} | "
                          f"{row['requests_per_s']:.0f} | {row['padding_waste']:.1%} |")  # fmt: skip
         lines.append(f"| {name} | plan's p50 gain over powers of two: {result['p50_gain']:.0%} | | | | | | | |")
+    lines += ["", "Where each point's latency goes: the planner's price (the calibration interpolated), the "
+              "point's own warmup (`padded_ms`, CUDA events), one request of it repeated in this process "
+              "(host clock, synchronize), and the traffic's requests there (interleaved).", "",
+              "| trace | buckets | point | requests | planner ms | warmup ms | repeated ms | traffic p50 ms | traffic mean ms |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, result in results.items():
+        for kind, row in (result.get("rows") or {}).items():
+            for point, at in row.get("points", {}).items():
+                warmup = f"{at['warmup_padded_ms']:.3f}" if at.get("warmup_padded_ms") else "-"
+                lines.append(f"| {name} | {kind} | {point} | {at['requests']} | {at['planner_ms']:.3f} | {warmup} | "
+                             f"{at['repeated_ms']:.3f} | {at['traffic_p50_ms']:.3f} | {at['traffic_mean_ms']:.3f} |")  # fmt: skip
     print("\n".join(lines))
     return 0
 
