@@ -128,7 +128,16 @@ def buckets_value(spec: WarmupSpec, grid: list[list[int]]) -> Any:
 
 def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, console: Console) -> None:
     table = Table(title=f"buckets for {spec.label}'s traffic")
-    for column in ("", "buckets", "points", f"mean cost ({cost_unit})", "padding waste", "compile s"):
+    columns = (
+        "",
+        "buckets",
+        "points",
+        f"mean cost ({cost_unit})",
+        f"p99 cost ({cost_unit})",
+        "padding waste",
+        "compile s",
+    )
+    for column in columns:
         table.add_column(column, justify="right" if column not in ("", "buckets") else "left")
     for c in candidates:
         shown = " x ".join(
@@ -137,7 +146,7 @@ def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, consol
         if c.points is not None:
             shown = "points " + ", ".join("x".join(map(str, point)) for point in c.points)
         if c.figures is None:
-            table.add_row(c.name, shown, "-", f"cannot serve: {c.why_not}", "-", "-")
+            table.add_row(c.name, shown, "-", f"cannot serve: {c.why_not}", "-", "-", "-")
             continue
         seconds = f"{c.compile_seconds:.0f}" if c.compile_seconds is not None else "-"
         table.add_row(
@@ -145,6 +154,7 @@ def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, consol
             shown,
             str(c.figures.points),
             f"{c.figures.mean_cost:.4g}",
+            f"{c.figures.p99_cost:.4g}",
             f"{c.figures.padding_waste:.1%}",
             seconds,
         )
@@ -161,6 +171,7 @@ def as_json(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str) -> di
                 "buckets": buckets_value(spec, c.grid),
                 "points": c.figures.points if c.figures else None,
                 "mean_cost": c.figures.mean_cost if c.figures else None,
+                "p99_cost": c.figures.p99_cost if c.figures else None,
                 "padding_waste": c.figures.padding_waste if c.figures else None,
                 "compile_seconds": c.compile_seconds,
                 "cannot_serve": c.why_not,

@@ -112,12 +112,27 @@ def _log_distance(a: Point, b: Point) -> float:
 
 @dataclass(frozen=True)
 class Figures:
-    """What a set of buckets costs on a traffic: the mean cost of a request, the fraction of the
-    positions computed that were padding, and the points to compile."""
+    """What a set of buckets costs on a traffic: the mean cost of a request and the cost its 99th
+    percentile stays within (the tail a latency objective is set on), the fraction of the positions
+    computed that were padding, and the points to compile."""
 
     mean_cost: float
+    p99_cost: float
     padding_waste: float
     points: int
+
+
+def _quantile(costs: Sequence[tuple[float, float]], q: float) -> float:
+    """The least cost that at least a fraction `q` of the requests stay within: `costs` holds
+    (cost of a request, how many requests cost that)."""
+    ordered = sorted(costs)
+    total = sum(count for _, count in ordered)
+    upto = 0.0
+    for cost, count in ordered:
+        upto += count
+        if upto >= q * total - 1e-9:
+            return cost
+    return ordered[-1][0]
 
 
 def bucket_for(sizes: Sequence[int], n: int) -> Optional[int]:
@@ -131,6 +146,7 @@ def figures(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> Figu
     one beyond it in another dimension cannot run: ValueError."""
     total_cost = requests = 0.0
     real = padded = 0.0
+    each: list[tuple[float, float]] = []
     for sizes, count in traffic.items():
         point, calls = [], 1
         for d, (n, buckets) in enumerate(zip(sizes, grid, strict=True)):
@@ -140,11 +156,14 @@ def figures(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> Figu
                     raise ValueError(f"a request of {n} in dimension {d} is larger than every bucket {list(buckets)}")
                 calls, b = math.ceil(n / buckets[-1]), buckets[-1]
             point.append(b)
-        total_cost += count * calls * cost(tuple(point))
+        unit = calls * cost(tuple(point))
+        each.append((unit, count))
+        total_cost += count * unit
         requests += count
         real += count * math.prod(sizes)
         padded += count * calls * math.prod(point)
-    return Figures(total_cost / requests, 1 - real / padded if padded else 0.0, math.prod(len(g) for g in grid))
+    waste = 1 - real / padded if padded else 0.0
+    return Figures(total_cost / requests, _quantile(each, 0.99), waste, math.prod(len(g) for g in grid))
 
 
 def plan_one(traffic: Traffic, dim: int, grid: list[list[int]], cost: Cost, k: int) -> list[int]:
@@ -258,16 +277,18 @@ def point_figures(traffic: Traffic, points: Sequence[Point], cost: Cost) -> Figu
     """The figures of a free set of points: each request at the cheapest point that holds it in
     every dimension (as a grid replica routes it); ValueError where none holds a request."""
     total_cost = requests = real = padded = 0.0
+    each: list[tuple[float, float]] = []
     for sizes, count in traffic.items():
         holding = [p for p in points if all(b >= n for b, n in zip(p, sizes, strict=True))]
         if not holding:
             raise ValueError(f"no point holds a request of {list(sizes)}")
         point = min(holding, key=cost)
+        each.append((cost(point), count))
         total_cost += count * cost(point)
         requests += count
         real += count * math.prod(sizes)
         padded += count * math.prod(point)
-    return Figures(total_cost / requests, 1 - real / padded if padded else 0.0, len(points))
+    return Figures(total_cost / requests, _quantile(each, 0.99), 1 - real / padded if padded else 0.0, len(points))
 
 
 def plan_points(traffic: Traffic, max_points: int, cost: Cost) -> list[Point]:
