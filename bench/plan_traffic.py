@@ -240,6 +240,11 @@ def replay(device: str, cache: Path, trace: Path, configs: list[Path], out_dir: 
     return json.loads(line)
 
 
+def point_costs(report: Path) -> dict[tuple[int, ...], float]:
+    """What `orchestrate plan --report` prices each (batch, seq) point of a warmup report at."""
+    return measured_costs(json.loads(report.read_text()), ["batch", "seq"])[0]
+
+
 def plan(model: Path, trace: Path, points: int, calibration: Path, out_dir: Path, name: str) -> dict[str, Any]:
     done = orchestrate(["plan", "--model", str(model), "--traffic", str(trace), "--max-points", str(points),
                         "--report", str(calibration), "--json"], out_dir / "logs" / f"plan-{name}.log", 120)  # fmt: skip
@@ -296,12 +301,10 @@ def main() -> int:
             warmed = {kind: warm(path, cache, out_dir, left()) for kind, path in configs.items()}
             measured = replay(args.device, cache, trace, list(configs.values()), out_dir, name, left())
             rows = {}
-            price = Cost(measured_costs(json.loads(calibration.read_text()), ["batch", "seq"])[0])
+            price = Cost(point_costs(calibration))
             for kind, path in configs.items():
                 figures = measured[str(path)]
-                own = measured_costs(json.loads((out_dir / f"warmup-{path.stem}.json").read_text()), ["batch", "seq"])[
-                    0
-                ]
+                own = point_costs(out_dir / f"warmup-{path.stem}.json")
                 for point, row in figures["points"].items():
                     point_sizes = tuple(int(n) for n in point.split("x"))
                     row["planner_ms"], row["warmup_padded_ms"] = price(point_sizes), own.get(point_sizes)
