@@ -221,7 +221,7 @@ print(json.dumps({path: {"p50_ms": statistics.median(v), "p99_ms": quantile(v, 0
                          "points": {point: {"requests": len(values), "traffic_p50_ms": statistics.median(values),
                                             "traffic_mean_ms": statistics.fmean(values),
                                             "repeated_ms": repeated[path][point]}
-                                    for point, values in sorted(at_point[path].items())}}
+                                    for point, values in sorted(at_point[path].items(), key=lambda kv: [int(n) for n in kv[0].split("x")])}}
                   for path, v in latency.items()}), flush=True)
 import os
 os._exit(0)
