@@ -4,7 +4,9 @@ docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machi
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
                                   [--budget SECONDS] [CFG.yaml or name ...]
     # names: examples/<name>.yaml or bench/models/<name>.yaml;
-    # default: mlp resnet18 vit_s16 bert_base gpt2_bf16 mixnet_l; 3 starts of each kind
+    # default: one model of each family: mixnet_l (a conv net), t5_small (an encoder-decoder),
+    # clip_b32 (text and image), gpt2_cache_bf16 (a decoder with its cache), vit_s16, bert_base
+    # (an encoder); 3 starts of each kind
 
 Per model, in one run, with the cache <cache root>/<name> (default cache root: OUT_DIR/cache):
   1. `orchestrate warmup --no-ray --device cuda --json` into it (unless --no-warm: already warm):
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from serving import FLOOR, run_python  # noqa: E402  (bench/serving.py: the eager floor, a fresh process)
 
-MODELS = ["mlp", "resnet18", "vit_s16", "bert_base", "gpt2_bf16", "mixnet_l"]
+MODELS = ["mixnet_l", "t5_small", "clip_b32", "gpt2_cache_bf16", "vit_s16", "bert_base"]
 PROCESS_TIMEOUT = 600  # seconds a floor or replica process may take
 WARMUP_TIMEOUT = 900
 EXIT_WAIT = 60  # after its JSON line, a replica that has not exited by then is killed

@@ -10,7 +10,7 @@ network access.
 
 The models (ZOO below) come from torchvision, timm and transformers, built with random weights (no
 download), one config each in bench/models/. `--only` takes names, families (cnn, vit, encoder,
-decoder, enc-dec, audio), sources (torchvision, timm, transformers), `half1` or `half2` (the zoo in two
+decoder, enc-dec, multimodal, audio), sources (torchvision, timm, transformers), `half1` or `half2` (the zoo in two
 runs, each expected to take under 9 minutes on an H200), or config paths.
 
 Every config runs under the zoo's settings (ZOO_SETTINGS), chosen to keep a model to a minute or
@@ -92,11 +92,13 @@ ZOO: tuple[Model, ...] = (
     Model("mixnet_l", "cnn", "timm", 1),
     Model("swin_t", "vit", "torchvision", 1),
     Model("wav2vec2_base", "audio", "transformers", 1),
+    Model("t5_small", "enc-dec", "transformers", 1),
     Model("gpt2_cache_bf16", "decoder", "transformers", 2),
     Model("llama_small_bf16", "decoder", "transformers", 2),
     Model("bert_base", "encoder", "transformers", 2),
     Model("distilbert_fp16", "encoder", "transformers", 2),
     Model("t5_small_encoder", "enc-dec", "transformers", 2),
+    Model("clip_b32", "multimodal", "transformers", 2),
     Model("vit_b16_fp16", "vit", "torchvision", 2),
     Model("vit_s16", "vit", "timm", 2),
     Model("deit_s_bf16", "vit", "timm", 2),

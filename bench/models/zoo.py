@@ -55,6 +55,25 @@ def t5_encoder(**overrides: Any) -> Any:
     return T5EncoderModel(T5Config(**overrides))
 
 
+def t5(**overrides: Any) -> Any:
+    """T5 as an encoder-decoder with its LM head (T5Config's defaults, t5-small's sizes: 6 layers
+    each side, d_model 512, 8 heads, vocabulary 32128; 60M parameters): the encoder over the input
+    ids, the decoder over the decoder's ids, the logits out. One forward pass per request, so
+    the key/value cache is off (the decoder would build one inside its forward)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(**{"use_cache": False, **overrides}))
+
+
+def clip(**overrides: Any) -> Any:
+    """CLIP with text and image towers (CLIPConfig's defaults, ViT-B/32's sizes: a 12-layer text
+    transformer of width 512 over 77 token ids, a 12-layer ViT of width 768 over 32x32 patches of a
+    224x224 image; 150M parameters): both embeddings and the image-text similarities out."""
+    from transformers import CLIPConfig, CLIPModel
+
+    return CLIPModel(CLIPConfig(**overrides))
+
+
 def wav2vec2(**overrides: Any) -> Any:
     """A wav2vec2-style audio encoder (Wav2Vec2Config's defaults, wav2vec2-base's sizes: a 1-D
     convolution feature extractor with GroupNorm, then 12 transformer layers of hidden 768), raw
