@@ -182,7 +182,8 @@ def load_replica(
         model = model if model is not None else build_model(spec, device)
         loader.model_built(model)
         references: dict[int, Any] = {}
-        # under the call lock, as every call of the served model: the loader may be tracing already
+        # under the call lock, as every call of the served model: a grid's slices share the model,
+        # and another slice's loader may be tracing it already
         with loader.call_lock, torch.no_grad():
             for bucket in sorted(spec.buckets, reverse=True):
                 args, kwargs = make_inputs(spec, bucket, device)
@@ -561,7 +562,6 @@ class _Loader:
         self._plans: dict[int, dict[str, Any]] = {}
         self._pull_error: Optional[BaseException] = None
         self._pull_done = threading.Event()
-        self._model_ready = threading.Event()
         self._serving = threading.Event()
         self._abandoned = False
         self._served: Optional[BucketedModel] = None
@@ -573,10 +573,9 @@ class _Loader:
         self._thread.start()
 
     def model_built(self, model: torch.nn.Module) -> None:
-        """Variants build from here on, while the caller runs the eager references."""
+        """The module the variants load onto; they load once the replica answers (`serve`)."""
         self.events.add("model built")
         self.model = model
-        self._model_ready.set()
 
     def plans(self) -> dict[int, dict[str, Any]]:
         """The serving plans, once the pull is done; the pull's own error where it failed."""
@@ -593,7 +592,6 @@ class _Loader:
     def abandon(self) -> None:
         """The load failed in the caller's thread: load nothing more, once the pull is over."""
         self._abandoned = True
-        self._model_ready.set()
         self._serving.set()
         self._pull_done.wait()
 
@@ -605,8 +603,12 @@ class _Loader:
             self._pull_done.set()
             return
         self._pull_done.set()
-        # the imports wait for the model: beside its build (Python too) they would slow the answering
-        self._model_ready.wait()
+        # the compiler's imports and the loads wait for the replica to answer: beside the model's
+        # build and its eager references (Python too, under one interpreter lock) they would slow
+        # the answering, which is what a new replica is waited on for
+        self._serving.wait()
+        if self._abandoned:
+            return
         settled: set[int] = set()
         frames: Optional[ti.CounterWindow] = None
         try:
@@ -614,7 +616,6 @@ class _Loader:
             failure = self._load_buckets(settled)
         except Exception as exc:  # the loader's own fault: every bucket not yet settled stays on eager
             failure = exc
-            self._serving.wait()
             if self._served is not None and not self._abandoned:
                 for bucket in sorted(set(self.spec.buckets) - settled):
                     row = initial_row(bucket, self._plans)
@@ -664,7 +665,6 @@ class _Loader:
                 except NotWarm as exc:
                     failure = exc
                     row.reason = f"{row.planned} refused, serving eager: {exc}"
-            self._serving.wait()
             served = self._served
             if self._abandoned or served is None:
                 return failure or unplanned
@@ -709,7 +709,6 @@ class _Loader:
                     f"bucket {row.bucket}: variant {planned} missed the cache {stats.cache_misses} times; "
                     "warm this platform first (orchestrate warmup), or load without require_warm"
                 )
-            self._serving.wait()  # the caller's eager reference at these inputs
             if self._abandoned:
                 return None
             expected = snapshot(self._references[row.bucket])
