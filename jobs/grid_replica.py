@@ -274,20 +274,26 @@ def load_grid(
     device = resolve_device(spec.device)
     parts = spec.slices()
     lock = threading.Lock()
+    # the slices' loaders load nothing until every slice answers: beside the later slices' eager
+    # references they would slow the grid's answering (jobs/replica.py, _Loader)
+    answered = threading.Event()
     model = build_model(parts[0], device)
     slices = []
-    for part in parts:
-        slices.append(
-            (
-                part,
-                load_replica(
-                    part, cache_root, remote=remote, require_warm=require_warm, ready="answering", model=model,
-                    call_lock=lock,
-                ),
-            )
-        )  # fmt: skip
-    with lock:
-        dims = _learn_dims(parts, model, device)
+    try:
+        for part in parts:
+            slices.append(
+                (
+                    part,
+                    load_replica(
+                        part, cache_root, remote=remote, require_warm=require_warm, ready="answering", model=model,
+                        call_lock=lock, answered=answered,
+                    ),
+                )
+            )  # fmt: skip
+        with lock:
+            dims = _learn_dims(parts, model, device)
+    finally:  # a failed load leaves no loader waiting: the slices already answering load as before
+        answered.set()
     platform = ti.current_platform(device)
     costs = []
     for part in parts:

@@ -161,10 +161,13 @@ def load_replica(
     ready: ReadyWhen = "answering",
     model: Optional[torch.nn.Module] = None,
     call_lock: Optional[threading.Lock] = None,
+    answered: Optional[threading.Event] = None,
 ) -> BucketedModel:
     """The replica of one list-form spec (a grid's slices: jobs/grid_replica.py). `model` and
     `call_lock`: a model already built from the same config, and the lock every call of it takes,
-    shared by the slices of a grid (one model, one call at a time, traces included)."""
+    shared by the slices of a grid (one model, one call at a time, traces included). `answered`:
+    set once the whole of what this replica is part of answers (a grid: every slice); its loader
+    loads nothing before (by default, before this replica answers)."""
     if ready not in READY_WHEN:
         raise ValueError(f"ready={ready!r}: use one of {', '.join(READY_WHEN)}")
     started, age = time.perf_counter(), process_age_seconds()
@@ -176,7 +179,7 @@ def load_replica(
     compile_in_this_process()
     exit_without_collecting()
     ti.set_device_guard_from_this_thread()  # before the loader, which traces and then exits
-    loader = _Loader(spec, device, require_warm, local, platform, remote, started, call_lock)
+    loader = _Loader(spec, device, require_warm, local, platform, remote, started, call_lock, answered)
     loader.start()
     try:
         model = model if model is not None else build_model(spec, device)
@@ -546,8 +549,10 @@ class _Loader:
         remote: Optional[Remote],
         started: float,
         call_lock: Optional[threading.Lock] = None,
+        answered: Optional[threading.Event] = None,
     ) -> None:
         self.spec, self.device, self.require_warm = spec, device, require_warm
+        self._answered = answered  # besides this replica's own answering (`serve`): what loads wait for
         self.local, self.directory, self.platform, self.remote = local, local.path, platform, remote
         self.events = _Events(started)
         # the served model's call lock: while Dynamo traces (and AOTAutograd, on a cache miss,
@@ -607,6 +612,8 @@ class _Loader:
         # build and its eager references (Python too, under one interpreter lock) they would slow
         # the answering, which is what a new replica is waited on for
         self._serving.wait()
+        if self._answered is not None:
+            self._answered.wait()
         if self._abandoned:
             return
         settled: set[int] = set()

@@ -18,10 +18,12 @@ from conftest import ROOT, orchestrate
 
 from orchestrator import runtime
 from orchestrator.config import load_spec
+from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.engine import float64_outputs
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.model import build_model, make_inputs
 from orchestrator.jobs.records import BucketResult, VariantMeasure
+from orchestrator.jobs.replica import load_replica
 from orchestrator.jobs.variants import write_plan
 
 MODELS = """
@@ -367,6 +369,31 @@ def test_requests_sent_while_buckets_switch_get_the_models_answer_at_every_momen
     assert info.on_plan_seconds is not None and info.ready_seconds >= info.on_plan_seconds >= info.answering_seconds
     args, _, want = expected[3]
     torch.testing.assert_close(planned(*args), want)
+
+
+def test_a_replica_part_of_a_larger_whole_loads_nothing_before_the_whole_answers(rows_config, tmp_path, monkeypatch):
+    """A grid's slice answers on eager and holds its loads until every slice answers: the loads
+    would otherwise run beside the later slices' eager references, which the grid's answering
+    waits on."""
+    cache = planned_cache(rows_config, tmp_path / "cache", "compiled", (4,))
+    began = threading.Event()  # the loader's first step after its pull: the compiler's imports
+    importing = ti.import_compiler
+
+    def import_compiler(*args, **kwargs):
+        began.set()
+        return importing(*args, **kwargs)
+
+    monkeypatch.setattr(ti, "import_compiler", import_compiler)
+    answered = threading.Event()
+    served = load_replica(load_spec(rows_config), cache, answered=answered)
+    args, _, want = eager_of(rows_config, 3)
+    torch.testing.assert_close(served(*args), want)  # answering, on eager
+    assert not began.wait(timeout=2.0)  # the whole has not answered: nothing loads
+    assert served.variant(4) == "eager" and served.info().buckets[4].loading
+    answered.set()
+    assert began.wait(timeout=60) and served.wait_loaded(timeout=300)
+    assert served.variant(4) == "compiled"
+    torch.testing.assert_close(served(*args), want)
 
 
 @pytest.mark.slow
