@@ -7,8 +7,10 @@ background; each call padded up to its bucket and sliced back.
     inputs (the outputs' bucket dimensions are found from them, and they are the reference every
     variant is checked against). The replica answers from here on: what an eager process pays
     to serve, and nothing more.
-  - the loader's: pull the namespace from the store, read the serving plans, import the compiler
-    where a plan needs it (while the model builds), then per bucket, largest first (its graphs
+  - the loader's: pull the namespace from the store and read the serving plans (while the model
+    builds); then, once the replica answers (nothing more beside the answering path: the rest is
+    Python under the same interpreter lock), import the compiler where a plan needs it, and per
+    bucket, largest first (its graphs
     set the size of the memory pool all share): build the planned variant from the cache (`aot`
     loads its saved function, no tracing; `compiled` and `graphed` must find their artifacts
     there: a miss is counted, and refused with require_warm; graphed ones are captured), check
