@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from orchestrator.jobs.padding import BadRequest
 from orchestrator.jobs.records import Remote
 from orchestrator.jobs.replica import BucketedModel, BucketUsage, ReplicaInfo, load_replica, size_labels
 from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
+from orchestrator.jobs.timing import process_age_seconds
 from orchestrator.jobs.variants import read_plans
 
 
@@ -66,8 +68,12 @@ class GridModel:
         slices: list[tuple[WarmupSpec, BucketedModel]],
         dims: grid_shapes.GridDims,
         costs: list[dict[int, Optional[float]]],
+        timing: Optional[_GridTiming] = None,
     ) -> None:
         self.spec = spec
+        # when the grid's load began and answered, and when each slice's began: a slice's own
+        # figures count from its start, after the model's build and the slices before it
+        self._timing = timing or _GridTiming(None, 0.0, [0.0] * len(slices))
         self.slices = slices
         first = slices[0][1]
         self.model, self.device = first.model, first.device
@@ -208,25 +214,48 @@ class GridModel:
         return best[1]
 
     def info(self) -> ReplicaInfo:
-        """Every slice's info as one: buckets keyed by point (`8x64`)."""
-        infos = [(part, served.info()) for part, served in self.slices]
+        """Every slice's info as one: buckets keyed by point (`8x64`), every time counted from the
+        grid's load start (a slice's own count from its start)."""
+        timing = self._timing
+        infos = [
+            (part, served.info(), offset) for (part, served), offset in zip(self.slices, timing.slices, strict=True)
+        ]
         buckets = {}
-        for part, info in infos:
+        for part, info, offset in infos:
             for bucket, row in info.buckets.items():
                 label = part.point_label(bucket)
-                buckets[label] = replace(row, point=label)
-        first = infos[0][1]
-        on_plan = [info.on_plan_seconds for _, info in infos]
+                on_plan = None if row.on_plan_seconds is None else offset + row.on_plan_seconds
+                buckets[label] = replace(row, point=label, on_plan_seconds=on_plan)
+        slice_on_plan = [
+            None if info.on_plan_seconds is None else offset + info.on_plan_seconds for _, info, offset in infos
+        ]
+        on_plan_seconds = None if None in slice_on_plan else max(slice_on_plan)  # type: ignore[type-var]
+        ready = timing.ready if timing.ready is not None else timing.answering
+
+        def from_spawn(seconds: Optional[float]) -> Optional[float]:
+            return None if seconds is None or timing.age is None else timing.age + seconds
+
         return replace(
-            first,
-            namespace=", ".join(info.namespace for _, info in infos),
+            infos[0][1],
+            namespace=", ".join(info.namespace for _, info, _ in infos),
             buckets=buckets,
-            ready_seconds=max(info.ready_seconds for _, info in infos),
-            answering_seconds=max(info.answering_seconds for _, info in infos),
-            on_plan_seconds=None if None in on_plan else max(on_plan),  # type: ignore[type-var]
-            pull=sync.combined(info.pull for _, info in infos if info.pull),
-            dynamo_frames_compiled=sum(info.dynamo_frames_compiled for _, info in infos),
-            events=[(f"{_fixed(part)}: {what}", at) for part, info in infos for what, at in info.events],
+            ready_seconds=ready,
+            ready_seconds_from_spawn=from_spawn(ready),
+            load_started_from_spawn=timing.age,
+            answering_seconds=timing.answering,
+            answering_seconds_from_spawn=from_spawn(timing.answering),
+            on_plan_seconds=on_plan_seconds,
+            on_plan_seconds_from_spawn=from_spawn(on_plan_seconds),
+            pull=sync.combined(info.pull for _, info, _ in infos if info.pull),
+            dynamo_frames_compiled=sum(info.dynamo_frames_compiled for _, info, _ in infos),
+            events=sorted(
+                (
+                    (f"{_fixed(part)}: {what}", round(offset + at, 4))
+                    for part, info, offset in infos
+                    for what, at in info.events
+                ),
+                key=lambda event: event[1],
+            ),
             request_sizes=size_labels(self.request_sizes()),
         )
 
@@ -271,6 +300,7 @@ def load_grid(
 ) -> GridModel:
     """Every slice of the grid loaded as a replica sharing one model and one call lock; `ready`
     as for load_replica, over all of them."""
+    started, age = time.perf_counter(), process_age_seconds()
     device = resolve_device(spec.device)
     parts = spec.slices()
     lock = threading.Lock()
@@ -279,8 +309,10 @@ def load_grid(
     answered = threading.Event()
     model = build_model(parts[0], device)
     slices = []
+    offsets = []  # each slice's load start, from the grid's
     try:
         for part in parts:
+            offsets.append(time.perf_counter() - started)
             slices.append(
                 (
                     part,
@@ -300,10 +332,24 @@ def load_grid(
         directory = LocalCache(cache_root, namespace(part.label, platform, part.identity_hash())).path
         plans = read_plans(directory) if directory.is_dir() else {}
         costs.append({b: _served_ms(plans.get(b)) for b in part.buckets})
-    grid = GridModel(spec, slices, dims, costs)
+    timing = _GridTiming(age, time.perf_counter() - started, offsets)
+    grid = GridModel(spec, slices, dims, costs, timing)
     if ready == "planned":
         grid.wait_loaded()
+        timing.ready = time.perf_counter() - started
     return grid
+
+
+@dataclass
+class _GridTiming:
+    """A grid's load in seconds from its start: when it answered (every slice, and the outputs'
+    grid dimensions learnt), when it returned where that differs (ready="planned"), and when
+    each slice's load began. `age`: the process's age at the start (None where unknown)."""
+
+    age: Optional[float]
+    answering: float
+    slices: list[float]
+    ready: Optional[float] = None
 
 
 def _fixed(part: WarmupSpec) -> str:

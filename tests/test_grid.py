@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -272,10 +273,21 @@ def test_a_grid_replica_answers_every_size_as_eager_does_at_that_size(warmed_gri
     from orchestrator.jobs.model import build_model
 
     config, cache, report, _ = warmed_grid
+    began = time.perf_counter()
     served = runtime.load(config, cache_dir=cache, ready="planned")
+    took = time.perf_counter() - began
     info = served.info()
     assert sorted(info.buckets) == sorted(report["points"])
     assert all(row.on_plan and row.point == label for label, row in info.buckets.items())
+    # the grid's times count from its own load start, over every slice (each slice's own count
+    # from its start, after the model's build and the slices before it)
+    events = dict(info.events)  # milestone -> seconds; in order of time
+    assert [at for _, at in info.events] == sorted(at for _, at in info.events)
+    last_answer = max(at for what, at in info.events if what.endswith(": answering"))
+    assert last_answer <= info.answering_seconds <= info.on_plan_seconds <= info.ready_seconds <= took
+    assert all(row.on_plan_seconds <= info.on_plan_seconds for row in info.buckets.values())
+    assert max(at for what, at in events.items() if what.endswith(": settled")) == pytest.approx(info.on_plan_seconds)
+    assert info.answering_seconds_from_spawn == pytest.approx(info.load_started_from_spawn + info.answering_seconds)
     # every slice loads from its own namespace: a point planned compiled is a hit, never a compile
     compiled = {
         label: (row.cache_hits, row.cache_misses) for label, row in info.buckets.items() if row.planned != "eager"
