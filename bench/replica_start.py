@@ -73,7 +73,9 @@ import torch
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.model import make_inputs
 spec, device = served.spec, served.device
-inputs = {bucket: make_inputs(spec, bucket, device) for bucket in spec.buckets}
+grid = bool(spec.grid)  # info() names a grid's buckets by point (`8x64`), a list's by size
+inputs = {(part.point_label(bucket) if grid else bucket): make_inputs(part, bucket, device)
+          for part in spec.slices() for bucket in part.buckets}
 
 def answer():  # each bucket at its own inputs through the runtime, and the variant serving it just before
     out = {}
@@ -340,19 +342,24 @@ def served_label(result: dict) -> str:
     report), e.g. `aot` or `1:aot 8:graphed 32:eager (planned aot)`."""
     run = median_run(ok_replicas(result), "on_plan_from_spawn")
     if run:
-        rows = {int(b): r for b, r in run["buckets"].items()}
+        rows = dict(run["buckets"])
         parts = {
             b: r["variant"] + ("" if r.get("planned") in (None, r["variant"]) else f" (planned {r['planned']})")
             for b, r in rows.items()
         }
     else:
         report = (result.get("warmup") or {}).get("buckets") or {}
-        parts = {int(b): str(r.get("variant")) for b, r in report.items()}
+        parts = {b: str(r.get("variant")) for b, r in report.items()}
     if not parts:
         return "?"
     if len(set(parts.values())) == 1:
         return next(iter(parts.values()))
-    return " ".join(f"{b}:{v}" for b, v in sorted(parts.items()))
+    return " ".join(f"{b}:{v}" for b, v in sorted(parts.items(), key=lambda item: size_order(item[0])))
+
+
+def size_order(bucket: object) -> list[int]:
+    """A bucket (`8`) or a grid's point (`8x64`, as JSON keys both) in order of its sizes."""
+    return [int(size) for size in str(bucket).split("x")]
 
 
 def ok_replicas(result: dict) -> list[dict]:
@@ -437,10 +444,11 @@ def where_the_time_went(result: dict) -> list[str]:
     index = result["starts"]["replica"].index(run) + 1
     events = [(str(e[0]), float(e[1])) for e in run.get("events") or []]
     answered = dict(events).get("answering")
-    # load's start, from spawn: interpreter, imports, until runtime.load began
-    offset = (
-        run["answering_from_spawn"] - answered if answered is not None and run.get("answering_from_spawn") else None
-    )
+    # load's start, from spawn: interpreter, imports, until runtime.load began (a grid's events
+    # name their slices, so its info says it)
+    offset = (run.get("info") or {}).get("load_started_from_spawn")
+    if offset is None and answered is not None and run.get("answering_from_spawn"):
+        offset = run["answering_from_spawn"] - answered
     lines = [f"  where the time went (replica #{index}, the median on plan):"]
     if offset is not None:
         lines.append(f"    {offset:7.2f} s  spawn -> runtime.load called (interpreter, imports)")
@@ -449,7 +457,7 @@ def where_the_time_went(result: dict) -> list[str]:
         since = f"{offset + at:7.2f} s from spawn" if offset is not None else f"{at:7.2f} s from load"
         lines.append(f"    +{at - before:6.2f} s  {milestone}  ({since})")
         before = at
-    for bucket, row in sorted(run["buckets"].items(), key=lambda item: int(item[0])):
+    for bucket, row in sorted(run["buckets"].items(), key=lambda item: size_order(item[0])):
         settled = row.get("on_plan_seconds")
         lines.append(
             f"    bucket {bucket}: {row['variant']} (planned {row['planned']}; answered first by "

@@ -110,9 +110,10 @@ started, age = time.perf_counter(), process_age_seconds()
 device = torch.device(device_name)
 model = build_model(spec, device)
 with torch.no_grad():
-    for bucket in spec.buckets:
-        args, kwargs = make_inputs(spec, bucket, device)
-        model(*args, **kwargs)
+    for part in spec.slices():  # a grid's points, slice by slice; a list-form spec is its own slice
+        for bucket in part.buckets:
+            args, kwargs = make_inputs(part, bucket, device)
+            model(*args, **kwargs)
 if device.type == "cuda":
     torch.cuda.synchronize()
 print(json.dumps({"ready_from_spawn": age + time.perf_counter() - started}))
