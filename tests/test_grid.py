@@ -286,7 +286,9 @@ def test_a_grid_replica_answers_every_size_as_eager_does_at_that_size(warmed_gri
     last_answer = max(at for what, at in info.events if what.endswith(": answering"))
     assert last_answer <= info.answering_seconds <= info.on_plan_seconds <= info.ready_seconds <= took
     assert all(row.on_plan_seconds <= info.on_plan_seconds for row in info.buckets.values())
-    assert max(at for what, at in events.items() if what.endswith(": settled")) == pytest.approx(info.on_plan_seconds)
+    assert max(at for what, at in events.items() if what.endswith(": settled")) == pytest.approx(
+        info.on_plan_seconds, abs=1e-3
+    )
     assert info.answering_seconds_from_spawn == pytest.approx(info.load_started_from_spawn + info.answering_seconds)
     # every slice loads from its own namespace: a point planned compiled is a hit, never a compile
     compiled = {
