@@ -68,12 +68,12 @@ class GridModel:
         slices: list[tuple[WarmupSpec, BucketedModel]],
         dims: grid_shapes.GridDims,
         costs: list[dict[int, Optional[float]]],
-        timing: Optional[_GridTiming] = None,
+        timing: _GridTiming,
     ) -> None:
         self.spec = spec
         # when the grid's load began and answered, and when each slice's began: a slice's own
         # figures count from its start, after the model's build and the slices before it
-        self._timing = timing or _GridTiming(None, 0.0, [0.0] * len(slices))
+        self._timing = timing
         self.slices = slices
         first = slices[0][1]
         self.model, self.device = first.model, first.device

@@ -122,6 +122,17 @@ class Figures:
     points: int
 
 
+def _figures(served: Sequence[tuple[float, float, int, int]], points: int) -> Figures:
+    """Figures from what each kind of request costs: (its cost, how many there are, the positions
+    it holds, the positions computed for it)."""
+    requests = sum(count for _, count, _, _ in served)
+    real = sum(count * holds for _, count, holds, _ in served)
+    padded = sum(count * computed for _, count, _, computed in served)
+    mean = sum(count * cost for cost, count, _, _ in served) / requests
+    return Figures(mean, _quantile([(cost, count) for cost, count, _, _ in served], 0.99),
+                   1 - real / padded if padded else 0.0, points)  # fmt: skip
+
+
 def _quantile(costs: Sequence[tuple[float, float]], q: float) -> float:
     """The least cost that at least a fraction `q` of the requests stay within: `costs` holds
     (cost of a request, how many requests cost that)."""
@@ -144,9 +155,7 @@ def figures(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> Figu
     """The figures of the product grid `grid` (sorted sizes per dimension) on `traffic`; a
     request larger than the grid in the first dimension (the batch) runs in chunks of its largest,
     one beyond it in another dimension cannot run: ValueError."""
-    total_cost = requests = 0.0
-    real = padded = 0.0
-    each: list[tuple[float, float]] = []
+    served = []
     for sizes, count in traffic.items():
         point, calls = [], 1
         for d, (n, buckets) in enumerate(zip(sizes, grid, strict=True)):
@@ -156,14 +165,8 @@ def figures(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> Figu
                     raise ValueError(f"a request of {n} in dimension {d} is larger than every bucket {list(buckets)}")
                 calls, b = math.ceil(n / buckets[-1]), buckets[-1]
             point.append(b)
-        unit = calls * cost(tuple(point))
-        each.append((unit, count))
-        total_cost += count * unit
-        requests += count
-        real += count * math.prod(sizes)
-        padded += count * calls * math.prod(point)
-    waste = 1 - real / padded if padded else 0.0
-    return Figures(total_cost / requests, _quantile(each, 0.99), waste, math.prod(len(g) for g in grid))
+        served.append((calls * cost(tuple(point)), count, math.prod(sizes), calls * math.prod(point)))
+    return _figures(served, math.prod(len(g) for g in grid))
 
 
 def plan_one(traffic: Traffic, dim: int, grid: list[list[int]], cost: Cost, k: int) -> list[int]:
@@ -276,19 +279,14 @@ CANDIDATE_SIZES = 48  # per dimension, for plan_points
 def point_figures(traffic: Traffic, points: Sequence[Point], cost: Cost) -> Figures:
     """The figures of a free set of points: each request at the cheapest point that holds it in
     every dimension (as a grid replica routes it); ValueError where none holds a request."""
-    total_cost = requests = real = padded = 0.0
-    each: list[tuple[float, float]] = []
+    served = []
     for sizes, count in traffic.items():
         holding = [p for p in points if all(b >= n for b, n in zip(p, sizes, strict=True))]
         if not holding:
             raise ValueError(f"no point holds a request of {list(sizes)}")
         point = min(holding, key=cost)
-        each.append((cost(point), count))
-        total_cost += count * cost(point)
-        requests += count
-        real += count * math.prod(sizes)
-        padded += count * math.prod(point)
-    return Figures(total_cost / requests, _quantile(each, 0.99), 1 - real / padded if padded else 0.0, len(points))
+        served.append((cost(point), count, math.prod(sizes), math.prod(point)))
+    return _figures(served, len(points))
 
 
 def plan_points(traffic: Traffic, max_points: int, cost: Cost) -> list[Point]:
