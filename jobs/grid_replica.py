@@ -324,7 +324,7 @@ def load_grid(
             )  # fmt: skip
         with lock:
             dims = _learn_dims(parts, model, device)
-    finally:  # a failed load leaves no loader waiting: the slices already answering load as before
+    finally:  # a failed load leaves no loader waiting: the slices that answer go on to their plans
         answered.set()
     platform = ti.current_platform(device)
     costs = []
