@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 import torch.utils._pytree as pytree
 
 Key = Any  # a field or mapping key (str, or any hashable a dict may use), or a position (int)
@@ -144,10 +145,44 @@ def _as_list(value: Any) -> Any:
 def _with_attributes(node: Any, names: tuple[str, ...], values: list[Any]) -> Any:
     """A shallow copy of `node` with new values of these attributes: the copy answers the
     library's own methods (`get_seq_length`, `to_legacy_cache`) as the original does."""
-    rebuilt = copy.copy(node)
+    rebuilt = _shallow_copy(node)
     for name, value in zip(names, values, strict=True):
         setattr(rebuilt, name, value)
     return rebuilt
+
+
+def _shallow_copy(node: Any) -> Any:
+    """copy.copy(node), without its generic protocol where the type leaves copying to `object`:
+    a new instance given the same attribute dict, which is what copy.copy then does. A cache of
+    a decoder is one object per layer, rebuilt at every call that copies it out; copy.copy's
+    reduce protocol costs several times the copy itself."""
+    kind: Any = type(node)
+    plain = _PLAIN_COPY.get(kind)
+    if plain is None:
+        plain = _PLAIN_COPY[kind] = _copies_plainly(kind)
+    if not plain:
+        return copy.copy(node)
+    rebuilt = kind.__new__(kind)
+    rebuilt.__dict__.update(node.__dict__)
+    return rebuilt
+
+
+_PLAIN_COPY: dict[type, bool] = {}  # by type: copy.copy would take object's default path
+
+
+def _copies_plainly(kind: type) -> bool:
+    """Whether copy.copy copies an instance of `kind` as object's reduce protocol does, by its
+    attribute dict alone: no copy hook, reduce or state methods of its own, no named slots."""
+    if kind.__module__ == "builtins" or hasattr(kind, "__copy__"):  # builtins: copy.copy's own table
+        return False
+    if kind.__reduce_ex__ is not object.__reduce_ex__ or kind.__reduce__ is not object.__reduce__:
+        return False
+    default_state = getattr(object, "__getstate__", None)  # Python 3.11 on
+    if hasattr(kind, "__setstate__") or getattr(kind, "__getstate__", default_state) is not default_state:
+        return False
+    if any(getattr(base, "__slots__", ()) for base in kind.__mro__ if base is not object):
+        return False
+    return any("__dict__" in vars(base) for base in kind.__mro__)
 
 
 def _rebuild_mapping(node: Mapping[Any, Any], values: list[Any]) -> Any:
@@ -156,10 +191,50 @@ def _rebuild_mapping(node: Mapping[Any, Any], values: list[Any]) -> Any:
     kind: Any = type(node)
     pairs = zip(list(node), values, strict=True)
     if dataclasses.is_dataclass(node):
+        if _FAST_OUTPUT.get(kind) is None:
+            _FAST_OUTPUT[kind] = _fast_output_agrees(node)
+        if _FAST_OUTPUT[kind]:
+            return _model_output(node, pairs)
         return kind(**dict(pairs))
     if isinstance(node, collections.defaultdict):
         return kind(node.default_factory, pairs)
     return kind(pairs)
+
+
+# by type: a Hugging Face ModelOutput whose item assignment sets the field too, checked once
+_FAST_OUTPUT: dict[type, bool] = {}
+
+
+def _model_output(node: Any, pairs: Iterator[tuple[Any, Any]]) -> Any:
+    """A ModelOutput like `node` with new values, without its constructor: its __post_init__
+    checks and orders the fields again at every call (several times the rest of a rebuild). The
+    fields left None stay None; each key's item and attribute take the new value, as the
+    library's own item assignment keeps them."""
+    kind: Any = type(node)
+    rebuilt = kind.__new__(kind)
+    rebuilt.__dict__.update(node.__dict__)
+    for key, value in pairs:
+        rebuilt[key] = value
+    return rebuilt
+
+
+def _fast_output_agrees(node: Any) -> bool:
+    """Whether _model_output builds what the constructor builds for this type: a Hugging Face
+    ModelOutput (recognised by name, transformers not imported), rebuilt both ways from its own
+    values and compared item by item and field by field."""
+    if ("transformers", "ModelOutput") not in {(b.__module__.split(".")[0], b.__name__) for b in type(node).__mro__}:
+        return False
+    # new objects of the same values: a field the item assignment left behind keeps the old one
+    values = [value.detach() if isinstance(value, torch.Tensor) else copy.copy(value) for value in node.values()]
+    try:
+        fast = _model_output(node, zip(list(node), values, strict=True))
+        built = type(node)(**dict(zip(list(node), values, strict=True)))
+    except Exception:
+        return False
+    fields = [f.name for f in dataclasses.fields(node)]
+    return [(k, id(v)) for k, v in fast.items()] == [(k, id(v)) for k, v in built.items()] and all(
+        getattr(fast, name) is getattr(built, name) for name in fields
+    )
 
 
 def _replace(node: Any, fields: tuple[dataclasses.Field[Any], ...], new: list[Any]) -> Any:

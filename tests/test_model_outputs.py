@@ -244,3 +244,55 @@ def test_a_decoder_with_its_cache_on_is_served_compiled(tmp_path):
         expected = build_model(spec, torch.device("cpu"))(input_ids=request)
     assert type(answer[cache_name(answer)]) is type(expected[cache_name(expected)])
     Gate().compare(snapshot(expected), snapshot(answer), call="replica")
+
+
+def test_a_rebuilt_output_and_cache_equal_those_the_constructors_build():
+    """A decoder's output is rebuilt at every call that copies it out; the rebuild skips the
+    constructors where the type leaves them nothing to do, and must build the same objects."""
+    output = decoder_output()
+    leaves = [leaf for _, leaf in trees.leaves(output)]
+    new = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+    rebuilt = trees.rebuilder(output)(iter(new))
+
+    assert type(rebuilt) is type(output) and list(rebuilt) == list(output)
+    assert [leaf for _, leaf in trees.leaves(rebuilt)] == new  # the new leaves, in order, by identity
+    for key in rebuilt:  # item and field agree, as the constructor keeps them
+        assert getattr(rebuilt, key) is rebuilt[key]
+    assert rebuilt.to_tuple()[0] is new[0] and rebuilt.attentions is None
+    cache, original = rebuilt[cache_name(rebuilt)], output[cache_name(output)]
+    assert type(cache) is type(original) and cache is not original
+    assert all(layer is not old for layer, old in zip(cache.layers, original.layers, strict=True))
+    assert cache.get_seq_length() == original.get_seq_length() == 6
+    assert cache.layers[1].keys is new[1 + 2 * 1] and original.layers[1].keys is leaves[1 + 2 * 1]
+
+
+def test_an_output_class_whose_items_do_not_set_its_fields_is_rebuilt_by_its_constructor():
+    class Odd(transformers.modeling_outputs.ModelOutput):
+        logits: Any = None
+        extra: Any = None
+
+        def __setitem__(self, key: Any, value: Any) -> None:  # the item only: the field stays behind
+            dict.__setitem__(self, key, value)
+
+    import dataclasses
+
+    Odd = dataclasses.dataclass(Odd)  # noqa: N806  (as transformers' own output classes are made)
+    rebuilt = trees.rebuilder(Odd(logits=torch.zeros(1)))(iter([torch.ones(1)]))
+    assert type(rebuilt) is Odd and float(rebuilt.logits) == 1.0 and rebuilt["logits"] is rebuilt.logits
+
+
+def test_a_plain_object_is_copied_as_copy_copies_it_and_one_with_its_own_copy_keeps_it():
+    class Plain:
+        def __init__(self) -> None:
+            self.a, self.b = [1], 2
+
+    class Hooked(Plain):
+        def __copy__(self) -> Hooked:
+            made = Hooked()
+            made.b = "hooked"
+            return made
+
+    plain = Plain()
+    copied = trees._shallow_copy(plain)
+    assert type(copied) is Plain and copied is not plain and vars(copied) == vars(plain) and copied.a is plain.a
+    assert trees._shallow_copy(Hooked()).b == "hooked"
