@@ -193,7 +193,7 @@ def _rebuild_mapping(node: Mapping[Any, Any], values: list[Any]) -> Any:
     if dataclasses.is_dataclass(node):
         if _FAST_OUTPUT.get(kind) is None:
             _FAST_OUTPUT[kind] = _fast_output_agrees(node)
-        if _FAST_OUTPUT[kind]:
+        if _FAST_OUTPUT[kind] and not any(value is None for value in values):  # None: the key leaves the output
             return _model_output(node, pairs)
         return kind(**dict(pairs))
     if isinstance(node, collections.defaultdict):

@@ -264,6 +264,10 @@ def test_a_rebuilt_output_and_cache_equal_those_the_constructors_build():
     assert all(layer is not old for layer, old in zip(cache.layers, original.layers, strict=True))
     assert cache.get_seq_length() == original.get_seq_length() == 6
     assert cache.layers[1].keys is new[1 + 2 * 1] and original.layers[1].keys is leaves[1 + 2 * 1]
+    import pickle  # as Ray passes an answer between processes
+
+    again = pickle.loads(pickle.dumps(rebuilt))
+    assert type(again) is type(output) and list(again) == list(output) and torch.equal(again[0], new[0])
 
 
 def test_an_output_class_whose_items_do_not_set_its_fields_is_rebuilt_by_its_constructor():
@@ -296,3 +300,9 @@ def test_a_plain_object_is_copied_as_copy_copies_it_and_one_with_its_own_copy_ke
     copied = trees._shallow_copy(plain)
     assert type(copied) is Plain and copied is not plain and vars(copied) == vars(plain) and copied.a is plain.a
     assert trees._shallow_copy(Hooked()).b == "hooked"
+
+
+def test_an_output_rebuilt_with_a_field_gone_drops_its_key_as_the_constructor_does():
+    output = decoder_output()
+    rebuilt = trees.map_leaves(output, lambda path, leaf: None if path == "output.logits" else leaf)
+    assert "logits" not in rebuilt and rebuilt.logits is None and list(rebuilt) == [cache_name(output)]
