@@ -187,7 +187,8 @@ def _copies_plainly(kind: type) -> bool:
 
 def _rebuild_mapping(node: Mapping[Any, Any], values: list[Any]) -> Any:
     """A mapping of `node`'s type and keys with new values: through its own constructor, a
-    dataclass's (HF ModelOutput: its keys are its fields that are not None) by keyword."""
+    dataclass's (HF ModelOutput: its keys are its fields that are not None) by keyword, except a
+    ModelOutput whose items set its fields (_model_output)."""
     kind: Any = type(node)
     pairs = zip(list(node), values, strict=True)
     if dataclasses.is_dataclass(node):
