@@ -61,7 +61,7 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
     VariantMeasure,
 )
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
-from orchestrator.jobs.stats import PairedBootstrap, is_noisy
+from orchestrator.jobs.stats import PairedBootstrap, is_noisy, paired_scale
 from orchestrator.jobs.timing import HOST, Clock, Timed, median, on_fastest_core, p90, process_age_seconds
 from orchestrator.jobs.variants import (
     MAX_SAMPLES,
@@ -873,9 +873,14 @@ class _BucketWork:
         self.pause()
 
     def _time_padded(self, proof: grid.PaddingProof, runner: Callable[..., Any]) -> float:
-        """The median latency of the proof's request served as a grid replica serves it: padded
-        in every dimension at once, run, cut back, copied out of replay buffers. What the point
-        costs the requests it pads, which is what `orchestrate plan` prices it at."""
+        """The latency of the proof's request served as a grid replica serves it: padded in every
+        dimension at once, run, cut back, copied out of replay buffers. What the point costs the
+        requests it pads, which is what `orchestrate plan` prices it at.
+
+        It is timed beside the served variant at the point's own size, round for round, and
+        given as the benchmark's served latency times the median ratio of the two: a slowed host
+        that a round of this timing met (and the benchmark's retakes escaped) slows both calls
+        of a pair, not the price."""
         shaper = grid.InputShaper(self.spec)
         exact_args, exact_kwargs = shaper.cut(*self.inputs, proof.request)
         dims = {path: {int(d): name for d, name in found.items()} for path, found in proof.output_dims.items()}
@@ -886,9 +891,13 @@ class _BucketWork:
             outputs = grid.cut_outputs(run(exact_args, exact_kwargs), dims, proof.request)
             return copies.copy_out(outputs) if replays else outputs
 
+        served = self.served_calls().get(proof.variant)
+        calls = {"padded": request} if served is None else {"served": served, "padded": request}
         with torch.no_grad():
-            timed = self.clock.interleaved({"padded": request}, self.spec.bench.iterations, self.spec.bench.warmup)
-        return median(timed.samples["padded"])
+            timed = self.clock.interleaved(calls, self.spec.bench.iterations, self.spec.bench.warmup)
+        if served is None or self.result.served_ms is None:
+            return median(timed.samples["padded"])
+        return paired_scale(self.result.served_ms, timed.samples["padded"], timed.samples["served"])
 
     def _compiled_call(self, *args: Any, **kwargs: Any) -> Any:
         ti.mark_step()

@@ -115,6 +115,15 @@ def is_noisy(point: Optional[float], interval: Optional[Sequence[float]], sample
     return max(point - low, high - point) > NOISY_RELATIVE_HALF_WIDTH * point
 
 
+def paired_scale(anchor: float, samples: Sequence[float], beside: Sequence[float]) -> float:
+    """`anchor`, a figure of the variant timed as `beside`, scaled by the median ratio of `samples`
+    to `beside` taken pair by pair: another call's figure on the anchor's footing. A host slowed
+    for some rounds slows both calls of a pair alike, so the ratio holds where a median of
+    `samples` alone would carry the slowdown."""
+    ratios = [a / b for a, b in zip(samples, beside, strict=True) if b > 0]
+    return anchor * statistics.median(ratios)
+
+
 def _percentile(ordered: list[float], q: float) -> float:
     """Linear interpolation between the closest ranks of an ordered list."""
     at = q * (len(ordered) - 1)

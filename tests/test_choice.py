@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from orchestrator.jobs.records import VariantMeasure
-from orchestrator.jobs.stats import MIN_SAMPLES, PairedBootstrap, ratio_interval
+from orchestrator.jobs.stats import MIN_SAMPLES, PairedBootstrap, paired_scale, ratio_interval
 from orchestrator.jobs.variants import Choice, choose, settle, spread
 
 
@@ -175,3 +175,14 @@ def test_an_undecided_tie_break_takes_more_rounds_of_the_leader_and_the_tied_var
     _, choice = settle(first, machine.time_more, clock=machine.clock)
     assert {tuple(names) for names, _ in machine.rounds} == {("graphed", "aot")}
     assert choice == Choice("graphed")
+
+
+def test_a_padded_request_is_priced_on_the_benchmarks_footing_through_its_pairs():
+    """A grid point's padded request, timed beside the served call in rounds of which most met a
+    slowed host (as on a shared GPU machine: 16 to 20 of 20 rounds): each pair slows alike, so the
+    price is the benchmark's served latency times the pairs' ratio, not the slowed median."""
+    served = [0.258] * 4 + [0.41] * 6  # ms: 6 of 10 rounds on a slowed host
+    padded = [ms * 1.05 for ms in served]  # padding, cut and copy: 5% over the call at the point
+    padded[1] = 0.9  # one burst that hit the padded call alone
+    assert sorted(padded)[5] > 0.4  # its own median carries the slowdown
+    assert paired_scale(0.258, padded, served) == pytest.approx(0.258 * 1.05)
