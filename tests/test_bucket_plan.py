@@ -209,9 +209,12 @@ inputs:
 """
 
 
-def test_the_p99_cost_is_what_99_in_100_requests_stay_within():
+def test_the_p50_and_p99_costs_are_what_half_and_99_in_100_requests_stay_within():
     traffic = {(1,): 98, (4,): 1, (8,): 1}  # cost: positions, 1, 4 and 8 at buckets of their sizes
     assert figures(traffic, [[1, 4, 8]], Cost()).p99_cost == 4
+    assert figures(traffic, [[1, 4, 8]], Cost()).p50_cost == 1
+    assert figures({(1,): 50, (3,): 50}, [[2, 4]], Cost()).p50_cost == 2  # the 50th request of 100
+    assert figures({(1,): 49, (3,): 51}, [[2, 4]], Cost()).p50_cost == 4
     assert figures(traffic, [[1, 8]], Cost()).p99_cost == 8  # the 4 pads to 8
     assert figures({(1,): 99, (8,): 1}, [[1, 8]], Cost()).p99_cost == 1
     assert figures({(40,): 1}, [[8, 16]], Cost()).p99_cost == 3 * 16  # in chunks of the largest
@@ -237,9 +240,15 @@ def test_plan_prints_the_plan_beside_the_config_and_powers_of_two_and_writes_it(
     assert by_name["config"]["buckets"] == [1, 8, 32] and by_name["powers of two"]["buckets"] == [16, 32]
     assert by_name["plan"]["mean_cost"] < by_name["powers of two"]["mean_cost"]
     assert by_name["plan"]["p99_cost"] == 20  # the 5 requests of 20 are the top 6%
+    assert by_name["plan"]["p50_cost"] == 5 and by_name["powers of two"]["p50_cost"] == 16
     table = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "2", "--write")
     assert table.returncode == 0, table.stderr
-    assert "powers of two" in table.stdout and "padding waste" in table.stdout and "p99 cost" in table.stdout
+    assert (
+        "powers of two" in table.stdout
+        and "padding waste" in table.stdout
+        and "p50 cost" in table.stdout
+        and "p99 cost" in table.stdout
+    )
     written = path.read_text()
     assert written == CONFIG.format(factory=ROOT / "examples" / "models.py:mlp").replace(
         "buckets:\n  - 1\n  - 8\n  - 32\n", "buckets: [5, 20]\n"

@@ -133,6 +133,7 @@ def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, consol
         "buckets",
         "points",
         f"mean cost ({cost_unit})",
+        f"p50 cost ({cost_unit})",
         f"p99 cost ({cost_unit})",
         "padding waste",
         "compile s",
@@ -146,7 +147,7 @@ def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, consol
         if c.points is not None:
             shown = "points " + ", ".join("x".join(map(str, point)) for point in c.points)
         if c.figures is None:
-            table.add_row(c.name, shown, "-", f"cannot serve: {c.why_not}", "-", "-", "-")
+            table.add_row(c.name, shown, "-", f"cannot serve: {c.why_not}", "-", "-", "-", "-")
             continue
         seconds = f"{c.compile_seconds:.0f}" if c.compile_seconds is not None else "-"
         table.add_row(
@@ -154,6 +155,7 @@ def render(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str, consol
             shown,
             str(c.figures.points),
             f"{c.figures.mean_cost:.4g}",
+            f"{c.figures.p50_cost:.4g}",
             f"{c.figures.p99_cost:.4g}",
             f"{c.figures.padding_waste:.1%}",
             seconds,
@@ -171,6 +173,7 @@ def as_json(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str) -> di
                 "buckets": buckets_value(spec, c.grid),
                 "points": c.figures.points if c.figures else None,
                 "mean_cost": c.figures.mean_cost if c.figures else None,
+                "p50_cost": c.figures.p50_cost if c.figures else None,
                 "p99_cost": c.figures.p99_cost if c.figures else None,
                 "padding_waste": c.figures.padding_waste if c.figures else None,
                 "compile_seconds": c.compile_seconds,
