@@ -18,14 +18,15 @@ computed) called with its attention mask, bucketed over batch x seq.
        - recorded: the calibration grid's replica serves a mixture of the three, and the trace is
          what the replica itself recorded (`info().request_sizes`), as a JSONL of sizes.
      `orchestrate plan --traffic TRACE --max-points P --report calibration.json --json` gives the
-     plan and powers of two with as many sizes per dimension, each with its predicted mean latency
+     plan and powers of two with as many sizes per dimension, each with its predicted mean and median latency
      of a request. Both are warmed (`orchestrate warmup --no-ray`), then a fresh process loads both
      replicas (`runtime.load(ready="planned")`) and replays the trace through each: one untimed
      pass, then a timed one, the two replicas interleaved request by request (alternating which
      goes first), each request timed from the call to its outputs on the host (a synchronize).
      Figures: p50, p99, mean and throughput (requests over the summed latencies), and the
      prediction's error, predicted mean / measured mean - 1. Every 20th answer of both replicas is
-     checked against eager at the request's exact size with the correctness gate.
+     checked at the request's exact size with the correctness gate as warmup applies it: against
+     the model run in float64, its error held to a multiple of eager's own.
   3. Where a prediction's error comes from, point by point: the planner's price of the point, the
      point's own warmup figure (`padding_proof.padded_ms`: CUDA events, blocks of calls), one
      request of that point called back to back in the replay's process (blocks of 20, host clock
@@ -138,7 +139,7 @@ def warm(path: Path, cache: Path, out_dir: Path, timeout: float) -> dict[str, An
 # argv: device, cache, trace JSONL, requests-out JSONL (or "-"), then the configs to replay the
 # trace through. One JSON line on stdout: per config its latencies' figures.
 PROBE = r"""
-import json, statistics, sys, time
+import copy, json, statistics, sys, time
 import torch
 from orchestrator import runtime
 from orchestrator.config import load_spec
@@ -150,6 +151,9 @@ sync = torch.cuda.synchronize if CUDA else (lambda: None)
 replicas = {path: runtime.load(path, cache_dir=cache, ready="planned") for path in configs}
 first = next(iter(replicas.values()))
 gate = Gate.from_options(load_spec(configs[0]).check)
+# what the gate judges an answer against, as at warmup: the model in float64 at the request's exact
+# size (a float16 answer held to eager's fixed tolerance fails on a few rounding steps in millions)
+twin = copy.deepcopy(first.model).to(torch.float64)
 generator = torch.Generator().manual_seed(1)
 requests = []
 for line in open(trace):
@@ -160,6 +164,8 @@ latency = {path: [] for path in configs}
 at_point = {path: {} for path in configs}  # the point that served each timed request -> its latencies
 first_at = {path: {} for path in configs}  # the point -> the first request it served
 mismatches = {}
+checked = {path: [0, 0] for path in configs}  # answers that passed the gate, answers checked
+judged = None  # what the gate judged them against: float64, or eager where the model has no float64 run
 
 def point_of(replica, request):
     return "x".join(str(size) for size in replica._route((), request).point.values())
@@ -185,9 +191,13 @@ with torch.no_grad():
                 answers[path] = snapshot(dict(out))
         if answers:
             expected = snapshot(dict(first.model(**request)))
+            exact = snapshot(dict(twin(**request)))  # integer inputs: nothing to widen
             for path, answer in answers.items():
+                checked[path][1] += 1
                 try:
-                    gate.compare(expected, answer, call=f"{tuple(request['input_ids'].shape)}")
+                    verdict = gate.compare(expected, answer, call=f"{tuple(request['input_ids'].shape)}", float64=exact)
+                    checked[path][0] += 1
+                    judged = verdict.reference
                 except Exception as exc:
                     mismatches.setdefault(path, str(exc)[:300])
     # each point again, one request of its own called back to back (blocks of 20, 5 rounds), timed
@@ -217,6 +227,7 @@ def quantile(values, q):
 
 print(json.dumps({path: {"p50_ms": statistics.median(v), "p99_ms": quantile(v, 0.99), "mean_ms": statistics.fmean(v),
                          "requests_per_s": 1e3 * len(v) / sum(v), "mismatch": mismatches.get(path),
+                         "checked": checked[path], "judged_against": judged,
                          "variants": sorted({r.variant for r in replicas[path].info().buckets.values()}),
                          "points": {point: {"requests": len(values), "traffic_p50_ms": statistics.median(values),
                                             "traffic_mean_ms": statistics.fmean(values),
@@ -313,6 +324,7 @@ def main() -> int:
                     **figures,
                     "buckets": by_name[kind]["buckets"],
                     "predicted_mean_ms": predicted,
+                    "predicted_p50_ms": by_name[kind]["p50_cost"],
                     "prediction_error": predicted / figures["mean_ms"] - 1 if predicted else None,
                     "padding_waste": by_name[kind]["padding_waste"],
                     "warmup": warmed[kind],
@@ -328,7 +340,7 @@ def main() -> int:
         print(f"{name}: {json.dumps(results[name])[:300]}", file=sys.stderr, flush=True)
         (out_dir / "plan_traffic.json").write_text(json.dumps(results, indent=1))
     (out_dir / "plan_traffic.json").write_text(json.dumps(results, indent=1))
-    lines = ["| trace | buckets | p50 ms | p99 ms | mean ms | predicted ms | error | requests/s | padding waste |",
+    lines = ["| trace | buckets | p50 ms (predicted) | p99 ms | mean ms | predicted ms | error | requests/s | padding waste |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, result in results.items():
         if name == "calibration":
@@ -338,10 +350,18 @@ def main() -> int:
             continue
         for kind, row in result["rows"].items():
             error = f"{row['prediction_error']:+.0%}" if row["prediction_error"] is not None else "-"
-            lines.append(f"| {name} | {kind}: {row['buckets']} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+            lines.append(f"| {name} | {kind}: {row['buckets']} | {row['p50_ms']:.3f} ({row['predicted_p50_ms']:.3f}) | {row['p99_ms']:.3f} | "
                          f"{row['mean_ms']:.3f} | {row['predicted_mean_ms']:.3f} | {error} | "
                          f"{row['requests_per_s']:.0f} | {row['padding_waste']:.1%} |")  # fmt: skip
         lines.append(f"| {name} | plan's p50 gain over powers of two: {result['p50_gain']:.0%} | | | | | | | |")
+    lines += ["", "Every 20th answer checked at the request's exact size:", ""]
+    for name, result in results.items():
+        for kind, row in (result.get("rows") or {}).items():
+            passed, of = row["checked"]
+            failure = f"; first failure: {row['mismatch']}" if row.get("mismatch") else ""
+            lines.append(
+                f"- {name}, {kind}: {passed} of {of} passed the gate, against {row['judged_against']}{failure}"
+            )
     lines += ["", "Where each point's latency goes: the planner's price (the calibration interpolated), the "
               "point's own warmup (`padded_ms`, CUDA events), one request of it repeated in this process "
               "(host clock, synchronize), and the traffic's requests there (interleaved).", "",

@@ -31,8 +31,9 @@ its logits read at the real positions; both built from configs with random weigh
      p99, and throughput as requests over the summed latencies; `host p50` is the time until the
      call returned, before the synchronize: the host's own work per request, the device's queued
      (a method whose host work is longer than its device work waits on neither). Every answer of every method is
-     checked (untimed) against eager's at its exact shape with the correctness gate; `checked`
-     counts those that passed.
+     checked (untimed) at its exact shape with the correctness gate as warmup applies it: against
+     the model run in float64 on the same request, its error held to a multiple of eager's own;
+     `checked` counts those that passed.
   3. Padding waste: of the positions (rows x seq) computed, the fraction that was padding.
 
 Output: OUT_DIR/sequence_traffic.json and a Markdown table on stdout; each process's stderr in
@@ -119,7 +120,7 @@ def config(
 # argv: grid config, longest config, cache dir, requests, device, methods (comma-separated).
 # JSON lines on stdout, the last one whole.
 PROBE = r"""
-import json, math, statistics, sys, time
+import copy, json, math, statistics, sys, time
 import torch
 from orchestrator import runtime
 from orchestrator.config import load_spec
@@ -136,6 +137,11 @@ print(f"replicas on plan in {time.perf_counter() - began:.1f} s", file=sys.stder
 model = grid.model
 LONGEST = max(load_spec(grid_config).grid["seq"])
 gate = Gate.from_options(load_spec(grid_config).check)
+# what the gate judges an answer against, as at warmup: the model in float64 at the request's exact
+# size (a float16 answer held to eager's fixed tolerance fails on a few rounding steps in millions)
+twin = copy.deepcopy(model).to(torch.float64)
+def float64_of(request):
+    return snapshot(plain(twin(**{k: v.double() if v.is_floating_point() else v for k, v in request.items()})))
 
 generator = torch.Generator().manual_seed(0)
 lengths = torch.exp(torch.randn(requests, generator=generator) * 0.8 + math.log(60)).round().clamp(1, LONGEST).long()
@@ -207,7 +213,8 @@ methods = {name: fn for name, fn in methods.items() if name in chosen or name ==
 seconds = {}
 errors = {name: 0.0 for name in methods}
 mismatches = {}
-checked = {}  # answers that passed the gate against eager at the exact shape, by method
+checked = {}  # answers that passed the gate at the exact shape, by method
+judged = {}  # what the gate judged them against: float64, or eager where the model has no float64 run
 with torch.no_grad():
     failed = {}
     for name, fn in list(methods.items()):  # first passes: compiles, recompiles, recordings
@@ -245,9 +252,12 @@ with torch.no_grad():
             latency[name].append((time.perf_counter() - began) * 1e3)
             host[name].append((returned - began) * 1e3)
             answers[name] = snapshot(plain(out))  # every answer checked, untimed
+        exact = float64_of(request)
         for name, answer in answers.items():
             try:
-                verdict = gate.compare(answers["eager"], answer, call=f"{name} at {tuple(request['input_ids'].shape)}")
+                verdict = gate.compare(answers["eager"], answer, call=f"{name} at {tuple(request['input_ids'].shape)}",
+                                       float64=exact)
+                judged[name] = verdict.reference
                 errors[name] = max(errors[name], verdict.max_abs_error or 0.0)
                 checked[name] = checked.get(name, 0) + 1
             except Exception as exc:
@@ -278,7 +288,7 @@ for name, values in latency.items():
                   "requests_per_s": 1e3 * len(values) / sum(values), "first_pass_s": seconds[name],
                   "host_p50_ms": statistics.median(host[name]),
                   "max_abs_error": errors[name], "mismatch": mismatches.get(name),
-                  "checked": checked.get(name, 0)}
+                  "checked": checked.get(name, 0), "judged_against": judged.get(name)}
 for name in computed:
     if name in methods:
         rows[name]["padding_waste"] = 1 - real / computed[name]
@@ -410,8 +420,8 @@ def main() -> int:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
             results[name] = {"warmup": warm, **probe_result(out, "timed out")}
         (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
-    lines = ["| model | method | p50 ms | p99 ms | host p50 ms | requests/s | padding waste | first pass s | max abs error |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| model | method | p50 ms | p99 ms | host p50 ms | requests/s | padding waste | first pass s | max abs error | passed the gate |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, result in results.items():
         if "rows" not in result:
             lines.append(f"| {name} | {result.get('error')} | | | | | | | |")
@@ -421,9 +431,12 @@ def main() -> int:
                 lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | | |")
                 continue
             waste = f"{row['padding_waste']:.1%}" if "padding_waste" in row else ""
+            passed = f"{row.get('checked', 0)} of {result.get('requests')}, against {row.get('judged_against')}"
+            if row.get("mismatch"):
+                passed += f"; first failure: {row['mismatch'][:160]}"
             lines.append(f"| {name} | {method} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['host_p50_ms']:.3f} | "
                          f"{row['requests_per_s']:.0f} | "
-                         f"{waste} | {row['first_pass_s']:.1f} | {row['max_abs_error']:.2g} |")  # fmt: skip
+                         f"{waste} | {row['first_pass_s']:.1f} | {row['max_abs_error']:.2g} | {passed} |")  # fmt: skip
     print("\n".join(lines))
     return 0
 
