@@ -139,10 +139,11 @@ def warm(path: Path, cache: Path, out_dir: Path, timeout: float) -> dict[str, An
 # argv: device, cache, trace JSONL, requests-out JSONL (or "-"), then the configs to replay the
 # trace through. One JSON line on stdout: per config its latencies' figures.
 PROBE = r"""
-import copy, json, statistics, sys, time
+import json, statistics, sys, time
 import torch
 from orchestrator import runtime
 from orchestrator.config import load_spec
+from orchestrator.jobs.engine import Float64Twin
 from orchestrator.jobs.gate import Gate, snapshot
 
 device, cache, trace, record_to, configs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
@@ -153,7 +154,7 @@ first = next(iter(replicas.values()))
 gate = Gate.from_options(load_spec(configs[0]).check)
 # what the gate judges an answer against, as at warmup: the model in float64 at the request's exact
 # size (a float16 answer held to eager's fixed tolerance fails on a few rounding steps in millions)
-twin = copy.deepcopy(first.model).to(torch.float64)
+twin = Float64Twin(first.model)
 generator = torch.Generator().manual_seed(1)
 requests = []
 for line in open(trace):
@@ -191,7 +192,7 @@ with torch.no_grad():
                 answers[path] = snapshot(dict(out))
         if answers:
             expected = snapshot(dict(first.model(**request)))
-            exact = snapshot(dict(twin(**request)))  # integer inputs: nothing to widen
+            exact = snapshot(dict(twin(**request)))
             for path, answer in answers.items():
                 checked[path][1] += 1
                 try:

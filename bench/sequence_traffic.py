@@ -120,10 +120,11 @@ def config(
 # argv: grid config, longest config, cache dir, requests, device, methods (comma-separated).
 # JSON lines on stdout, the last one whole.
 PROBE = r"""
-import copy, json, math, statistics, sys, time
+import json, math, statistics, sys, time
 import torch
 from orchestrator import runtime
 from orchestrator.config import load_spec
+from orchestrator.jobs.engine import Float64Twin
 from orchestrator.jobs.gate import Gate, snapshot
 
 grid_config, longest_config, cache, requests, device = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
@@ -139,9 +140,9 @@ LONGEST = max(load_spec(grid_config).grid["seq"])
 gate = Gate.from_options(load_spec(grid_config).check)
 # what the gate judges an answer against, as at warmup: the model in float64 at the request's exact
 # size (a float16 answer held to eager's fixed tolerance fails on a few rounding steps in millions)
-twin = copy.deepcopy(model).to(torch.float64)
+twin = Float64Twin(model)
 def float64_of(request):
-    return snapshot(plain(twin(**{k: v.double() if v.is_floating_point() else v for k, v in request.items()})))
+    return snapshot(plain(twin(**request)))
 
 generator = torch.Generator().manual_seed(0)
 lengths = torch.exp(torch.randn(requests, generator=generator) * 0.8 + math.log(60)).round().clamp(1, LONGEST).long()

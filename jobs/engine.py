@@ -1047,6 +1047,21 @@ def _free_memory(device: torch.device) -> Optional[int]:
     return None
 
 
+class Float64Twin:
+    """A copy of `model` in float64 (its floating parameters and buffers), called with its
+    floating inputs widened to float64: the run the correctness gate judges answers against."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.module = copy.deepcopy(model).to(torch.float64)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*map(_widened, args), **{k: _widened(v) for k, v in kwargs.items()})
+
+
+def _widened(value: Any) -> Any:
+    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
 def float64_outputs(
     model: torch.nn.Module, calls: list[tuple[Any, Any]], device: torch.device, reference: Outputs
 ) -> tuple[Optional[list[Outputs]], Optional[str]]:
@@ -1072,17 +1087,11 @@ def float64_outputs(
     if free is not None and needed > free:
         return None, f"a float64 run of the model needs about {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
 
-    def widened(value: Any) -> Any:
-        return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
-
-    twin: Optional[torch.nn.Module] = None
+    twin: Optional[Float64Twin] = None
     try:
-        twin = copy.deepcopy(model).to(torch.float64)
+        twin = Float64Twin(model)
         with torch.no_grad():
-            runs = [
-                snapshot(twin(*map(widened, args), **{k: widened(v) for k, v in kwargs.items()}))
-                for args, kwargs in calls
-            ]
+            runs = [snapshot(twin(*args, **kwargs)) for args, kwargs in calls]
     except Exception as exc:  # an op without a float64 kernel, out of memory: the gate judges against eager
         return None, f"no float64 run: {brief(exc)}"
     finally:
