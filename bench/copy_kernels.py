@@ -6,8 +6,8 @@ The outputs are shaped as GPT-2's with its cache at a bucket of `rows` (bfloat16
 [rows, seq, 50257] and 24 key and value tensors [rows, 12, seq, 64], each contiguous, as a
 CUDA graph's buffers hold them. Three ways to copy all of them out:
   - clone: one copy per tensor (25 launches, each a device-to-device copy);
-  - cat: their flat views concatenated into one new tensor (one launch; what jobs/copies.py does
-    for the tensors of one dtype, cut back into views of their shapes afterwards);
+  - cat: the tool's own `copy_out` (jobs/copies.py), which concatenates the flat views of the
+    tensors of one dtype into one new tensor (one launch) and cuts it into views of their shapes;
   - foreach: one new tensor, split into views of their shapes, filled by `torch._foreach_copy_`
     (one launch per chunk of the list, by PyTorch's multi-tensor kernels).
 Per way, rounds of `calls` back-to-back copies, the ways alternating round by round: the device's
@@ -20,10 +20,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from orchestrator.jobs.copies import copy_out  # noqa: E402
+from orchestrator.jobs.variants import spread  # noqa: E402
 
 VOCAB, LAYERS, HEADS, HEAD_DIM = 50257, 12, 12, 64
 
@@ -38,11 +47,6 @@ def clone(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.clone() for t in tensors]
 
 
-def cat(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    flat = torch.cat([t.view(-1) for t in tensors])
-    return list(torch._C._nn.unflatten_dense_tensors(flat, tensors))
-
-
 def foreach(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     flat = torch.empty(sum(t.numel() for t in tensors), dtype=tensors[0].dtype, device=tensors[0].device)
     copies = list(torch._C._nn.unflatten_dense_tensors(flat, tensors))
@@ -50,12 +54,11 @@ def foreach(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return copies
 
 
-WAYS: dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]] = {"clone": clone, "cat": cat, "foreach": foreach}
-
-
-def spread(values: list[float]) -> float:
-    q = statistics.quantiles(values, n=4)
-    return (q[2] - q[0]) / 2
+WAYS: dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]] = {
+    "clone": clone,
+    "cat": copy_out,
+    "foreach": foreach,
+}
 
 
 def main() -> None:

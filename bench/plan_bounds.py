@@ -23,6 +23,7 @@ import json
 import math
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +34,12 @@ sys.path.insert(0, str(ROOT))
 from plan_traffic import synthetic  # noqa: E402  (bench/ is not a package)
 
 from orchestrator.planning.advice import measured_costs  # noqa: E402
-from orchestrator.planning.buckets import Cost, plan, powers_of_two  # noqa: E402
+from orchestrator.planning.buckets import Cost, figures, plan, powers_of_two  # noqa: E402
 
 
 class Priced:
-    """A trace's distinct sizes and counts, and every (rows, length) up to the largest priced once."""
+    """A trace's distinct sizes and counts, and every (rows, length) up to the largest priced once:
+    `buckets.figures`' p50 and mean in array operations, for a search over a million grids."""
 
     def __init__(self, traffic: Counter[tuple[int, int]], cost: Cost) -> None:
         keys = list(traffic)
@@ -45,10 +47,10 @@ class Priced:
         self.lengths = np.array([s for _, s in keys])
         self.counts = np.array([traffic[k] for k in keys], dtype=float)
         self.largest = (int(self.rows.max()), int(self.lengths.max()))
-        rows, lengths = (1 << math.ceil(math.log2(n)) for n in self.largest)  # up to powers of two's largest
+        rows, lengths = self.largest
         self.table = np.array([[cost((n, s)) for s in range(1, lengths + 1)] for n in range(1, rows + 1)])
 
-    def figures(self, batch: list[int], seq: list[int]) -> tuple[float, float]:
+    def figures(self, batch: Sequence[int], seq: Sequence[int]) -> tuple[float, float]:
         """(p50 cost, mean cost) of the grid batch × seq: each request at the smallest point that holds it."""
         served = self.table[
             np.asarray(batch)[np.searchsorted(batch, self.rows)] - 1,
@@ -85,22 +87,25 @@ def main() -> int:
     cost = Cost(measured_costs(json.loads(args.calibration.read_text()), ["batch", "seq"])[0])
     print("| trace | points | plan | p50 ms | mean ms | powers of two | p50 ms | mean ms | plan's gain: p50, mean |")
     print("|---|---:|---|---:|---:|---|---:|---:|---|")
+    shown = [int(n) for n in args.points.split(",")]
     bounds = []
     for trace in args.traces.split(","):
         traffic = Counter(synthetic(trace, args.requests))
-        priced = Priced(traffic, cost)
-        for points in map(int, args.points.split(",")):
+        guesses = {}  # powers of two's figures, by the point count
+        for points in sorted({*shown, args.search_points}):
             planned = plan(traffic, points, cost, 2)
             two = powers_of_two(traffic, [len(sizes) for sizes in planned])
-            (p50, mean), (two_p50, two_mean) = priced.figures(*planned), priced.figures(*two)
-            print(
-                f"| {trace} | {points} | {planned} | {p50:.3f} | {mean:.3f} | {two} | {two_p50:.3f} | {two_mean:.3f} "
-                f"| {1 - p50 / two_p50:+.0%}, {1 - mean / two_mean:+.0%} |",
-                flush=True,
-            )
-        planned = plan(traffic, args.search_points, cost, 2)
-        two_p50, two_mean = priced.figures(*powers_of_two(traffic, [len(sizes) for sizes in planned]))
-        bounds.append((trace, two_p50, two_mean, *priced.least_p50(args.search_points)))
+            mine, guesses[points] = figures(traffic, planned, cost), figures(traffic, two, cost)
+            if points in shown:
+                print(
+                    f"| {trace} | {points} | {planned} | {mine.p50_cost:.3f} | {mine.mean_cost:.3f} | {two} "
+                    f"| {guesses[points].p50_cost:.3f} | {guesses[points].mean_cost:.3f} "
+                    f"| {1 - mine.p50_cost / guesses[points].p50_cost:+.0%}, "
+                    f"{1 - mine.mean_cost / guesses[points].mean_cost:+.0%} |",
+                    flush=True,
+                )
+        guess = guesses[args.search_points]
+        bounds.append((trace, guess.p50_cost, guess.mean_cost, *Priced(traffic, cost).least_p50(args.search_points)))
     print(f"\nThe least p50 of any product grid of {args.search_points} points, against powers of two:\n")
     print("| trace | grid | p50 ms | mean ms | p50 gain over powers of two | mean gain |")
     print("|---|---|---:|---:|---:|---:|")
