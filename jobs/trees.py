@@ -160,8 +160,12 @@ def _shallow_copy(node: Any) -> Any:
     plain = _PLAIN_COPY.get(kind)
     if plain is None:
         plain = _PLAIN_COPY[kind] = _copies_plainly(kind)
-    if not plain:
-        return copy.copy(node)
+    return _with_same_attributes(node) if plain else copy.copy(node)
+
+
+def _with_same_attributes(node: Any) -> Any:
+    """A new instance of `node`'s type, not initialised, holding `node`'s attribute dict."""
+    kind: Any = type(node)
     rebuilt = kind.__new__(kind)
     rebuilt.__dict__.update(node.__dict__)
     return rebuilt
@@ -211,9 +215,7 @@ def _model_output(node: Any, pairs: Iterator[tuple[Any, Any]]) -> Any:
     checks and orders the fields again at every call (several times the rest of a rebuild). The
     fields left None stay None; each key's item and attribute take the new value, as the
     library's own item assignment keeps them."""
-    kind: Any = type(node)
-    rebuilt = kind.__new__(kind)
-    rebuilt.__dict__.update(node.__dict__)
+    rebuilt = _with_same_attributes(node)
     for key, value in pairs:
         rebuilt[key] = value
     return rebuilt
