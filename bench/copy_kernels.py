@@ -1,13 +1,18 @@
 """What copying a graph's outputs out costs on the GPU, by the way the copies are launched.
 
-    python bench/copy_kernels.py [--rows 1,8] [--seq 128] [--rounds 15] [--calls 100]
+    python bench/copy_kernels.py [--rows 1,8] [--seq 128] [--rounds 15] [--calls 100] [--transposed]
 
 The outputs are shaped as GPT-2's with its cache at a bucket of `rows` (bfloat16): logits
 [rows, seq, 50257] and 24 key and value tensors [rows, 12, seq, 64], each contiguous, as a
-CUDA graph's buffers hold them. Three ways to copy all of them out:
+CUDA graph's buffers hold them (`--transposed`: the keys and values are views [rows, seq, 12, 64]
+transposed, as attention code often leaves them, so not contiguous). Four ways to copy all of
+them out:
   - clone: one copy per tensor (25 launches, each a device-to-device copy);
-  - cat: the tool's own `copy_out` (jobs/copies.py), which concatenates the flat views of the
-    tensors of one dtype into one new tensor (one launch) and cuts it into views of their shapes;
+  - static: what a replica runs for a graph of the tool's own (jobs/copies.StaticCopy), its plan
+    made once: one `torch.cat` of the flat views of the contiguous tensors of one dtype, cut into
+    views of their shapes, and a clone of each tensor that is not contiguous;
+  - copy_out: the same for outputs that differ from call to call, the tree walked and the plan
+    made at every call;
   - foreach: one new tensor, split into views of their shapes, filled by `torch._foreach_copy_`
     (one launch per chunk of the list, by PyTorch's multi-tensor kernels).
 Per way, rounds of `calls` back-to-back copies, the ways alternating round by round: the device's
@@ -31,15 +36,19 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 import torch  # noqa: E402
 
-from orchestrator.jobs.copies import copy_out  # noqa: E402
+from orchestrator.jobs.copies import StaticCopy, copy_out  # noqa: E402
 from orchestrator.jobs.variants import spread  # noqa: E402
 
 VOCAB, LAYERS, HEADS, HEAD_DIM = 50257, 12, 12, 64
 
 
-def outputs(rows: int, seq: int) -> list[torch.Tensor]:
+def outputs(rows: int, seq: int, transposed: bool) -> list[torch.Tensor]:
     made = [torch.randn(rows, seq, VOCAB, device="cuda", dtype=torch.bfloat16)]
-    made += [torch.randn(rows, HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2 * LAYERS)]
+    for _ in range(2 * LAYERS):
+        if transposed:
+            made.append(torch.randn(rows, seq, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2))
+        else:
+            made.append(torch.randn(rows, HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16))
     return made
 
 
@@ -54,25 +63,25 @@ def foreach(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return copies
 
 
-WAYS: dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]] = {
-    "clone": clone,
-    "cat": copy_out,
-    "foreach": foreach,
-}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--transposed", action="store_true")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| rows | MB | way | device µs per copy | host µs per copy |")
     print("|---:|---:|---|---:|---:|")
     for rows in map(int, args.rows.split(",")):
-        tensors = outputs(rows, args.seq)
+        tensors = outputs(rows, args.seq, args.transposed)
+        WAYS: dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]] = {
+            "clone": clone,
+            "static": StaticCopy(tensors),
+            "copy_out": copy_out,
+            "foreach": foreach,
+        }
         megabytes = sum(t.numel() * t.element_size() for t in tensors) / 1e6
         for name, way in WAYS.items():  # checked, and each way's first call (allocations) untimed
             for got, want in zip(way(tensors), tensors, strict=True):

@@ -11,7 +11,10 @@ replica with `runtime.load(ready="planned")`, then per bucket builds the functio
     `eager-graphed` (captured whole), `aot` where the replica serves it;
   - runtime: the replica's call; borrowed: `borrow()`, the graph's buffers themselves;
   - hand replay: the served variant's own CUDA graph, inputs copied in and `replay()`, nothing
-    copied out: the floor a runtime can reach.
+    copied out: the floor a runtime can reach;
+  - the hand replay with the copy out alone beside it: the runtime's own copy of the graph's
+    outputs, and a clone per output tensor; and how the outputs lie (tensors, MB, how many are
+    contiguous, how the copy groups them), which says what the copy launches.
 Each is timed in blocks of 40 consecutive calls, rounds interleaved with the order reversed each
 round, a CUDA event pair around each call after a synchronize, after 3 untimed calls, until 5
 rounds ran with the host at full speed (a host meter of its own, read before every block: see
@@ -51,7 +54,7 @@ PROBE = r"""
 import json, os, statistics, sys, time
 import torch
 from orchestrator import runtime
-from orchestrator.jobs import copies, torch_internals as ti
+from orchestrator.jobs import copies, trees, torch_internals as ti
 from orchestrator.jobs.model import make_inputs
 from orchestrator.jobs.graphs import GraphedCall
 from orchestrator.jobs.variants import replays_into_buffers
@@ -142,6 +145,19 @@ def hand_replay(graphed, args, kwargs):
         graph.replay()
     return run
 
+def copy_parts(graphed, copy, run):
+    # the copy out alone, beside the hand replay: the tool's copy of the graph's own outputs, and
+    # a clone per output tensor (the plainest copy); and how the tool's copy plans those outputs
+    tensors = [leaf for _, leaf in trees.leaves(graphed.outputs) if isinstance(leaf, torch.Tensor)]
+    fns = {"replay + copy": lambda: (run(), copy(graphed.outputs)),
+           "replay + clones": lambda: (run(), [t.clone() for t in tensors])}
+    plan = getattr(copy, "_plan", None)
+    layout = {"tensors": len(tensors), "contiguous": sum(t.is_contiguous() for t in tensors),
+              "mb": round(sum(t.numel() * t.element_size() for t in tensors) / 1e6, 2),
+              "grouped": [len(g) for g in plan._groups] if plan is not None else None,
+              "alone": len(plan._alone) if plan is not None else None}
+    return fns, layout
+
 out = {"buckets": {}}
 compiled_fns = {}
 def compiled_fn(variant):
@@ -179,11 +195,15 @@ with torch.no_grad():
                 skipped[name] = f"{type(exc).__name__}: {exc}"[:300]
         fns["runtime"] = lambda: served(*args, **kwargs)
         fns["borrowed"] = lambda: served.borrow(*args, **kwargs)
+        layout = None
         if isinstance(route.runner, GraphedCall):
             fns["hand replay"] = hand_replay(route.runner, args, kwargs)
+            if route.copy is not None:
+                parts, layout = copy_parts(route.runner, route.copy, fns["hand replay"])
+                fns.update(parts)
         ms, ms_all, host, cores = timed(fns)
         out["buckets"][bucket] = {"served": route.variant, "ms": ms, "ms_all": ms_all, "host": host, "skipped": skipped,
-                                  **cores}
+                                  "outputs": layout, **cores}
 print(json.dumps(out), flush=True)
 os._exit(0)
 """
@@ -228,9 +248,12 @@ def compare(record: dict, timing: dict) -> dict:
     row["served_vs_runtime"] = ratio(record.get("served_ms"), ms.get("runtime"))
     row["speedup"] = ratio(record.get("served_speedup"), ratio(ms.get("eager"), ms.get("runtime")))
     row["ms"] = ms
+    row["outputs"] = timing.get("outputs")
     floor = ms.get("hand replay")
     if floor:
-        for name in ("runtime", "borrowed"):
+        for name in ("runtime", "borrowed", "replay + copy", "replay + clones"):
+            if name not in ms:
+                continue
             row[f"{name}_over_floor_us"] = (ms[name] - floor) * 1e3
             row[f"{name}_over_floor"] = ms[name] / floor - 1
     return row
@@ -246,13 +269,14 @@ def within(value: Optional[float], eager_ms: float) -> str:
 def render(rows: list[dict]) -> str:
     head = (
         "| model | bucket | served | eager ms (indep.) | report/indep.: eager (all rounds) | variants | served/runtime "
-        "| speedup | runtime − hand replay | borrowed − hand replay | host slowed: report · indep. |\n"
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"
+        "| speedup | runtime − hand replay | borrowed − hand replay | copy alone: tool's · clones | "
+        "host slowed: report · indep. |\n"
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|"
     )
     lines = [head]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | | |")
             continue
         eager_ms = row["ms"]["eager"]
         variants = ", ".join(f"{k} {within(v, row['ms'].get(k, 1))}" for k, v in row["variants"].items())
@@ -266,12 +290,25 @@ def render(rows: list[dict]) -> str:
             done, rounds = row["host"][side]
             return "-" if rounds is None else f"{done}/{rounds}"
 
+        def copy_alone() -> str:
+            if "replay + copy_over_floor_us" not in row:
+                return "-"
+            tool, clones, found = (
+                row["replay + copy_over_floor_us"],
+                row["replay + clones_over_floor_us"],
+                row["outputs"],
+            )
+            plan = f"{found['tensors']} tensors, {found['mb']} MB, {found['contiguous']} contiguous"
+            if found.get("grouped") is not None:
+                plan += f", grouped {found['grouped']}, alone {found['alone']}"
+            return f"{tool:+.1f} · {clones:+.1f} µs ({plan})"
+
         all_rounds = row.get("eager_all_rounds")
         lines.append(
             f"| {row['model']} | {row['bucket']} | {row['runtime_serves']} | {eager_ms:.3f} | "
             f"{within(row['eager'], eager_ms)} ({'-' if all_rounds is None else f'{all_rounds:.3f}'}) | {variants} | "
             f"{within(row['served_vs_runtime'], row['ms']['runtime'])} | {within(row['speedup'], eager_ms)} | "
-            f"{over('runtime')} | {over('borrowed')} | {slowed('report')} · {slowed('independent')} |"
+            f"{over('runtime')} | {over('borrowed')} | {copy_alone()} | {slowed('report')} · {slowed('independent')} |"
         )
     return "\n".join(lines) + "\n"
 
