@@ -13,7 +13,8 @@ replica with `runtime.load(ready="planned")`, then per bucket builds the functio
   - hand replay: the served variant's own CUDA graph, inputs copied in and `replay()`, nothing
     copied out: the floor a runtime can reach;
   - the hand replay with the copy out alone beside it: the runtime's own copy of the graph's
-    outputs, and a clone per output tensor; and how the outputs lie (tensors, MB, how many are
+    outputs, a clone per output tensor, and one `torch._foreach_copy_` per dtype into one new
+    tensor; and how the outputs lie (tensors, MB, how many are
     contiguous, how the copy groups them), which says what the copy launches.
 Each is timed in blocks of 40 consecutive calls, rounds interleaved with the order reversed each
 round, a CUDA event pair around each call after a synchronize, after 3 untimed calls, until 5
@@ -146,11 +147,20 @@ def hand_replay(graphed, args, kwargs):
     return run
 
 def copy_parts(graphed, copy, run):
-    # the copy out alone, beside the hand replay: the tool's copy of the graph's own outputs, and
-    # a clone per output tensor (the plainest copy); and how the tool's copy plans those outputs
+    # the copy out alone, beside the hand replay: the tool's copy of the graph's own outputs, a
+    # clone per output tensor (the plainest copy), and one new tensor per dtype filled by
+    # torch._foreach_copy_ (PyTorch's multi-tensor kernels); and how the tool's copy plans them
     tensors = [leaf for _, leaf in trees.leaves(graphed.outputs) if isinstance(leaf, torch.Tensor)]
+    by_dtype = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    def foreach():
+        for group in by_dtype.values():
+            flat = torch.empty(sum(t.numel() for t in group), dtype=group[0].dtype, device=group[0].device)
+            torch._foreach_copy_(list(torch._C._nn.unflatten_dense_tensors(flat, group)), group)
     fns = {"replay + copy": lambda: (run(), copy(graphed.outputs)),
-           "replay + clones": lambda: (run(), [t.clone() for t in tensors])}
+           "replay + clones": lambda: (run(), [t.clone() for t in tensors]),
+           "replay + foreach": lambda: (run(), foreach())}
     plan = getattr(copy, "_plan", None)
     layout = {"tensors": len(tensors), "contiguous": sum(t.is_contiguous() for t in tensors),
               "mb": round(sum(t.numel() * t.element_size() for t in tensors) / 1e6, 2),
@@ -251,7 +261,7 @@ def compare(record: dict, timing: dict) -> dict:
     row["outputs"] = timing.get("outputs")
     floor = ms.get("hand replay")
     if floor:
-        for name in ("runtime", "borrowed", "replay + copy", "replay + clones"):
+        for name in ("runtime", "borrowed", "replay + copy", "replay + clones", "replay + foreach"):
             if name not in ms:
                 continue
             row[f"{name}_over_floor_us"] = (ms[name] - floor) * 1e3
@@ -269,7 +279,7 @@ def within(value: Optional[float], eager_ms: float) -> str:
 def render(rows: list[dict]) -> str:
     head = (
         "| model | bucket | served | eager ms (indep.) | report/indep.: eager (all rounds) | variants | served/runtime "
-        "| speedup | runtime − hand replay | borrowed − hand replay | copy alone: tool's · clones | "
+        "| speedup | runtime − hand replay | borrowed − hand replay | copy alone: tool's · clones · foreach | "
         "host slowed: report · indep. |\n"
         "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|"
     )
@@ -293,15 +303,13 @@ def render(rows: list[dict]) -> str:
         def copy_alone() -> str:
             if "replay + copy_over_floor_us" not in row:
                 return "-"
-            tool, clones, found = (
-                row["replay + copy_over_floor_us"],
-                row["replay + clones_over_floor_us"],
-                row["outputs"],
-            )
+            found = row["outputs"]
+            tool, clones = row["replay + copy_over_floor_us"], row["replay + clones_over_floor_us"]
+            bare = row["replay + foreach_over_floor_us"]
             plan = f"{found['tensors']} tensors, {found['mb']} MB, {found['contiguous']} contiguous"
             if found.get("grouped") is not None:
                 plan += f", grouped {found['grouped']}, alone {found['alone']}"
-            return f"{tool:+.1f} · {clones:+.1f} µs ({plan})"
+            return f"{tool:+.1f} · {clones:+.1f} · {bare:+.1f} µs ({plan})"
 
         all_rounds = row.get("eager_all_rounds")
         lines.append(
