@@ -25,10 +25,8 @@ Per bucket, in this order, each timed on its own:
 
 from __future__ import annotations
 
-import atexit
 import copy
 import functools
-import gc
 import os
 import resource
 import shutil
@@ -50,6 +48,7 @@ from orchestrator.cache.store import Store, StoreError, open_store
 from orchestrator.jobs import aot, copies, grid
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds, processes_for
+from orchestrator.jobs.collector import exit_without_collecting
 from orchestrator.jobs.errors import OutputMismatch, SetupError, brief
 from orchestrator.jobs.gate import Gate, Outputs, snapshot
 from orchestrator.jobs.graphs import CaptureError, GraphedCall
@@ -552,20 +551,6 @@ def _quarantine(directory: Path, created: set[str]) -> list[str]:
 def cache_namespace(spec: WarmupSpec) -> str:
     """The namespace this machine would compile `spec` into (imports torch, asks for the GPU)."""
     return namespace(spec.label, ti.current_platform(resolve_device(spec.device)), spec.identity_hash())
-
-
-def exit_without_collecting() -> None:
-    """At exit, Python's last garbage collections walk every object torch, Dynamo and Inductor
-    made (seconds after a compile, on a GPU more); the process is ending and its memory goes back
-    to the system whole, so they are skipped: the objects alive at exit are frozen out of the
-    collector."""
-    global _exit_registered
-    if not _exit_registered:
-        atexit.register(gc.freeze)
-        _exit_registered = True
-
-
-_exit_registered = False
 
 
 def point_caches_at(local: LocalCache) -> None:

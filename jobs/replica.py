@@ -44,8 +44,9 @@ from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import open_store
 from orchestrator.jobs import aot, trees
 from orchestrator.jobs import torch_internals as ti
+from orchestrator.jobs.collector import defer_full_collections, exit_without_collecting
 from orchestrator.jobs.copies import copier, cut_out
-from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, exit_without_collecting, point_caches_at
+from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.graphs import GraphedCall
@@ -575,8 +576,12 @@ class _Loader:
         self._references: dict[int, Any] = {}
         # a daemon: a process told to exit while buckets load exits at once
         self._thread = threading.Thread(target=self._run, name="orchestrate-replica-loader", daemon=True)
+        self._release_collections: Callable[[], None] = lambda: None
 
     def start(self) -> None:
+        # the load makes most of the objects the process will ever hold: full collections wait
+        # for its end (jobs/collector.py), where the loader's thread runs one
+        self._release_collections = defer_full_collections()
         self._thread.start()
 
     def model_built(self, model: torch.nn.Module) -> None:
@@ -603,6 +608,12 @@ class _Loader:
         self._pull_done.wait()
 
     def _run(self) -> None:
+        try:
+            self._load_all()
+        finally:
+            self._release_collections()
+
+    def _load_all(self) -> None:
         try:
             self._pull()
         except BaseException as exc:  # the caller raises it (plans())

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,17 @@ def assert_measured(record: dict, *, benchmarked: bool = True) -> None:
         for name, value in (("eager_ms", eager), ("compiled_ms", compiled), ("speedup", speedup)):
             assert value is not None and math.isfinite(value) and value > 0, (name, value, record)
         assert speedup == pytest.approx(eager / compiled), record
+
+
+def loads_settled(timeout: float = 60.0) -> bool:
+    """Whether no replica's load in this process holds Python's full collections off, waiting up
+    to `timeout` for the loads that earlier tests in this process started to settle."""
+    from orchestrator.jobs import collector
+
+    deadline = time.monotonic() + timeout
+    while collector.deferred() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not collector.deferred()
 
 
 def free_ports(count: int) -> list[int]:

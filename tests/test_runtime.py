@@ -4,6 +4,7 @@ breaking, and may be called from any thread."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, orchestrate
+from conftest import ROOT, loads_settled, orchestrate
 
 from orchestrator import runtime
 from orchestrator.config import load_spec
@@ -311,6 +312,36 @@ def test_a_fault_of_the_loader_itself_leaves_every_bucket_on_eager_and_never_han
         assert row.reason == "compiled not loaded, serving eager: RuntimeError: the compiler would not import"
     args, _, want = eager_of(rows_config, 3)
     torch.testing.assert_close(served(*args), want)
+
+
+def test_a_load_holds_off_full_collections_until_its_buckets_settle(rows_config, tmp_path, monkeypatch):
+    """A load makes most of the objects a replica will hold, and each of Python's full collections
+    walks all of them: they wait until the buckets settle, and the collector is then given back as
+    it was found, whether the buckets got their plans or not."""
+    from orchestrator.jobs import torch_internals
+
+    assert loads_settled(), "a replica's load in this process never settled"
+    found = gc.get_threshold()
+
+    def given_back() -> bool:  # the loader's thread gives it back just after it settles the buckets
+        return loads_settled() and gc.get_threshold() == found
+
+    served = runtime.load(rows_config, cache_dir=tmp_path / "plain")
+    assert served.wait_loaded(timeout=60) and given_back()
+
+    cache = planned_cache(rows_config, tmp_path / "cache", "compiled", (1, 4))
+    during = []
+
+    def importing(**kwargs):
+        during.append(gc.get_threshold())
+        raise RuntimeError("the compiler would not import")
+
+    monkeypatch.setattr(torch_internals, "import_compiler", importing)
+    served = runtime.load(rows_config, cache_dir=cache)
+    with pytest.raises(RuntimeError, match="would not import"):
+        served.wait_loaded(timeout=60)
+    assert during and during[0][:2] == found[:2] and during[0][2] > found[2]
+    assert given_back()
 
 
 @pytest.mark.slow
