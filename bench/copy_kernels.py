@@ -9,8 +9,8 @@ transposed, as attention code often leaves them, so not contiguous). Four ways t
 them out:
   - clone: one copy per tensor (25 launches, each a device-to-device copy);
   - static: what a replica runs for a graph of the tool's own (jobs/copies.StaticCopy), its plan
-    made once: one `torch.cat` of the flat views of the contiguous tensors of one dtype, cut into
-    views of their shapes, and a clone of each tensor that is not contiguous;
+    made once: one new tensor per dtype, cut into views of the tensors' shapes and strides, filled
+    by one `torch._foreach_copy_` (a clone for any tensor with gaps, of which there are none here);
   - copy_out: the same for outputs that differ from call to call, the tree walked and the plan
     made at every call;
   - foreach: one new tensor, split into views of their shapes, filled by `torch._foreach_copy_`

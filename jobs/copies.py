@@ -2,8 +2,9 @@
 
 A copy per output tensor is a kernel launch per tensor and, for a tree of outputs (a Hugging Face
 output with its cache: dozens of tensors), a walk of the tree per call. Here the tensors of one
-dtype and device are copied together: one `torch.cat` of their flat views, cut into tensors of
-their shapes again by one call, so a tree of any size costs a launch per dtype. A variant captured
+dtype and device are copied together: one new tensor, cut into views of their shapes and strides
+(a compiled decoder's cache comes as transposed views, which the copies keep), filled by one
+`torch._foreach_copy_`, so a tree of any size costs about a launch per dtype. A variant captured
 in a graph of the tool's own returns the same output objects at every replay, so what to copy and
 how to rebuild the tree are worked out once (StaticCopy), and so are a padded request's views of
 them, once per request size (StaticCopy.cut).
@@ -14,6 +15,7 @@ other outputs of its dtype alive with it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -118,10 +120,13 @@ class _Cut:
 
 
 class _Plan:
-    """Which leaves to copy and how: tensors grouped by dtype and device, each group in one
-    launch; a tensor that is not contiguous by itself (its strides kept); the same tensor twice
-    copied once, and the copy shared as the original was. `static`: the same leaves come at every
-    call, so their flat views are taken once."""
+    """Which leaves to copy and how: the dense tensors (every element once, no gaps: contiguous,
+    or a permutation of that, as a transposed view) grouped by dtype and device, each group
+    copied by one `torch._foreach_copy_` into one new tensor cut into views of their shapes and
+    strides (PyTorch's multi-tensor kernel: a launch for a whole list, where both sides of every
+    pair have the same strides); any other tensor (a slice with gaps, a broadcast) copied alone;
+    the same tensor twice copied once, and the copy shared as the original was. `static`: the
+    same leaves come at every call, so each group's list is made once."""
 
     def __init__(self, leaves: Sequence[Any], static: bool = False) -> None:
         first: dict[int, int] = {}  # id of a tensor -> its first position
@@ -135,28 +140,58 @@ class _Plan:
                 self._same.append((i, first[id(leaf)]))
                 continue
             first[id(leaf)] = i
-            if leaf.is_contiguous():
+            if _dense(leaf):
                 groups.setdefault((leaf.dtype, leaf.device), []).append(i)
             else:
                 self._alone.append(i)
         for positions in [p for p in groups.values() if len(p) == 1]:
             self._alone += positions
         self._groups = [positions for positions in groups.values() if len(positions) > 1]
-        self._views = [[leaves[i].view(-1) for i in positions] for positions in self._groups] if static else None
+        # each group's copy: its size in elements, and each piece's place in it; a group whose
+        # tensors are all contiguous is cut in one call (_unflatten), any other a view each
+        self._layouts: list[tuple[int, Optional[list[tuple[Any, ...]]]]] = []
+        for positions in self._groups:
+            tensors = [leaves[i] for i in positions]
+            offsets = itertools.accumulate((t.numel() for t in tensors[:-1]), initial=0)
+            strided = None
+            if not all(t.is_contiguous() for t in tensors):
+                strided = [(t.shape, t.stride(), offset) for t, offset in zip(tensors, offsets, strict=True)]
+            self._layouts.append((sum(t.numel() for t in tensors), strided))
+        self._sources = [[leaves[i] for i in positions] for positions in self._groups] if static else None
 
     def copies(self, leaves: Sequence[Any]) -> list[Any]:
         """`leaves` with each tensor replaced by its copy, other leaves as they are."""
         out = list(leaves)
         for g, positions in enumerate(self._groups):
-            tensors = [leaves[i] for i in positions]
-            flat = torch.cat(self._views[g] if self._views is not None else [t.view(-1) for t in tensors])
-            for i, piece in zip(positions, _unflatten(flat, tensors), strict=True):
+            tensors = self._sources[g] if self._sources is not None else [leaves[i] for i in positions]
+            size, strided = self._layouts[g]
+            flat = torch.empty(size, dtype=tensors[0].dtype, device=tensors[0].device)
+            if strided is None:
+                pieces = list(_unflatten(flat, tensors))
+            else:
+                pieces = [flat.as_strided(shape, stride, offset) for shape, stride, offset in strided]
+            torch._foreach_copy_(pieces, tensors)
+            for i, piece in zip(positions, pieces, strict=True):
                 out[i] = piece
         for i in self._alone:
             out[i] = leaves[i].clone()
         for i, original in self._same:
             out[i] = out[original]
         return out
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` holds each of its elements once and nothing between them: its strides,
+    smallest first, are those of a contiguous tensor of its sizes in that order (dimensions of
+    size 1 are never stepped along, whatever their stride)."""
+    if tensor.is_contiguous():  # an empty tensor too
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(tensor.stride(), tensor.shape, strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> Sequence[torch.Tensor]:

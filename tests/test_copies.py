@@ -154,3 +154,44 @@ def test_borrow_returns_the_buffers_and_a_call_returns_copies(tmp_path):
         assert served(x[:1]).data_ptr() != runner.outputs.data_ptr()
         for row in torch.randn(3, 1, 4):  # each padded call its own answer, through the kept views
             assert torch.allclose(served(row), served.model(row))
+
+
+def test_a_decoders_cache_of_transposed_views_is_copied_as_one_group_with_its_strides():
+    """A compiled decoder returns its keys and values as transposed views: each holds its elements
+    once and nothing between them, so they are copied together (one storage, one launch on a GPU),
+    each copy with its original's strides; a slice with gaps is copied on its own."""
+    logits = torch.randn(2, 16, 50)
+    cache = [torch.randn(2, 16, 4, 8).transpose(1, 2) for _ in range(4)]  # [batch, heads, seq, dim]
+    gapped = torch.randn(2, 16, 50)[:, :5]  # the real positions of a padded request
+    outputs = {"logits": logits, "cache": cache, "cut": gapped}
+    for copy in (StaticCopy(outputs), copy_out):
+        copied = copy(outputs)
+        got = [copied["logits"], *copied["cache"]]
+        for a, b in zip([logits, *cache], got, strict=True):
+            assert torch.equal(a, b) and a.stride() == b.stride() and a.data_ptr() != b.data_ptr()
+        assert len({t.untyped_storage().data_ptr() for t in got}) == 1
+        assert torch.equal(copied["cut"], gapped)
+        assert copied["cut"].untyped_storage().data_ptr() != got[0].untyped_storage().data_ptr()
+        for t in [logits, *cache, gapped]:
+            t.fill_(-1)  # the next replay: the copies keep their values
+        assert all(not torch.equal(t, torch.full_like(t, -1)) for t in [*got, copied["cut"]])
+        logits.normal_(), gapped.normal_(), [t.normal_() for t in cache]
+
+
+@pytest.mark.parametrize(
+    "tensor, dense",
+    [
+        (torch.randn(3, 4), True),
+        (torch.randn(3, 4).t(), True),
+        (torch.randn(2, 3, 4, 5).permute(0, 2, 3, 1), True),
+        (torch.randn(1, 4).as_strided((1, 4), (99, 1)), True),  # a dimension of size 1 is never stepped
+        (torch.randn(3, 8)[:, :4], False),  # gaps between rows
+        (torch.randn(4)[::2], False),
+        (torch.randn(1, 4).expand(3, 4), False),  # every row the same elements
+        (torch.randn(0, 4).t(), True),  # nothing to hold: contiguous
+    ],
+)
+def test_which_tensors_hold_each_element_once_and_nothing_between(tensor, dense):
+    from orchestrator.jobs.copies import _dense
+
+    assert _dense(tensor) is dense
