@@ -29,8 +29,8 @@ def defer_full_collections() -> Callable[[], None]:
     """Hold off Python's automatic full collections until the returned release is called (once
     for each call here; further calls of a release do nothing). The young generations are still
     collected, so short-lived cycles are freed as before; the old generation's garbage waits for
-    the last release, which collects it at once and puts back the thresholds found, unless
-    someone else changed them in between."""
+    the last release, which collects it at once (unless the collector is off: gc.disable) and
+    puts back the thresholds found, unless someone else changed them in between."""
     global _holders, _restore
     with _lock:
         if _holders == 0:
@@ -53,7 +53,8 @@ def defer_full_collections() -> Callable[[], None]:
             ours = (*_restore[:2], max(_restore[2], _DEFERRED))
             if gc.get_threshold() == ours:
                 gc.set_threshold(*_restore)
-        gc.collect()
+        if gc.isenabled():  # a process that turned the collector off collects when it chooses
+            gc.collect()
 
     return release
 

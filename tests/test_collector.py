@@ -56,3 +56,20 @@ def test_the_last_release_collects_the_old_generations_garbage_at_once():
     del node
     release()
     assert not any(type(o) is Node for o in gc.get_objects())
+
+
+def test_a_process_that_turned_the_collector_off_is_not_collected_at_the_release():
+    class Node:
+        pass
+
+    release = collector.defer_full_collections()
+    node = Node()
+    node.itself = node
+    del node
+    gc.disable()
+    try:
+        release()
+        assert any(type(o) is Node for o in gc.get_objects())
+    finally:
+        gc.enable()
+        gc.collect()
