@@ -14,8 +14,8 @@ replica with `runtime.load(ready="planned")`, then per bucket builds the functio
     copied out: the floor a runtime can reach;
   - the hand replay with the copy out alone beside it: the runtime's own copy of the graph's
     outputs, a clone per output tensor, and one `torch._foreach_copy_` per dtype into one new
-    tensor; and how the outputs lie (tensors, MB, how many are
-    contiguous, how the copy groups them), which says what the copy launches.
+    contiguous tensor; and how the outputs lie (tensors, MB, how many are contiguous, how the
+    copy groups them), which says what the copy launches.
 Each is timed in blocks of 40 consecutive calls, rounds interleaved with the order reversed each
 round, a CUDA event pair around each call after a synchronize, after 3 untimed calls, until 5
 rounds ran with the host at full speed (a host meter of its own, read before every block: see

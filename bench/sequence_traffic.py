@@ -425,11 +425,11 @@ def main() -> int:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, result in results.items():
         if "rows" not in result:
-            lines.append(f"| {name} | {result.get('error')} | | | | | | | |")
+            lines.append(f"| {name} | {result.get('error')} | | | | | | | | |")
             continue
         for method, row in result["rows"].items():
             if "error" in row:
-                lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | | |")
+                lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | | | |")
                 continue
             waste = f"{row['padding_waste']:.1%}" if "padding_waste" in row else ""
             passed = f"{row.get('checked', 0)} of {result.get('requests')}, against {row.get('judged_against')}"
