@@ -152,11 +152,11 @@ class _Plan:
         self._layouts: list[tuple[int, Optional[list[tuple[Any, ...]]]]] = []
         for positions in self._groups:
             tensors = [leaves[i] for i in positions]
-            offsets = itertools.accumulate((t.numel() for t in tensors[:-1]), initial=0)
+            offsets = list(itertools.accumulate((t.numel() for t in tensors), initial=0))
             strided = None
             if not all(t.is_contiguous() for t in tensors):
-                strided = [(t.shape, t.stride(), offset) for t, offset in zip(tensors, offsets, strict=True)]
-            self._layouts.append((sum(t.numel() for t in tensors), strided))
+                strided = [(t.shape, t.stride(), offset) for t, offset in zip(tensors, offsets[:-1], strict=True)]
+            self._layouts.append((offsets[-1], strided))
         self._sources = [[leaves[i] for i in positions] for positions in self._groups] if static else None
 
     def copies(self, leaves: Sequence[Any]) -> list[Any]:
