@@ -4,7 +4,7 @@ A full collection walks every object the process holds, and a process that impor
 Dynamo and Inductor and built a model holds millions: each takes a few hundred milliseconds,
 under the interpreter lock. Python starts one whenever enough objects have survived into the
 oldest generation, and a load is when most of them are made (imports, a model's modules, the
-compiled code loaded), so a load paid for several, in the same interpreter as the answering
+compiled code loaded), so a load left to them pays for several, in the same interpreter as the answering
 replica and its own build.
 """
 
