@@ -1,16 +1,18 @@
 """What copying a graph's outputs out costs on the GPU, by the way the copies are launched.
 
-    python bench/copy_kernels.py [--rows 1,8] [--seq 128] [--rounds 15] [--calls 100] [--transposed]
+    python bench/copy_kernels.py [--rows 1,8] [--seq 128] [--rounds 15] [--calls 100] [--transposed] [--padded]
 
 The outputs are shaped as GPT-2's with its cache at a bucket of `rows` (bfloat16): logits
 [rows, seq, 50257] and 24 key and value tensors [rows, 12, seq, 64], each contiguous, as a
 CUDA graph's buffers hold them (`--transposed`: the keys and values are views [rows, seq, 12, 64]
-transposed, as attention code often leaves them, so not contiguous). Four ways to copy all of
-them out:
+transposed, as attention code often leaves them, so not contiguous; `--padded`: the logits' rows
+padded to a multiple of 8 values, as Inductor lays them out, so 7 values of gap after each row of
+50,257; both together are a compiled GPT-2's outputs). Four ways to copy all of them out:
   - clone: one copy per tensor (25 launches, each a device-to-device copy);
   - static: what a replica runs for a graph of the tool's own (jobs/copies.StaticCopy), its plan
-    made once: one new tensor per dtype, cut into views of the tensors' shapes and strides, filled
-    by one `torch._foreach_copy_` (a clone for any tensor with gaps, of which there are none here);
+    made once: one new tensor per dtype, filled by one `torch._foreach_copy_` of each tensor's
+    range of memory (a padded row's few gaps included), cut into views of the tensors' shapes and
+    strides;
   - copy_out: the same for outputs that differ from call to call, the tree walked and the plan
     made at every call;
   - foreach: one new tensor, split into views of their shapes, filled by `torch._foreach_copy_`
@@ -42,8 +44,9 @@ from orchestrator.jobs.variants import spread  # noqa: E402
 VOCAB, LAYERS, HEADS, HEAD_DIM = 50257, 12, 12, 64
 
 
-def outputs(rows: int, seq: int, transposed: bool) -> list[torch.Tensor]:
-    made = [torch.randn(rows, seq, VOCAB, device="cuda", dtype=torch.bfloat16)]
+def outputs(rows: int, seq: int, transposed: bool, padded: bool) -> list[torch.Tensor]:
+    width = -(-VOCAB // 8) * 8 if padded else VOCAB
+    made = [torch.randn(rows, seq, width, device="cuda", dtype=torch.bfloat16)[..., :VOCAB]]
     for _ in range(2 * LAYERS):
         if transposed:
             made.append(torch.randn(rows, seq, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2))
@@ -70,12 +73,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--transposed", action="store_true")
+    parser.add_argument("--padded", action="store_true")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| rows | MB | way | device µs per copy | host µs per copy |")
     print("|---:|---:|---|---:|---:|")
     for rows in map(int, args.rows.split(",")):
-        tensors = outputs(rows, args.seq, args.transposed)
+        tensors = outputs(rows, args.seq, args.transposed, args.padded)
         WAYS: dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]] = {
             "clone": clone,
             "static": StaticCopy(tensors),

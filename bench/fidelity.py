@@ -165,7 +165,8 @@ def copy_parts(graphed, copy, run):
     layout = {"tensors": len(tensors), "contiguous": sum(t.is_contiguous() for t in tensors),
               "mb": round(sum(t.numel() * t.element_size() for t in tensors) / 1e6, 2),
               "grouped": [len(g) for g in plan._groups] if plan is not None else None,
-              "alone": len(plan._alone) if plan is not None else None}
+              "alone": len(plan._alone) if plan is not None else None,
+              "not_contiguous": [[list(t.shape), list(t.stride())] for t in tensors if not t.is_contiguous()][:3]}
     return fns, layout
 
 out = {"buckets": {}}

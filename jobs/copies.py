@@ -2,12 +2,13 @@
 
 A copy per output tensor is a kernel launch per tensor and, for a tree of outputs (a Hugging Face
 output with its cache: dozens of tensors), a walk of the tree per call. Here the tensors of one
-dtype and device are copied together: one new tensor, cut into views of their shapes and strides
-(a compiled decoder's cache comes as transposed views, which the copies keep), filled by one
-`torch._foreach_copy_`, so a tree of any size costs about a launch per dtype. A variant captured
-in a graph of the tool's own returns the same output objects at every replay, so what to copy and
-how to rebuild the tree are worked out once (StaticCopy), and so are a padded request's views of
-them, once per request size (StaticCopy.cut).
+dtype and device are copied together: one new tensor holding each one's range of memory, filled
+by one `torch._foreach_copy_` of contiguous ranges and cut into views of the originals' shapes and
+strides (a compiled decoder's cache comes as transposed views, its logits with rows padded for
+alignment, which the copies keep), so a tree of any size costs about a launch per dtype. A variant
+captured in a graph of the tool's own returns the same output objects at every replay, so what to
+copy and how to rebuild the tree are worked out once (StaticCopy), and so are a padded request's
+views of them, once per request size (StaticCopy.cut).
 
 Copies of one call share one storage per dtype: a caller that keeps one output keeps that call's
 other outputs of its dtype alive with it.
@@ -120,18 +121,21 @@ class _Cut:
 
 
 class _Plan:
-    """Which leaves to copy and how: the dense tensors (every element once, no gaps: contiguous,
-    or a permutation of that, as a transposed view) grouped by dtype and device, each group
-    copied by one `torch._foreach_copy_` into one new tensor cut into views of their shapes and
-    strides (PyTorch's multi-tensor kernel: a launch for a whole list, where both sides of every
-    pair have the same strides); any other tensor (a slice with gaps, a broadcast) copied alone;
-    the same tensor twice copied once, and the copy shared as the original was. `static`: the
-    same leaves come at every call, so each group's list is made once."""
+    """Which leaves to copy and how: the tensors whose memory is one range holding each element once
+    and little else (_span: contiguous, a permutation of it as a transposed view, or rows padded
+    for alignment) grouped by dtype and device, each group copied by one `torch._foreach_copy_`
+    into one new tensor cut into views of their shapes and strides; any other tensor (a slice with
+    wide gaps, a broadcast) copied alone; the same tensor twice copied once, and the copy shared as
+    the original was. PyTorch's multi-tensor kernel makes one launch of a whole list where both
+    sides of every pair hold each element once with the same strides: a dense tensor is copied into
+    its view as it is, one with gaps as its range of memory, gaps and all. `static`: the same leaves
+    come at every call, so what each group copies from is made once."""
 
     def __init__(self, leaves: Sequence[Any], static: bool = False) -> None:
         first: dict[int, int] = {}  # id of a tensor -> its first position
         self._same: list[tuple[int, int]] = []  # (position, position of its first occurrence)
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        spans: dict[int, int] = {}  # position -> the elements its range of memory holds
         self._alone: list[int] = []
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, torch.Tensor):
@@ -140,37 +144,42 @@ class _Plan:
                 self._same.append((i, first[id(leaf)]))
                 continue
             first[id(leaf)] = i
-            if _dense(leaf):
-                groups.setdefault((leaf.dtype, leaf.device), []).append(i)
-            else:
+            span = _span(leaf)
+            if span is None:
                 self._alone.append(i)
+            else:
+                spans[i] = span
+                groups.setdefault((leaf.dtype, leaf.device), []).append(i)
         for positions in [p for p in groups.values() if len(p) == 1]:
             self._alone += positions
         self._groups = [positions for positions in groups.values() if len(positions) > 1]
-        # each group's copy: its size in elements, and each piece's place in it; a group whose
-        # tensors are all contiguous is cut in one call (_unflatten), any other a view each
-        self._layouts: list[tuple[int, Optional[list[tuple[Any, ...]]]]] = []
-        for positions in self._groups:
-            tensors = [leaves[i] for i in positions]
-            offsets = list(itertools.accumulate((t.numel() for t in tensors), initial=0))
-            strided = None
-            if not all(t.is_contiguous() for t in tensors):
-                strided = [(t.shape, t.stride(), offset) for t, offset in zip(tensors, offsets[:-1], strict=True)]
-            self._layouts.append((offsets[-1], strided))
-        self._sources = [[leaves[i] for i in positions] for positions in self._groups] if static else None
+        self._layouts = [
+            _Layout([leaves[i] for i in positions], [spans[i] for i in positions]) for positions in self._groups
+        ]
+        self._sources: Optional[list[list[torch.Tensor]]] = None
+        if static:
+            self._sources = [
+                layout.sources([leaves[i] for i in positions])
+                for layout, positions in zip(self._layouts, self._groups, strict=True)
+            ]
 
     def copies(self, leaves: Sequence[Any]) -> list[Any]:
         """`leaves` with each tensor replaced by its copy, other leaves as they are."""
         out = list(leaves)
         for g, positions in enumerate(self._groups):
-            tensors = self._sources[g] if self._sources is not None else [leaves[i] for i in positions]
-            size, strided = self._layouts[g]
-            flat = torch.empty(size, dtype=tensors[0].dtype, device=tensors[0].device)
-            if strided is None:
+            tensors = [leaves[i] for i in positions]
+            layout = self._layouts[g]
+            flat = torch.empty(layout.size, dtype=tensors[0].dtype, device=tensors[0].device)
+            if layout.strided is None:
                 pieces = list(_unflatten(flat, tensors))
             else:
-                pieces = [flat.as_strided(shape, stride, offset) for shape, stride, offset in strided]
-            torch._foreach_copy_(pieces, tensors)
+                pieces = [flat.as_strided(shape, stride, offset) for shape, stride, offset in layout.strided]
+            targets = pieces
+            if layout.ranged:
+                targets = list(pieces)
+                for j, offset, length in layout.ranged:
+                    targets[j] = flat.narrow(0, offset, length)
+            torch._foreach_copy_(targets, self._sources[g] if self._sources is not None else layout.sources(tensors))
             for i, piece in zip(positions, pieces, strict=True):
                 out[i] = piece
         for i in self._alone:
@@ -180,18 +189,51 @@ class _Plan:
         return out
 
 
-def _dense(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` holds each of its elements once and nothing between them: its strides,
-    smallest first, are those of a contiguous tensor of its sizes in that order (dimensions of
-    size 1 are never stepped along, whatever their stride)."""
+class _Layout:
+    """Where a group's tensors lie in its copy: its size in elements; each piece's shape, strides
+    and offset, unless every tensor is contiguous (then cut in one call, _unflatten); and the
+    tensors with gaps, copied as ranges: (place in the group, offset, elements)."""
+
+    def __init__(self, tensors: list[torch.Tensor], spans: list[int]) -> None:
+        *offsets, self.size = itertools.accumulate(spans, initial=0)
+        self.strided: Optional[list[tuple[Any, ...]]] = None
+        if not all(t.is_contiguous() for t in tensors):
+            self.strided = [(t.shape, t.stride(), offset) for t, offset in zip(tensors, offsets, strict=True)]
+        self.ranged = [
+            (j, offset, span)
+            for j, (t, offset, span) in enumerate(zip(tensors, offsets, spans, strict=True))
+            if span != t.numel()
+        ]
+
+    def sources(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What the group copies from: each tensor, or for one with gaps its range of memory."""
+        if not self.ranged:
+            return tensors
+        out = list(tensors)
+        for j, _, span in self.ranged:
+            out[j] = tensors[j].as_strided((span,), (1,), tensors[j].storage_offset())
+        return out
+
+
+# A tensor whose range of memory holds at most this fraction more elements than the tensor (rows
+# a compiler padded for alignment) is copied range and all: one contiguous copy moves those few
+# more bytes faster than a strided copy moves the tensor's own; wider gaps (a padded request's
+# real part) are copied alone.
+SLACK = 1 / 16
+
+
+def _span(tensor: torch.Tensor) -> Optional[int]:
+    """The elements from `tensor`'s first in memory to its last, where no two of its elements
+    share a place and that range holds at most SLACK more elements than the tensor; None for any
+    other tensor. Dimensions of size 1 are never stepped along, whatever their stride."""
     if tensor.is_contiguous():  # an empty tensor too
-        return True
-    expected = 1
+        return tensor.numel()
+    extent = 1  # the range that the dimensions of smaller strides, taken so far, cover
     for stride, size in sorted((st, sz) for st, sz in zip(tensor.stride(), tensor.shape, strict=True) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+        if stride < extent:  # a step lands inside what the smaller strides cover: elements overlap
+            return None
+        extent += stride * (size - 1)
+    return extent if extent <= tensor.numel() * (1 + SLACK) else None
 
 
 def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> Sequence[torch.Tensor]:

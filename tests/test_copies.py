@@ -157,10 +157,11 @@ def test_borrow_returns_the_buffers_and_a_call_returns_copies(tmp_path):
 
 
 def test_a_decoders_cache_of_transposed_views_is_copied_as_one_group_with_its_strides():
-    """A compiled decoder returns its keys and values as transposed views: each holds its elements
-    once and nothing between them, so they are copied together (one storage, one launch on a GPU),
-    each copy with its original's strides; a slice with gaps is copied on its own."""
-    logits = torch.randn(2, 16, 50)
+    """A compiled decoder returns its keys and values as transposed views and its logits with rows
+    padded for alignment: each is one range of memory with no or few gaps, so they are copied
+    together (one storage, one launch on a GPU), each copy with its original's strides; a slice
+    with wide gaps is copied on its own."""
+    logits = torch.randn(2, 16, 52)[..., :50]  # rows of 50 values, 52 apart
     cache = [torch.randn(2, 16, 4, 8).transpose(1, 2) for _ in range(4)]  # [batch, heads, seq, dim]
     gapped = torch.randn(2, 16, 50)[:, :5]  # the real positions of a padded request
     outputs = {"logits": logits, "cache": cache, "cut": gapped}
@@ -176,22 +177,26 @@ def test_a_decoders_cache_of_transposed_views_is_copied_as_one_group_with_its_st
             t.fill_(-1)  # the next replay: the copies keep their values
         assert all(not torch.equal(t, torch.full_like(t, -1)) for t in [*got, copied["cut"]])
         logits.normal_(), gapped.normal_(), [t.normal_() for t in cache]
+        again = copy(outputs)  # the next call copies the new values, through the same plan
+        assert all(torch.equal(a, b) for a, b in zip([logits, *cache], [again["logits"], *again["cache"]], strict=True))
 
 
 @pytest.mark.parametrize(
-    "tensor, dense",
+    "tensor, span",
     [
-        (torch.randn(3, 4), True),
-        (torch.randn(3, 4).t(), True),
-        (torch.randn(2, 3, 4, 5).permute(0, 2, 3, 1), True),
-        (torch.randn(1, 4).as_strided((1, 4), (99, 1)), True),  # a dimension of size 1 is never stepped
-        (torch.randn(3, 8)[:, :4], False),  # gaps between rows
-        (torch.randn(4)[::2], False),
-        (torch.randn(1, 4).expand(3, 4), False),  # every row the same elements
-        (torch.randn(0, 4).t(), True),  # nothing to hold: contiguous
+        (torch.randn(3, 4), 12),
+        (torch.randn(3, 4).t(), 12),
+        (torch.randn(2, 3, 4, 5).permute(0, 2, 3, 1), 120),
+        (torch.randn(1, 4).as_strided((1, 4), (99, 1)), 4),  # a dimension of size 1 is never stepped
+        (torch.randn(3, 17)[:, :16], 50),  # rows padded by one: 2 gaps in 50
+        (torch.randn(3, 8)[:, :4], None),  # gaps as wide as the rows
+        (torch.randn(4)[::2], None),
+        (torch.randn(1, 4).expand(3, 4), None),  # every row the same elements
+        (torch.randn(4, 4).as_strided((3, 3), (1, 1)), None),  # rows overlapping
+        (torch.randn(0, 4).t(), 0),  # nothing to hold: contiguous
     ],
 )
-def test_which_tensors_hold_each_element_once_and_nothing_between(tensor, dense):
-    from orchestrator.jobs.copies import _dense
+def test_which_tensors_are_copied_as_one_range_of_memory(tensor, span):
+    from orchestrator.jobs.copies import _span
 
-    assert _dense(tensor) is dense
+    assert _span(tensor) == span
