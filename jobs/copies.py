@@ -2,10 +2,10 @@
 
 A copy per output tensor is a kernel launch per tensor and, for a tree of outputs (a Hugging Face
 output with its cache: dozens of tensors), a walk of the tree per call. Here the tensors of one
-dtype and device are copied together: one new tensor holding each one's range of memory, filled
-by one `torch._foreach_copy_` of contiguous ranges and cut into views of the originals' shapes and
+dtype and device are copied together: one new tensor, cut into views of the originals' shapes and
 strides (a compiled decoder's cache comes as transposed views, its logits with rows padded for
-alignment, which the copies keep), so a tree of any size costs about a launch per dtype. A variant
+alignment, which the copies keep), filled by one `torch._foreach_copy_` (a tensor with a few gaps
+copied as its whole range of memory), so a tree of any size costs about a launch per dtype. A variant
 captured in a graph of the tool's own returns the same output objects at every replay, so what to
 copy and how to rebuild the tree are worked out once (StaticCopy), and so are a padded request's
 views of them, once per request size (StaticCopy.cut).
@@ -167,11 +167,11 @@ class _Plan:
         """`leaves` with each tensor replaced by its copy, other leaves as they are."""
         out = list(leaves)
         for g, positions in enumerate(self._groups):
-            tensors = [leaves[i] for i in positions]
             layout = self._layouts[g]
-            flat = torch.empty(layout.size, dtype=tensors[0].dtype, device=tensors[0].device)
-            if layout.strided is None:
-                pieces = list(_unflatten(flat, tensors))
+            sources = self._sources[g] if self._sources is not None else layout.sources([leaves[i] for i in positions])
+            flat = torch.empty(layout.size, dtype=sources[0].dtype, device=sources[0].device)
+            if layout.strided is None:  # all contiguous: the sources are the tensors themselves
+                pieces = list(_unflatten(flat, sources))
             else:
                 pieces = [flat.as_strided(shape, stride, offset) for shape, stride, offset in layout.strided]
             targets = pieces
@@ -179,7 +179,7 @@ class _Plan:
                 targets = list(pieces)
                 for j, offset, length in layout.ranged:
                     targets[j] = flat.narrow(0, offset, length)
-            torch._foreach_copy_(targets, self._sources[g] if self._sources is not None else layout.sources(tensors))
+            torch._foreach_copy_(targets, sources)
             for i, piece in zip(positions, pieces, strict=True):
                 out[i] = piece
         for i in self._alone:
