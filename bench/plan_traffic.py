@@ -3,6 +3,7 @@
     python bench/plan_traffic.py OUT_DIR [--traces long-tailed,bimodal,uniform,recorded] [--points 6]
                                  [--requests 1500] [--budget SECONDS] [--device cuda|cpu]
                                  [--calibration warmup-calibration.json] [--encoder minilm|base]
+                                 [--objective mean|p50|p99]
 
 The model: bench/sequence_traffic.py's Hugging Face encoder (a MiniLM-sized BERT, float16, random
 weights; `--encoder base`: BERT-base's sizes, whose latency grows more steeply with the positions
@@ -19,7 +20,8 @@ computed) called with its attention mask, bucketed over batch x seq.
          what the replica itself recorded (`info().request_sizes`), as a JSONL of sizes.
      `orchestrate plan --traffic TRACE --max-points P --report calibration.json --json` gives the
      plan and powers of two with as many sizes per dimension, each with its predicted mean and median latency
-     of a request. Both are warmed (`orchestrate warmup --no-ray`), then a fresh process loads both
+     of a request (`--objective p50`: the plan is `orchestrate plan --objective p50`'s, free points
+     warmed as a grid with `points.only`). Both are warmed (`orchestrate warmup --no-ray`), then a fresh process loads both
      replicas (`runtime.load(ready="planned")`) and replays the trace through each: one untimed
      pass, then a timed one, the two replicas interleaved request by request (alternating which
      goes first), each request timed from the call to its outputs on the host (a synchronize).
@@ -49,7 +51,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -70,7 +72,14 @@ ENCODERS = {
 TRACES = ("long-tailed", "bimodal", "uniform", "recorded")
 
 
-def config(name: str, buckets: dict[str, list[int]], out_dir: Path, device: str, encoder: str = "minilm") -> Path:
+def config(
+    name: str,
+    buckets: dict[str, list[int]],
+    out_dir: Path,
+    device: str,
+    encoder: str = "minilm",
+    points: Any = None,
+) -> Path:
     factory, kwargs = MODELS["encoder"][0], ENCODERS[encoder]
     data = {
         "name": name,
@@ -82,6 +91,7 @@ def config(name: str, buckets: dict[str, list[int]], out_dir: Path, device: str,
             {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64", "range": [1, 2], "pad": 0},
         ],
         "buckets": buckets,
+        **({"points": points} if points else {}),
         "compile": {"mode": "default"},
         "serve": {"variants": ["eager", "compiled", "graphed"] if device == "cuda" else ["eager", "compiled"]},
         "bench": {"iterations": 40, "warmup": 5},
@@ -257,9 +267,19 @@ def point_costs(report: Path) -> dict[tuple[int, ...], float]:
     return measured_costs(json.loads(report.read_text()), ["batch", "seq"])[0]
 
 
-def plan(model: Path, trace: Path, points: int, calibration: Path, out_dir: Path, name: str) -> dict[str, Any]:
+def free_points(candidate: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A candidate's `points` entry where it is a free set of points (`{only: [...]}`), else None
+    (a product grid's count of points)."""
+    points = candidate.get("points")
+    return points if isinstance(points, dict) else None
+
+
+def plan(
+    model: Path, trace: Path, points: int, calibration: Path, out_dir: Path, name: str, objective: str = "mean"
+) -> dict[str, Any]:
     done = orchestrate(["plan", "--model", str(model), "--traffic", str(trace), "--max-points", str(points),
-                        "--report", str(calibration), "--json"], out_dir / "logs" / f"plan-{name}.log", 120)  # fmt: skip
+                        "--report", str(calibration), "--objective", objective, "--json"],
+                       out_dir / "logs" / f"plan-{name}.log", 120)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"plan for {name} exited {done.returncode} (logs/plan-{name}.log)")
     return json.loads(done.stdout)
@@ -271,6 +291,7 @@ def main() -> int:
     parser.add_argument("--points", type=int, default=6, help="grid points of the plan (and of powers of two)")
     parser.add_argument("--calibration", type=Path, help="an earlier run's warmup-calibration.json, to reuse")
     parser.add_argument("--encoder", choices=sorted(ENCODERS), default="minilm", help="the encoder's sizes (on a GPU)")
+    parser.add_argument("--objective", choices=["mean", "p50", "p99"], default="mean", help="what the plan minimises")
     args = parser.parse_args()
     if args.calibration and "recorded" in args.traces.split(","):
         parser.error("the recorded trace is served by the calibration replica: leave out --calibration")
@@ -306,9 +327,11 @@ def main() -> int:
             else:
                 write_trace(synthetic(name, args.requests), trace)
             sizes = read_trace(trace)
-            planned = plan(calibration_config, trace, args.points, calibration, out_dir, name)
+            planned = plan(calibration_config, trace, args.points, calibration, out_dir, name, args.objective)
             by_name = {c["name"]: c for c in planned["candidates"]}
-            configs = {kind: config(f"{name}-{kind.replace(' ', '-')}", by_name[kind]["buckets"], out_dir, args.device, args.encoder)
+            by_name["plan"] = planned["candidates"][0]  # the plan for the objective comes first
+            configs = {kind: config(f"{name}-{kind.replace(' ', '-')}", by_name[kind]["buckets"], out_dir, args.device,
+                                    args.encoder, free_points(by_name[kind]))
                        for kind in ("plan", "powers of two")}  # fmt: skip
             warmed = {kind: warm(path, cache, out_dir, left()) for kind, path in configs.items()}
             measured = replay(args.device, cache, trace, list(configs.values()), out_dir, name, left())
@@ -324,6 +347,7 @@ def main() -> int:
                 rows[kind] = {
                     **figures,
                     "buckets": by_name[kind]["buckets"],
+                    "only": (free_points(by_name[kind]) or {}).get("only"),
                     "predicted_mean_ms": predicted,
                     "predicted_p50_ms": by_name[kind]["p50_cost"],
                     "prediction_error": predicted / figures["mean_ms"] - 1 if predicted else None,
@@ -331,6 +355,7 @@ def main() -> int:
                     "warmup": warmed[kind],
                 }
             results[name] = {
+                "objective": args.objective,
                 "requests": len(sizes),
                 "distinct_sizes": len(Counter(sizes)),
                 "rows": rows,
@@ -351,7 +376,8 @@ def main() -> int:
             continue
         for kind, row in result["rows"].items():
             error = f"{row['prediction_error']:+.0%}" if row["prediction_error"] is not None else "-"
-            lines.append(f"| {name} | {kind}: {row['buckets']} | {row['p50_ms']:.3f} ({row['predicted_p50_ms']:.3f}) | {row['p99_ms']:.3f} | "
+            shown = f"points {row['only']}" if row.get("only") else row["buckets"]
+            lines.append(f"| {name} | {kind}: {shown} | {row['p50_ms']:.3f} ({row['predicted_p50_ms']:.3f}) | {row['p99_ms']:.3f} | "
                          f"{row['mean_ms']:.3f} | {row['predicted_mean_ms']:.3f} | {error} | "
                          f"{row['requests_per_s']:.0f} | {row['padding_waste']:.1%} |")  # fmt: skip
         lines.append(f"| {name} | plan's p50 gain over powers of two: {result['p50_gain']:.0%} | | | | | | | |")

@@ -933,6 +933,21 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
     help="A compile budget for the plan (needs --report): at most as many points as the report's "
     "median compile seconds of a point fit in it.",
 )
+@click.option(
+    "--objective",
+    type=click.Choice(["mean", "p50", "p99"]),
+    default="mean",
+    show_default=True,
+    help="What the plan minimises: the mean cost of a request, or its median or 99th percentile "
+    "(free points, one or two bucketed dimensions: the least quantile within --slack, then the least mean).",
+)
+@click.option(
+    "--slack",
+    type=click.FloatRange(min=0),
+    default=0.05,
+    show_default=True,
+    help="With --objective p50 or p99: how far above the least quantile (a fraction) the plan may go for a lower mean.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the comparison as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the plan's buckets into CFG.yaml, every other line as it was.")
 @click.option(
@@ -948,6 +963,8 @@ def plan_command(
     max_points: int,
     report_path: Optional[Path],
     max_compile_seconds: Optional[float],
+    objective: str,
+    slack: float,
     as_json: bool,
     write: bool,
     free_points: bool,
@@ -955,8 +972,10 @@ def plan_command(
     """Choose the buckets (a grid's points) that serve a traffic at the least expected cost.
 
     Beside the plan: the config's buckets and powers of two with as many points, each with the
-    mean cost of a request (padded positions, or milliseconds with --report), the fraction of
-    computed positions that is padding, and the compile seconds (with --report).
+    mean, median and 99th percentile cost of a request (padded positions, or milliseconds with
+    --report), the fraction of computed positions that is padding, and the compile seconds (with
+    --report). The plan minimises the mean (what a fleet's throughput follows); --objective p50 or
+    p99 plans for a latency target instead, with the plan for the mean beside it.
 
     \b
     Example:
@@ -974,7 +993,7 @@ def plan_command(
     from orchestrator.planning.traffic import read_traffic
 
     counts = read_traffic(traffic, spec.grid_dims, spec.label, window)
-    candidates = advice.compare(spec, counts, max_points, report, max_compile_seconds)
+    candidates = advice.compare(spec, counts, max_points, report, max_compile_seconds, objective, slack)
     unit = "ms" if report else "positions"
     if as_json:
         click.echo(json.dumps(advice.as_json(spec, candidates, unit), indent=2))

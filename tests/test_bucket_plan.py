@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, orchestrate
 
-from orchestrator.planning.buckets import Cost, figures, plan, plan_one, plan_points, point_figures, powers_of_two
+from orchestrator.planning.buckets import (
+    Cost,
+    figures,
+    plan,
+    plan_one,
+    plan_points,
+    plan_quantile,
+    point_figures,
+    powers_of_two,
+)
 
 
 def brute_force(traffic, max_points: int, dims: int) -> float:
@@ -111,6 +120,64 @@ def test_free_points_keep_to_the_candidate_sizes_on_a_wide_trace():
         point_figures(traffic, points, Cost()).mean_cost
         <= figures(traffic, plan(traffic, 6, Cost(), 2), Cost()).mean_cost
     )
+
+
+def brute_force_quantile(traffic, max_points: int, q: float) -> float:
+    """The least q-quantile of a request's cost over every set of at most `max_points` points of
+    seen sizes with the point of the largest sizes among them."""
+    dims = len(next(iter(traffic)))
+    candidates = list(itertools.product(*(sorted({r[d] for r in traffic}) for d in range(dims))))
+    largest = tuple(max(r[d] for r in traffic) for d in range(dims))
+    others = [c for c in candidates if c != largest]
+    figure = "p50_cost" if q == 0.5 else "p99_cost"
+    return min(
+        getattr(point_figures(traffic, [largest, *subset], Cost()), figure)
+        for k in range(max_points)
+        for subset in itertools.combinations(others, k)
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_plan_for_a_quantile_reaches_the_least_quantile_on_small_traces(seed):
+    rng = random.Random(300 + seed)
+    dims = 1 if seed < 2 else 2
+    traffic = {
+        tuple(rng.choice(sizes) for sizes in ([1, 2, 3, 5, 8], [5, 9, 17, 30, 64])[:dims]): rng.randint(1, 9)
+        for _ in range(10)
+    }
+    for k in (2, 3, 4):
+        for q, figure in ((0.5, "p50_cost"), (0.99, "p99_cost")):
+            points = plan_quantile(traffic, k, Cost(), q)
+            assert len(points) <= k and tuple(max(r[d] for r in traffic) for d in range(dims)) in points
+            assert getattr(point_figures(traffic, points, Cost()), figure) == brute_force_quantile(traffic, k, q)
+
+
+def test_a_plan_for_the_median_holds_the_cheap_half_that_a_plan_for_the_mean_leaves_out():
+    # 40 tiny requests, 15 long ones of one row, 45 at the largest point: the mean gains most from
+    # a point for the tiny ones alone (the median then falls at the largest point); the median
+    # needs a point that holds the tiny and the long ones together
+    traffic = {(2, 2): 40, (1, 64): 15, (4, 64): 45}
+    assert plan_points(traffic, 2, Cost()) == [(2, 2), (4, 64)]
+    assert point_figures(traffic, [(2, 2), (4, 64)], Cost()).p50_cost == 256
+    chosen = plan_quantile(traffic, 2, Cost(), 0.5)
+    assert chosen == [(2, 64), (4, 64)] and point_figures(traffic, chosen, Cost()).p50_cost == 128
+    # with a point more, each crowd at its own size: the median at the long ones' 64
+    chosen = plan_quantile(traffic, 3, Cost(), 0.5)
+    assert chosen == [(1, 64), (2, 2), (4, 64)] and point_figures(traffic, chosen, Cost()).p50_cost == 64
+
+
+def test_a_slack_on_the_quantile_buys_a_lower_mean():
+    # the least median (10) takes both spare points, one for each crowd of a quarter; a median
+    # allowed up to 11 times that is the mean's plan: one point for both crowds and the 20 between
+    traffic = {(1, 10): 25, (10, 1): 25, (10, 10): 20, (20, 20): 30}
+    strict = plan_quantile(traffic, 3, Cost(), 0.5)
+    tight = point_figures(traffic, strict, Cost())
+    assert strict == [(1, 10), (10, 1), (20, 20)] and (tight.p50_cost, tight.mean_cost) == (10, 205)
+    assert tight.p50_cost == brute_force_quantile(traffic, 3, 0.5)
+    loose = plan_quantile(traffic, 3, Cost(), 0.5, slack=10.0)
+    easy = point_figures(traffic, loose, Cost())
+    assert loose == plan_points(traffic, 3, Cost()) and (easy.p50_cost, easy.mean_cost) == (100, 167.5)
+    assert plan_quantile({(7, 33): 500}, 6, Cost(), 0.5) == [(7, 33)]
 
 
 def test_a_trace_of_one_size_gives_one_point():
@@ -293,6 +360,52 @@ def test_a_grid_is_planned_in_its_own_form(tmp_path):
     assert text.endswith("points: {only: [[1, 100], [8, 30], [8, 100]]}\n") and "max_product" not in text
     refused = orchestrate("plan", "--model", str(config(tmp_path)), "--traffic", str(traffic), "--free-points")
     assert refused.returncode == 2 and "--free-points writes a grid's free-point plan" in refused.stderr
+
+
+def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_beside_it(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: grid
+        model: {{factory: {ROOT / "examples" / "models.py:mlp"}}}
+        inputs: [{{shape: [batch, seq]}}]
+        # the grid we guessed
+        buckets: {{batch: [1, 4], seq: [2, 64]}}
+        """)
+    )
+    traffic = tmp_path / "sizes.csv"
+    traffic.write_text(
+        "batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(2, 2)] * 40 + [(1, 64)] * 15 + [(4, 64)] * 45)
+    )
+    args = ["plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "2"]
+    done = orchestrate(*args, "--objective", "p50", "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    names = [c["name"] for c in answer["candidates"]]
+    assert names == ["plan (p50)", "config", "powers of two", "plan (mean)", "free points (mean)"]
+    median, mean = answer["candidates"][0], answer["candidates"][-1]
+    assert median["points"] == {"only": [[2, 64], [4, 64]]} and median["p50_cost"] == 128
+    assert mean["p50_cost"] == 256 and mean["mean_cost"] < median["mean_cost"]
+    assert answer["buckets"] == {"batch": [2, 4], "seq": [64]} and answer["points"] == median["points"]
+    written = orchestrate(*args, "--objective", "p50", "--write")
+    assert written.returncode == 0, written.stderr
+    text = path.read_text()
+    assert "# the grid we guessed\nbuckets:\n  batch: [2, 4]\n  seq: [64]\n" in text
+    assert text.endswith("points: {only: [[2, 64], [4, 64]]}\n")
+
+    cube = tmp_path / "cube.yaml"
+    cube.write_text(
+        textwrap.dedent(f"""\
+        name: cube
+        model: {{factory: {ROOT / "examples" / "models.py:mlp"}}}
+        inputs: [{{shape: [batch, seq, width]}}]
+        buckets: {{batch: [1, 4], seq: [2, 64], width: [8]}}
+        """)
+    )
+    traffic.write_text("batch,seq,width\n1,2,8\n")
+    refused = orchestrate("plan", "--model", str(cube), "--traffic", str(traffic), "--objective", "p99")
+    assert refused.returncode == 2
+    assert "--objective p99 plans one or two bucketed dimensions" in refused.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """`orchestrate plan`: the buckets a traffic calls for, beside the config's and the usual guess.
 
-rows = compare(spec, traffic, max_points, report)   # plan, current, powers of two
+rows = compare(spec, traffic, max_points, report)   # plan, current, powers of two (, free points)
 render(rows, console) / as_json(rows) / write_buckets(config_path, rows[0])
 """
 
@@ -29,6 +29,7 @@ from orchestrator.planning.buckets import (
     figures,
     plan,
     plan_points,
+    plan_quantile,
     point_figures,
     powers_of_two,
 )
@@ -71,17 +72,30 @@ def measured_costs(report: Mapping[str, Any], dims: list[str]) -> tuple[dict[Poi
     )
 
 
+QUANTILES = {"p50": 0.5, "p99": 0.99}
+# A quantile a little above the least reachable often leaves points for the other requests: the
+# plan for a quantile takes the cheapest mean within this fraction of the least quantile.
+QUANTILE_SLACK = 0.05
+
+
 def compare(
     spec: WarmupSpec,
     traffic: Mapping[Point, int],
     max_points: int,
     report: Optional[Mapping[str, Any]] = None,
     max_compile_seconds: Optional[float] = None,
+    objective: str = "mean",
+    slack: float = QUANTILE_SLACK,
 ) -> list[Candidate]:
-    """The plan, the config's buckets and powers of two, each with its figures. With
-    `max_compile_seconds`, the plan holds at most the points whose compiles fit in it, each point
-    costing the report's median compile seconds (a warmup compiles points alike: their graphs
-    differ in sizes only)."""
+    """The plan, the config's buckets and powers of two, each with its figures (and for a grid,
+    free points for the mean). With `max_compile_seconds`, the plan holds at most the points whose
+    compiles fit in it, each point costing the report's median compile seconds (a warmup compiles
+    points alike: their graphs differ in sizes only).
+
+    `objective` "p50" or "p99": the plan is the free points (a list's buckets) whose quantile of a
+    request's cost is within `slack` of the least reachable, of least mean among those
+    (buckets.plan_quantile); the plan for the mean follows the powers of two, so what the
+    quantile costs the mean shows beside it."""
     dims = spec.grid_dims
     measured, compile_seconds = measured_costs(report or {}, dims)
     if max_compile_seconds is not None:
@@ -97,12 +111,25 @@ def compare(
                 "by the report; raise the budget"
             )
         max_points = min(max_points, fit)
+    if objective != "mean" and len(dims) > 2:
+        raise UserError(
+            f"--objective {objective} plans one or two bucketed dimensions; {spec.label} has {len(dims)} "
+            f"({', '.join(dims)}): plan for the mean"
+        )
     cost = Cost(measured)
     chosen = plan(traffic, max_points, cost, len(dims))
     current = [list(spec.buckets), *(list(sizes) for sizes in (spec.grid or {}).values())]
     guess = powers_of_two(traffic, [len(sizes) for sizes in chosen])
     out = []
-    for name, grid in (("plan", chosen), ("config", current), ("powers of two", guess)):
+    if objective != "mean":
+        quantile = plan_quantile(traffic, max_points, cost, QUANTILES[objective], slack)
+        used = [sorted({point[d] for point in quantile}) for d in range(len(dims))]
+        seconds = compile_seconds * len(quantile) if compile_seconds is not None else None
+        only = quantile if len(dims) > 1 else None  # a list's points are its buckets
+        out.append(Candidate(f"plan ({objective})", used, point_figures(traffic, quantile, cost), seconds, points=only))
+    others = [("config", current), ("powers of two", guess)]
+    named = [*others, ("plan (mean)", chosen)] if objective != "mean" else [("plan", chosen), *others]
+    for name, grid in named:
         points = 1
         for sizes in grid:
             points *= len(sizes)
@@ -115,7 +142,8 @@ def compare(
         free = plan_points(traffic, max_points, cost)
         used = [sorted({point[d] for point in free}) for d in range(len(dims))]
         seconds = compile_seconds * len(free) if compile_seconds is not None else None
-        out.append(Candidate("free points", used, point_figures(traffic, free, cost), seconds, points=free))
+        name = "free points (mean)" if objective != "mean" else "free points"
+        out.append(Candidate(name, used, point_figures(traffic, free, cost), seconds, points=free))
     return out
 
 
@@ -183,6 +211,7 @@ def as_json(spec: WarmupSpec, candidates: list[Candidate], cost_unit: str) -> di
             for c in candidates
         ],
         "buckets": buckets_value(spec, candidates[0].grid),
+        **({"points": {"only": [list(p) for p in candidates[0].points]}} if candidates[0].points is not None else {}),
     }
 
 

@@ -29,6 +29,10 @@ several such searches from different second points. Candidates are the products 
 seen per dimension (a point between two seen sizes only costs more), at most CANDIDATE_SIZES per
 dimension (quantiles of the traffic, the largest kept), so the search stays a few seconds. Nothing
 guarantees it beats the product plan; tests check it against brute force on small traces.
+
+A quantile (plan_quantile): free points of the least median or 99th-percentile cost, which a plan
+for the mean can leave high (a median request served at the edge of a point). Unlike the mean, the
+least quantile is found exactly, over the candidate sizes, for one or two dimensions: see there.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import bisect
 import itertools
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -296,37 +300,88 @@ def plan_points(traffic: Traffic, max_points: int, cost: Cost) -> list[Point]:
     """At most `max_points` points, any sizes, of low mean cost on `traffic` (module doc): the
     best of RESTARTS searches, each from the largest point and one of the points whose addition
     alone lowers the cost most."""
-    if not traffic:
-        raise ValueError("the traffic holds no request")
-    axes = [_candidate_sizes(traffic, d) for d in range(len(next(iter(traffic))))]
-    # a candidate holds a request exactly when it holds the request's sizes rounded up to candidate
-    # sizes: the search needs only those, far fewer on a wide trace
-    rounded: dict[Point, int] = {}
-    for request, count in traffic.items():
-        key = tuple(axis[bisect.bisect_left(axis, n)] for axis, n in zip(axes, request, strict=True))
-        rounded[key] = rounded.get(key, 0) + count
-    counts = np.array(list(rounded.values()), dtype=float)
-    sizes = np.array(list(rounded), dtype=float)  # (requests, dims)
-    candidates = list(itertools.product(*axes))
-    at = np.array(candidates, dtype=float)
-    holds = (at[:, None, :] >= sizes[None, :, :]).all(axis=2)  # (candidates, requests)
-    unit = np.array([cost(c) for c in candidates])
-    price = np.where(holds, unit[:, None], np.inf)  # what each request costs at each candidate
-    largest = candidates.index(tuple(axis[-1] for axis in axes))
-    k = min(max_points, len(candidates))
-    gains = (np.maximum(price[largest][None, :] - price, 0.0) * counts).sum(axis=1)
+    found = _Candidates(traffic, cost)
+    k = min(max_points, len(found.points))
+    largest = found.largest
+    gains = (np.maximum(found.price[largest][None, :] - found.price, 0.0) * found.counts).sum(axis=1)
     seeds = [[largest]] + [[largest, int(c)] for c in np.argsort(-gains)[:RESTARTS] if gains[c] > 0 and k > 1]
-    searched = [_search(price, counts, seed, k) for seed in seeds]
-    _, chosen = min(searched, key=lambda found: found[0])
-    return sorted(candidates[c] for c in chosen)
+    searched = [_search(found.price, found.counts, seed, k) for seed in seeds]
+    _, chosen = min(searched, key=lambda result: result[0])
+    return sorted(found.points[c] for c in chosen)
 
 
 RESTARTS = 8
 
 
-def _search(price: np.ndarray, counts: np.ndarray, seed: list[int], k: int) -> tuple[float, list[int]]:
+def plan_quantile(traffic: Traffic, max_points: int, cost: Cost, q: float, slack: float = 0.0) -> list[Point]:
+    """At most `max_points` points of one or two dimensions whose q-quantile of a request's cost
+    (q = 0.5: the median) is within `slack` (a fraction) of the least that any such set of
+    candidate points reaches, and of the least mean cost among those this search finds.
+
+    A request costs at most c wherever some point of cost at most c holds it, so the least
+    quantile is the least c at which max_points - 1 points of cost at most c (beside the largest
+    point) hold a fraction q of the requests. At a given c the useful points form a staircase, one
+    per batch size: the longest length affordable there. Taken in order of batch size, each point
+    adds exactly the requests of larger batch than the one before, up to its own batch and length
+    (a point that another of larger batch and length holds adds nothing), so the most requests
+    that t points hold is a dynamic program over the staircase (_Candidates.most_held, exact), and
+    the least c for t points is found by bisection over the candidates' costs. The least quantile
+    may take every point, leaving none for the others' requests; a little above it, fewer points
+    reach it. So for each t, where its least c is within the slack, the t points that reach it
+    are kept to that bound, the others chosen for the mean and any swapped for a cheaper mean
+    while the bound holds (_search); the cheapest of those plans is the plan."""
+    if not traffic:
+        raise ValueError("the traffic holds no request")
+    dims = len(next(iter(traffic)))
+    if dims not in (1, 2):
+        raise ValueError(f"a plan for a quantile takes one or two bucketed dimensions, not {dims}")
+    price: Callable[[Point], float] = cost
+    if dims == 1:  # the same search over points of length 1
+        traffic = {(*request, 1): count for request, count in traffic.items()}
+        price = lambda point: cost(point[:1])  # noqa: E731
+    found = _Candidates(traffic, price)
+    k = min(max_points, len(found.points))
+    need = q * float(found.counts.sum()) - 1e-9
+    levels = np.unique(found.unit)
+    top = int(np.searchsorted(levels, found.unit[found.largest]))  # the largest point alone holds all
+
+    def least_level(t: int) -> int:
+        low, high = 0, top
+        while low < high:  # the least level at which t points hold a fraction q
+            middle = (low + high) // 2
+            if found.most_held(levels[middle], t)[0] >= need:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    bound = levels[least_level(k - 1)] * (1 + slack)
+    plans = []
+    for t in range(k - 1, 0, -1):
+        level = levels[least_level(t)]
+        if level > bound:
+            break
+        _, needed = found.most_held(level, t, need)
+        seed = [found.largest, *(c for c in needed if c != found.largest)]
+        plans.append(_search(found.price, found.counts, seed, k, within=(float(level), need)))
+    if not plans:  # one point: the largest
+        plans.append((0.0, [found.largest]))
+    _, chosen = min(plans, key=lambda result: result[0])
+    points = sorted(found.points[c] for c in chosen)
+    return [point[:1] for point in points] if dims == 1 else points
+
+
+def _search(
+    price: np.ndarray,
+    counts: np.ndarray,
+    seed: list[int],
+    k: int,
+    within: Optional[tuple[float, float]] = None,
+) -> tuple[float, list[int]]:
     """From `seed` (the largest point first, kept): greedy additions up to k points, then swaps
-    of one point for the best other until none lowers the cost. The cost and the points."""
+    of one point for the best other until none lowers the cost. `within` (a cost, a number of
+    requests): a swap must leave at least that many requests costing no more than that, as the
+    seed does (a quantile's bound). The cost and the points."""
     chosen = list(seed)
     best = price[chosen].min(axis=0)
     while len(chosen) < k:
@@ -341,13 +396,78 @@ def _search(price: np.ndarray, counts: np.ndarray, seed: list[int], k: int) -> t
         improved = False
         for i in range(1, len(chosen)):  # the largest point stays
             others = price[[c for j, c in enumerate(chosen) if j != i]].min(axis=0)
-            totals = (np.minimum(others[None, :], price) * counts).sum(axis=1)
+            served = np.minimum(others[None, :], price)
+            totals = (served * counts).sum(axis=1)
+            if within is not None:
+                level, need = within
+                totals[((served <= level) * counts).sum(axis=1) < need] = np.inf
             pick = int(totals.argmin())
             if totals[pick] < current * (1 - 1e-9) and pick not in chosen:
                 chosen[i], current, improved = pick, float(totals[pick]), True
         if not improved:
             break
     return current, chosen
+
+
+class _Candidates:
+    """The points a free plan chooses among (the products of each dimension's candidate sizes),
+    the traffic's requests rounded up to candidate sizes (a candidate holds a request exactly
+    when it holds it so rounded: far fewer to count on a wide trace), what each candidate costs,
+    and what each request costs at each candidate (inf where it does not fit)."""
+
+    def __init__(self, traffic: Traffic, cost: Callable[[Point], float]) -> None:
+        self.axes = [_candidate_sizes(traffic, d) for d in range(len(next(iter(traffic))))]
+        rounded: dict[Point, int] = {}
+        for request, count in traffic.items():
+            key = tuple(axis[bisect.bisect_left(axis, n)] for axis, n in zip(self.axes, request, strict=True))
+            rounded[key] = rounded.get(key, 0) + count
+        self.counts = np.array(list(rounded.values()), dtype=float)
+        self.requests = np.array(list(rounded), dtype=float)  # (requests, dims)
+        self.points = list(itertools.product(*self.axes))
+        at = np.array(self.points, dtype=float)
+        holds = (at[:, None, :] >= self.requests[None, :, :]).all(axis=2)  # (candidates, requests)
+        self.unit = np.array([cost(c) for c in self.points])
+        self.price = np.where(holds, self.unit[:, None], np.inf)
+        self.largest = self.points.index(tuple(axis[-1] for axis in self.axes))
+
+    def most_held(self, level: float, t: int, enough: float = math.inf) -> tuple[float, list[int]]:
+        """Two dimensions: the most requests that at most t candidates of cost at most `level`
+        hold together, and the candidates of a set that holds them (of one that holds `enough`,
+        with as few points as can, where one does): the staircase's dynamic program."""
+        rows, lengths = self.axes
+        # held[i, j]: the requests of at most rows[i-1] rows and lengths[j-1] positions
+        held = np.zeros((len(rows) + 1, len(lengths) + 1))
+        np.add.at(
+            held,
+            (np.searchsorted(rows, self.requests[:, 0]) + 1, np.searchsorted(lengths, self.requests[:, 1]) + 1),
+            self.counts,
+        )
+        held = held.cumsum(axis=0).cumsum(axis=1)
+        affordable = self.unit.reshape(len(rows), len(lengths)) <= level
+        # per batch size, its step: the longest affordable length's index + 1 (0: none)
+        step = np.where(affordable.any(axis=1), len(lengths) - affordable[:, ::-1].argmax(axis=1), 0)
+        if t < 1 or not step.any():
+            return 0.0, []
+        alone = np.where(step > 0, held[np.arange(1, len(rows) + 1), step], -np.inf)
+        best = np.full((t + 1, len(rows)), -np.inf)  # best[u, i]: u steps, the last at batch rows[i]
+        back = np.full((t + 1, len(rows)), -1)
+        best[1] = alone
+        for used in range(2, t + 1):
+            for last in range(1, len(rows)):
+                if not step[last]:
+                    continue
+                # after a step at rows[a], this one adds the requests above rows[a] up to its own
+                gained = best[used - 1, :last] + alone[last] - held[np.arange(1, last + 1), step[last]]
+                a = int(gained.argmax())
+                best[used, last], back[used, last] = gained[a], a
+        most = float(best.max())
+        goal = min(enough, most)
+        used = next(u for u in range(1, t + 1) if best[u].max() >= goal)
+        i, chosen = int(best[used].argmax()), []
+        while i >= 0 and used >= 1:
+            chosen.append(self.points.index((rows[i], lengths[step[i] - 1])))
+            i, used = int(back[used, i]), used - 1
+        return most, chosen
 
 
 def _candidate_sizes(traffic: Traffic, dim: int) -> list[int]:
