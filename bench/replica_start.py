@@ -2,7 +2,7 @@
 docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machine without network access.
 
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
-                                  [--budget SECONDS] [CFG.yaml or name ...]
+                                  [--budget SECONDS] [--profile-loads] [CFG.yaml or name ...]
     # names: examples/<name>.yaml or bench/models/<name>.yaml;
     # default: one model of each family: mixnet_l (a conv net), t5_small (an encoder-decoder),
     # clip_b32 (text and image), gpt2_cache_bf16 (a decoder with its cache), vit_s16, bert_base
@@ -30,6 +30,9 @@ Per model, in one run, with the cache <cache root>/<name> (default cache root: O
 Written as it goes to OUT_DIR/replica-<name>.json; the summary to stdout and
 OUT_DIR/replica-summary.txt; a Markdown row per model to OUT_DIR/replica-table.md (a model's row
 replaced when it is measured again into the same OUT_DIR).
+--profile-loads: after the timed starts, one replica more whose loader's thread runs under
+cProfile (imports, loads, captures, checks: where a bucket's load goes), written to
+OUT_DIR/loads-<name>.txt with the start's milestones; its times are not among the figures.
 --budget SECONDS: start nothing that would not end within that many seconds of this run's start
 (each step is expected to take as long as the longest of its kind so far): the run ends with its
 files written inside the limit of the call it runs in; what it skipped it says.
@@ -65,7 +68,19 @@ ENV = {"PYTHONUNBUFFERED": "1"}  # both kinds of process start the same way
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
 # itself: the time to answering is the replica's own.
 REPLICA = r"""
-import json, sys, time
+import json, os, sys, time
+profile_to = os.environ.get("REPLICA_START_PROFILE")
+if profile_to:  # the loader's thread under cProfile: where the loads go, not how long they take
+    import cProfile
+    from orchestrator.jobs import replica as _replica
+    loader_profile, _load_all = cProfile.Profile(), _replica._Loader._load_all
+    def _profiled(self):
+        loader_profile.enable()
+        try:
+            _load_all(self)
+        finally:
+            loader_profile.disable()
+    _replica._Loader._load_all = _profiled
 from orchestrator import runtime
 served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device=sys.argv[3], ready="answering")
 answering = served.info()
@@ -120,6 +135,14 @@ row = {"answering_from_spawn": answering.answering_seconds_from_spawn,
        "on_plan_from_spawn": on_plan.on_plan_seconds_from_spawn,
        "buckets": buckets, "events": [list(event) for event in on_plan.events], "info": on_plan.to_dict()}
 early = late = references = inputs = None
+if profile_to:
+    import io, pstats
+    text = io.StringIO()
+    stats = pstats.Stats(loader_profile, stream=text)
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(30)
+    with open(profile_to, "w") as out:
+        out.write("events: " + json.dumps(row["events"]) + "\n" + text.getvalue())
 row["exit_requested_at"] = time.time()
 print(json.dumps(row, default=str), flush=True)
 sys.exit(0)
@@ -219,15 +242,19 @@ def floor_start(config: Path, device: str, budget: Budget) -> dict:
     return row
 
 
-def replica_start(config: Path, cache: Path, device: str, log: Path, budget: Budget) -> dict:
-    """A fresh process on the runtime; its JSON line, and how long it took to exit after it."""
+def replica_start(
+    config: Path, cache: Path, device: str, log: Path, budget: Budget, profile_to: Optional[Path] = None
+) -> dict:
+    """A fresh process on the runtime; its JSON line, and how long it took to exit after it.
+    `profile_to`: its loader's thread runs under cProfile, the statistics written there."""
     timeout = budget.timeout(PROCESS_TIMEOUT)
     started = time.perf_counter()
     row: dict[str, Any] = {"ok": False, "log": log.name}
     with log.open("w") as stderr:
         child = subprocess.Popen(
             [sys.executable, "-c", REPLICA, str(config), str(cache), device],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1, cwd=ROOT, env={**os.environ, **ENV},
+            stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1, cwd=ROOT,
+            env={**os.environ, **ENV, **({"REPLICA_START_PROFILE": str(profile_to)} if profile_to else {})},
         )  # fmt: skip
         lines: queue.Queue[Optional[tuple[float, str]]] = queue.Queue()
 
@@ -288,7 +315,14 @@ def _json_line(line: str) -> Optional[dict]:
 
 
 def bench(
-    config: Path, out_dir: Path, cache_root: Path, starts: int, warm_first: bool, device: str, budget: Budget
+    config: Path,
+    out_dir: Path,
+    cache_root: Path,
+    starts: int,
+    warm_first: bool,
+    device: str,
+    budget: Budget,
+    profile_loads: bool = False,
 ) -> dict:
     name = config.stem
     cache = cache_root / name
@@ -320,6 +354,13 @@ def bench(
         log = out_dir / "logs" / f"replica-{name}-{i + 1}.log"
         result["starts"]["replica"].append(replica_start(config, cache, device, log, budget))
         result["order"].append("replica")
+        save()
+    if profile_loads and budget.fits("replica"):
+        # one more replica, its loader profiled, outside the figures (cProfile slows Python work)
+        profiled = out_dir / f"loads-{name}.txt"
+        log = out_dir / "logs" / f"replica-{name}-profiled.log"
+        result["profiled"] = replica_start(config, cache, device, log, budget, profile_to=profiled)
+        result["profiled"]["profile"] = profiled.name
         save()
     return result
 
@@ -526,6 +567,9 @@ def main() -> int:
     parser.add_argument("--cache-root", type=Path, help="cache dir per model below it (default OUT_DIR/cache)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--budget", type=float, help="seconds: start nothing that would end later")
+    parser.add_argument(
+        "--profile-loads", action="store_true", help="then one replica more, its loader's thread under cProfile"
+    )
     args = parser.parse_intermixed_args()
     configs = [resolve(name) for name in args.models or MODELS]
     out_dir = args.out_dir.resolve()
@@ -535,7 +579,9 @@ def main() -> int:
     lines: list[str] = []
     for config in configs:
         try:
-            result = bench(config, out_dir, cache_root, args.starts, not args.no_warm, args.device, budget)
+            result = bench(
+                config, out_dir, cache_root, args.starts, not args.no_warm, args.device, budget, args.profile_loads
+            )
             block = summary(result)
             if result["order"]:
                 write_table(out_dir / "replica-table.md", result)
