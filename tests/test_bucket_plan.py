@@ -8,7 +8,6 @@ import json
 import math
 import random
 import socket
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -322,16 +321,19 @@ def test_plan_prints_the_plan_beside_the_config_and_powers_of_two_and_writes_it(
     )  # comments, order and every other line as they were
 
 
-def test_a_grid_is_planned_in_its_own_form(tmp_path):
-    path = tmp_path / "grid.yaml"
+def grid_config(tmp_path: Path, buckets: str, dims: str = "batch, seq", name: str = "grid") -> Path:
+    """A grid config of the MLP example over `dims`, its `buckets` line as given (a comment may
+    lead it)."""
+    path = tmp_path / f"{name}.yaml"
     path.write_text(
-        textwrap.dedent(f"""\
-        name: grid
-        model: {{factory: {ROOT / "examples" / "models.py:mlp"}}}
-        inputs: [{{shape: [batch, seq]}}]
-        buckets: {{batch: [1, 8], seq: [32, 128]}}
-        """)
+        f"name: {name}\nmodel: {{factory: {ROOT / 'examples' / 'models.py:mlp'}}}\n"
+        f"inputs: [{{shape: [{dims}]}}]\n{buckets}\n"
     )
+    return path
+
+
+def test_a_grid_is_planned_in_its_own_form(tmp_path):
+    path = grid_config(tmp_path, "buckets: {batch: [1, 8], seq: [32, 128]}")
     traffic = tmp_path / "sizes.csv"
     traffic.write_text("batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(1, 30)] * 40 + [(4, 100)] * 10))
     done = orchestrate("plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "4", "--json")
@@ -363,16 +365,7 @@ def test_a_grid_is_planned_in_its_own_form(tmp_path):
 
 
 def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_beside_it(tmp_path):
-    path = tmp_path / "grid.yaml"
-    path.write_text(
-        textwrap.dedent(f"""\
-        name: grid
-        model: {{factory: {ROOT / "examples" / "models.py:mlp"}}}
-        inputs: [{{shape: [batch, seq]}}]
-        # the grid we guessed
-        buckets: {{batch: [1, 4], seq: [2, 64]}}
-        """)
-    )
+    path = grid_config(tmp_path, "# the grid we guessed\nbuckets: {batch: [1, 4], seq: [2, 64]}")
     traffic = tmp_path / "sizes.csv"
     traffic.write_text(
         "batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(2, 2)] * 40 + [(1, 64)] * 15 + [(4, 64)] * 45)
@@ -393,15 +386,7 @@ def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_besid
     assert "# the grid we guessed\nbuckets:\n  batch: [2, 4]\n  seq: [64]\n" in text
     assert text.endswith("points: {only: [[2, 64], [4, 64]]}\n")
 
-    cube = tmp_path / "cube.yaml"
-    cube.write_text(
-        textwrap.dedent(f"""\
-        name: cube
-        model: {{factory: {ROOT / "examples" / "models.py:mlp"}}}
-        inputs: [{{shape: [batch, seq, width]}}]
-        buckets: {{batch: [1, 4], seq: [2, 64], width: [8]}}
-        """)
-    )
+    cube = grid_config(tmp_path, "buckets: {batch: [1, 4], seq: [2, 64], width: [8]}", "batch, seq, width", "cube")
     traffic.write_text("batch,seq,width\n1,2,8\n")
     refused = orchestrate("plan", "--model", str(cube), "--traffic", str(traffic), "--objective", "p99")
     assert refused.returncode == 2
