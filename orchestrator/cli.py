@@ -988,6 +988,9 @@ def plan_command(
     spec = load_spec_with_overrides(model_path)
     if free_points and not (write and spec.grid):
         raise UserError("--free-points writes a grid's free-point plan: pass it with --write, for a grid config")
+    given = click.get_current_context().get_parameter_source("slack")
+    if objective == "mean" and given is not click.core.ParameterSource.DEFAULT:
+        raise UserError("--slack bounds a quantile's plan: pass it with --objective p50 or p99")
     report = _load_report(report_path) if report_path else None
     from orchestrator.planning import advice
     from orchestrator.planning.traffic import read_traffic

@@ -388,6 +388,8 @@ def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_besid
 
     cube = grid_config(tmp_path, "buckets: {batch: [1, 4], seq: [2, 64], width: [8]}", "batch, seq, width", "cube")
     traffic.write_text("batch,seq,width\n1,2,8\n")
+    alone = orchestrate(*args, "--slack", "0.1")
+    assert alone.returncode == 2 and "--slack bounds a quantile's plan" in alone.stderr
     refused = orchestrate("plan", "--model", str(cube), "--traffic", str(traffic), "--objective", "p99")
     assert refused.returncode == 2
     assert "--objective p99 plans one or two bucketed dimensions" in refused.stderr.strip().splitlines()[-1]
