@@ -123,10 +123,7 @@ def compare(
     out = []
     if objective != "mean":
         quantile = plan_quantile(traffic, max_points, cost, QUANTILES[objective], slack)
-        used = [sorted({point[d] for point in quantile}) for d in range(len(dims))]
-        seconds = compile_seconds * len(quantile) if compile_seconds is not None else None
-        only = quantile if len(dims) > 1 else None  # a list's points are its buckets
-        out.append(Candidate(f"plan ({objective})", used, point_figures(traffic, quantile, cost), seconds, points=only))
+        out.append(_free(f"plan ({objective})", quantile, traffic, cost, compile_seconds))
     others = [("config", current), ("powers of two", guess)]
     named = [*others, ("plan (mean)", chosen)] if objective != "mean" else [("plan", chosen), *others]
     for name, grid in named:
@@ -139,12 +136,20 @@ def compare(
         except ValueError as exc:
             out.append(Candidate(name, grid, None, seconds, why_not=str(exc)))
     if len(dims) > 1:  # any points, not a product: served as the grid of their sizes with `points.only`
-        free = plan_points(traffic, max_points, cost)
-        used = [sorted({point[d] for point in free}) for d in range(len(dims))]
-        seconds = compile_seconds * len(free) if compile_seconds is not None else None
         name = "free points (mean)" if objective != "mean" else "free points"
-        out.append(Candidate(name, used, point_figures(traffic, free, cost), seconds, points=free))
+        out.append(_free(name, plan_points(traffic, max_points, cost), traffic, cost, compile_seconds))
     return out
+
+
+def _free(
+    name: str, points: list[Point], traffic: Mapping[Point, int], cost: Cost, compile_seconds: Optional[float]
+) -> Candidate:
+    """A free set of points as a candidate: served as the grid of the sizes they use with
+    `points.only`, or for one dimension as its buckets, which a list's points are."""
+    used = [sorted({point[d] for point in points}) for d in range(len(points[0]))]
+    seconds = compile_seconds * len(points) if compile_seconds is not None else None
+    only = points if len(used) > 1 else None
+    return Candidate(name, used, point_figures(traffic, points, cost), seconds, points=only)
 
 
 def buckets_value(spec: WarmupSpec, grid: list[list[int]]) -> Any:

@@ -38,6 +38,7 @@ least quantile is found exactly, over the candidate sizes, for one or two dimens
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import operator
@@ -355,11 +356,13 @@ def plan_quantile(traffic: Traffic, max_points: int, cost: Cost, q: float, slack
                 low = middle + 1
         return low
 
-    bound = levels[least_level(k - 1)] * (1 + slack)
+    bound: Optional[float] = None  # the least quantile, with its slack: that of k - 1 points
     plans = []
     for t in range(k - 1, 0, -1):
         level = levels[least_level(t)]
-        if level > bound:
+        if bound is None:
+            bound = level * (1 + slack)
+        elif level > bound:
             break
         _, needed = found.most_held(level, t, need)
         seed = [found.largest, *(c for c in needed if c != found.largest)]
@@ -435,14 +438,7 @@ class _Candidates:
         hold together, and the candidates of a set that holds them (of one that holds `enough`,
         with as few points as can, where one does): the staircase's dynamic program."""
         rows, lengths = self.axes
-        # held[i, j]: the requests of at most rows[i-1] rows and lengths[j-1] positions
-        held = np.zeros((len(rows) + 1, len(lengths) + 1))
-        np.add.at(
-            held,
-            (np.searchsorted(rows, self.requests[:, 0]) + 1, np.searchsorted(lengths, self.requests[:, 1]) + 1),
-            self.counts,
-        )
-        held = held.cumsum(axis=0).cumsum(axis=1)
+        held = self._held
         affordable = self.unit.reshape(len(rows), len(lengths)) <= level
         # per batch size, its step: the longest affordable length's index + 1 (0: none)
         step = np.where(affordable.any(axis=1), len(lengths) - affordable[:, ::-1].argmax(axis=1), 0)
@@ -465,9 +461,22 @@ class _Candidates:
         used = next(u for u in range(1, t + 1) if best[u].max() >= goal)
         i, chosen = int(best[used].argmax()), []
         while i >= 0 and used >= 1:
-            chosen.append(self.points.index((rows[i], lengths[step[i] - 1])))
+            chosen.append(i * len(lengths) + int(step[i]) - 1)  # points run over lengths within rows
             i, used = int(back[used, i]), used - 1
         return most, chosen
+
+    @functools.cached_property
+    def _held(self) -> np.ndarray:
+        """Two dimensions: [i, j] the requests of at most rows[i-1] rows and lengths[j-1]
+        positions, whatever the level: made once for every most_held."""
+        rows, lengths = self.axes
+        held = np.zeros((len(rows) + 1, len(lengths) + 1))
+        np.add.at(
+            held,
+            (np.searchsorted(rows, self.requests[:, 0]) + 1, np.searchsorted(lengths, self.requests[:, 1]) + 1),
+            self.counts,
+        )
+        return held.cumsum(axis=0).cumsum(axis=1)
 
 
 def _candidate_sizes(traffic: Traffic, dim: int) -> list[int]:
