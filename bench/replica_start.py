@@ -32,7 +32,8 @@ OUT_DIR/replica-summary.txt; a Markdown row per model to OUT_DIR/replica-table.m
 replaced when it is measured again into the same OUT_DIR).
 --profile-loads: after the timed starts, one replica more whose loader's thread runs under
 cProfile (imports, loads, captures, checks: where a bucket's load goes), written to
-OUT_DIR/loads-<name>.txt with the start's milestones; its times are not among the figures.
+OUT_DIR/loads-<name>.txt with the start's milestones (the whole profile beside it, loads-<name>.txt.prof);
+its times are not among the figures.
 --budget SECONDS: start nothing that would not end within that many seconds of this run's start
 (each step is expected to take as long as the longest of its kind so far): the run ends with its
 files written inside the limit of the call it runs in; what it skipped it says.
@@ -141,6 +142,7 @@ if profile_to:
     stats = pstats.Stats(loader_profile, stream=text)
     stats.sort_stats("cumulative").print_stats(60)
     stats.sort_stats("tottime").print_stats(30)
+    loader_profile.dump_stats(profile_to + ".prof")  # the whole profile, for pstats or snakeviz
     with open(profile_to, "w") as out:
         out.write("events: " + json.dumps(row["events"]) + "\n" + text.getvalue())
 row["exit_requested_at"] = time.time()
