@@ -9,7 +9,7 @@ as `orchestrate plan --report` does) and bench/plan_traffic.py's synthetic trace
   1. per trace and point count, the plan and powers of two with as many sizes per dimension (the
      candidates `orchestrate plan` prints, and bench/plan_traffic.py warms): their p50 and mean costs and the plan's gain in each;
      and the plan for the median (`orchestrate plan --objective p50`: free points, its default
-     slack) with its gains over powers of two;
+     slack and margin) with its gains over powers of two;
   2. per trace, the product grid of `--search-points` points with the least p50 cost, found by
      trying every set of batch sizes and every set of sequence lengths for each split of the
      points into per-dimension counts (lengths in steps of 8 where a dimension has more than 3
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 from plan_traffic import synthetic  # noqa: E402  (bench/ is not a package)
 
-from orchestrator.planning.advice import QUANTILE_SLACK, measured_costs  # noqa: E402
+from orchestrator.planning.advice import QUANTILE_MARGIN, QUANTILE_SLACK, measured_costs  # noqa: E402
 from orchestrator.planning.buckets import Cost, figures, plan, plan_quantile, point_figures, powers_of_two  # noqa: E402
 
 
@@ -101,7 +101,9 @@ def main() -> int:
             mine, guesses[points] = figures(traffic, planned, cost), figures(traffic, two, cost)
             if points in shown:
                 guess = guesses[points]
-                median = point_figures(traffic, plan_quantile(traffic, points, cost, 0.5, QUANTILE_SLACK), cost)
+                median = point_figures(
+                    traffic, plan_quantile(traffic, points, cost, 0.5, QUANTILE_SLACK, QUANTILE_MARGIN), cost
+                )
                 print(
                     f"| {trace} | {points} | {planned} | {mine.p50_cost:.3f} | {mine.mean_cost:.3f} | {two} "
                     f"| {guess.p50_cost:.3f} | {guess.mean_cost:.3f} "

@@ -948,6 +948,14 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
     show_default=True,
     help="With --objective p50 or p99: how far above the least quantile (a fraction) the plan may go for a lower mean.",
 )
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    default=0.2,
+    show_default=True,
+    help="With --objective p50 or p99: the share of the requests beyond the quantile that the plan also holds "
+    "at its level (0.2: a median plan holds 60%), so that the spread of a point's latency moves the quantile less.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the comparison as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the plan's buckets into CFG.yaml, every other line as it was.")
 @click.option(
@@ -965,6 +973,7 @@ def plan_command(
     max_compile_seconds: Optional[float],
     objective: str,
     slack: float,
+    margin: float,
     as_json: bool,
     write: bool,
     free_points: bool,
@@ -988,15 +997,16 @@ def plan_command(
     spec = load_spec_with_overrides(model_path)
     if free_points and not (write and spec.grid):
         raise UserError("--free-points writes a grid's free-point plan: pass it with --write, for a grid config")
-    given = click.get_current_context().get_parameter_source("slack")
-    if objective == "mean" and given is not click.core.ParameterSource.DEFAULT:
-        raise UserError("--slack bounds a quantile's plan: pass it with --objective p50 or p99")
+    for option in ("slack", "margin"):
+        given = click.get_current_context().get_parameter_source(option)
+        if objective == "mean" and given is not click.core.ParameterSource.DEFAULT:
+            raise UserError(f"--{option} shapes a quantile's plan: pass it with --objective p50 or p99")
     report = _load_report(report_path) if report_path else None
     from orchestrator.planning import advice
     from orchestrator.planning.traffic import read_traffic
 
     counts = read_traffic(traffic, spec.grid_dims, spec.label, window)
-    candidates = advice.compare(spec, counts, max_points, report, max_compile_seconds, objective, slack)
+    candidates = advice.compare(spec, counts, max_points, report, max_compile_seconds, objective, slack, margin)
     unit = "ms" if report else "positions"
     if as_json:
         click.echo(json.dumps(advice.as_json(spec, candidates, unit), indent=2))

@@ -179,6 +179,27 @@ def test_a_slack_on_the_quantile_buys_a_lower_mean():
     assert plan_quantile({(7, 33): 500}, 6, Cost(), 0.5) == [(7, 33)]
 
 
+def test_a_margin_holds_the_quantile_for_more_requests_than_the_quantile_itself():
+    # half the requests at 1 x 10: a plan for the median alone gives them a point of their own, its
+    # level held by exactly half (the measured median then falls in those requests' slowest); with
+    # a margin of 0.2 the cheap point also holds the 10 requests at 2 x 10: 60% at its level
+    traffic = {(1, 10): 50, (2, 10): 10, (10, 10): 40}
+    edge = plan_quantile(traffic, 2, Cost(), 0.5)
+    assert edge == [(1, 10), (10, 10)] and point_figures(traffic, edge, Cost()).p50_cost == 10
+    held = plan_quantile(traffic, 2, Cost(), 0.5, margin=0.2)
+    assert held == [(2, 10), (10, 10)] and point_figures(traffic, held, Cost()).p50_cost == 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_margin_plans_the_quantile_beyond_it(seed):
+    rng = random.Random(700 + seed)
+    traffic = {(rng.choice([1, 2, 3, 5, 8]), rng.choice([5, 9, 17, 30, 64])): rng.randint(1, 9) for _ in range(12)}
+    for q, margin in ((0.5, 0.2), (0.5, 0.5), (0.99, 0.2)):
+        assert plan_quantile(traffic, 3, Cost(), q, margin=margin) == plan_quantile(
+            traffic, 3, Cost(), q + margin * (1 - q)
+        )
+
+
 def test_a_trace_of_one_size_gives_one_point():
     assert plan({(7, 33): 500}, 6, Cost(), 2) == [[7], [33]]
     assert plan({(5,): 3}, 4, Cost(), 1) == [[5]]
@@ -371,7 +392,7 @@ def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_besid
         "batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(2, 2)] * 40 + [(1, 64)] * 15 + [(4, 64)] * 45)
     )
     args = ["plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "2"]
-    done = orchestrate(*args, "--objective", "p50", "--json")
+    done = orchestrate(*args, "--objective", "p50", "--margin", "0", "--json")
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     names = [c["name"] for c in answer["candidates"]]
@@ -380,7 +401,11 @@ def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_besid
     assert median["points"] == {"only": [[2, 64], [4, 64]]} and median["p50_cost"] == 128
     assert mean["p50_cost"] == 256 and mean["mean_cost"] < median["mean_cost"]
     assert answer["buckets"] == {"batch": [2, 4], "seq": [64]} and answer["points"] == median["points"]
-    written = orchestrate(*args, "--objective", "p50", "--write")
+    # by default the median's level holds a margin more than half: 60%, which 2 x 64 (55%) does
+    # not, so the plan for the median is the mean's
+    held = json.loads(orchestrate(*args, "--objective", "p50", "--json").stdout)["candidates"][0]
+    assert held["points"] == {"only": [[2, 2], [4, 64]]} and held["p50_cost"] == 256
+    written = orchestrate(*args, "--objective", "p50", "--margin", "0", "--write")
     assert written.returncode == 0, written.stderr
     text = path.read_text()
     assert "# the grid we guessed\nbuckets:\n  batch: [2, 4]\n  seq: [64]\n" in text
@@ -388,8 +413,11 @@ def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_besid
 
     cube = grid_config(tmp_path, "buckets: {batch: [1, 4], seq: [2, 64], width: [8]}", "batch, seq, width", "cube")
     traffic.write_text("batch,seq,width\n1,2,8\n")
-    alone = orchestrate(*args, "--slack", "0.1")
-    assert alone.returncode == 2 and "--slack bounds a quantile's plan" in alone.stderr
+    for option in ("--slack", "--margin"):
+        alone = orchestrate(*args, option, "0.1")
+        assert alone.returncode == 2 and f"{option} shapes a quantile's plan" in alone.stderr
+    whole = orchestrate(*args, "--objective", "p50", "--margin", "1")
+    assert whole.returncode == 2 and "--margin" in whole.stderr
     refused = orchestrate("plan", "--model", str(cube), "--traffic", str(traffic), "--objective", "p99")
     assert refused.returncode == 2
     assert "--objective p99 plans one or two bucketed dimensions" in refused.stderr.strip().splitlines()[-1]

@@ -76,6 +76,10 @@ QUANTILES = {"p50": 0.5, "p99": 0.99}
 # A quantile a little above the least reachable often leaves points for the other requests: the
 # plan for a quantile takes the cheapest mean within this fraction of the least quantile.
 QUANTILE_SLACK = 0.05
+# The share of the requests beyond the quantile that a quantile's plan also holds at its level
+# (buckets.plan_quantile): the requests a point serves spread around its price, and a plan that
+# holds just the quantile's share puts the measured quantile in the tail of its cheapest points.
+QUANTILE_MARGIN = 0.2
 
 
 def compare(
@@ -86,6 +90,7 @@ def compare(
     max_compile_seconds: Optional[float] = None,
     objective: str = "mean",
     slack: float = QUANTILE_SLACK,
+    margin: float = QUANTILE_MARGIN,
 ) -> list[Candidate]:
     """The plan, the config's buckets and powers of two, each with its figures (and for a grid,
     free points for the mean). With `max_compile_seconds`, the plan holds at most the points whose
@@ -93,9 +98,9 @@ def compare(
     points alike: their graphs differ in sizes only).
 
     `objective` "p50" or "p99": the plan is the free points (a list's buckets) whose quantile of a
-    request's cost is within `slack` of the least reachable, of least mean among those
-    (buckets.plan_quantile); the plan for the mean follows the powers of two, so what the
-    quantile costs the mean shows beside it."""
+    request's cost, held with `margin`, is within `slack` of the least reachable, of least mean
+    among those (buckets.plan_quantile); the plan for the mean follows the powers of two, so what
+    the quantile costs the mean shows beside it."""
     dims = spec.grid_dims
     measured, compile_seconds = measured_costs(report or {}, dims)
     if max_compile_seconds is not None:
@@ -122,7 +127,7 @@ def compare(
     guess = powers_of_two(traffic, [len(sizes) for sizes in chosen])
     out = []
     if objective != "mean":
-        quantile = plan_quantile(traffic, max_points, cost, QUANTILES[objective], slack)
+        quantile = plan_quantile(traffic, max_points, cost, QUANTILES[objective], slack, margin)
         out.append(_free(f"plan ({objective})", quantile, traffic, cost, compile_seconds))
     others = [("config", current), ("powers of two", guess)]
     named = [*others, ("plan (mean)", chosen)] if objective != "mean" else [("plan", chosen), *others]

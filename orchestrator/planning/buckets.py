@@ -314,10 +314,19 @@ def plan_points(traffic: Traffic, max_points: int, cost: Cost) -> list[Point]:
 RESTARTS = 8
 
 
-def plan_quantile(traffic: Traffic, max_points: int, cost: Cost, q: float, slack: float = 0.0) -> list[Point]:
+def plan_quantile(
+    traffic: Traffic, max_points: int, cost: Cost, q: float, slack: float = 0.0, margin: float = 0.0
+) -> list[Point]:
     """At most `max_points` points of one or two dimensions whose q-quantile of a request's cost
     (q = 0.5: the median) is within `slack` (a fraction) of the least that any such set of
     candidate points reaches, and of the least mean cost among those this search finds.
+
+    `margin` (0 to 1): the plan holds its level for that share of the requests beyond the quantile
+    as well, i.e. it plans the quantile q + margin * (1 - q) (a median with margin 0.2: 60% of the
+    requests at or under the level). A point's price is one number, but the requests it serves
+    spread around it: a plan whose level holds just q of the requests puts the measured quantile
+    in the tail of its cheap points' latencies, while one that holds a margin more keeps it among
+    their typical latencies.
 
     A request costs at most c wherever some point of cost at most c holds it, so the least
     quantile is the least c at which max_points - 1 points of cost at most c (beside the largest
@@ -342,7 +351,7 @@ def plan_quantile(traffic: Traffic, max_points: int, cost: Cost, q: float, slack
         price = lambda point: cost(point[:1])  # noqa: E731
     found = _Candidates(traffic, price)
     k = min(max_points, len(found.points))
-    need = q * float(found.counts.sum()) - 1e-9
+    need = (q + margin * (1 - q)) * float(found.counts.sum()) - 1e-9
     levels = np.unique(found.unit)
     top = int(np.searchsorted(levels, found.unit[found.largest]))  # the largest point alone holds all
 
