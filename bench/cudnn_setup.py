@@ -18,27 +18,24 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import timm
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from host_speed import event_ms  # noqa: E402  (bench/ is not a package)
+
 CALLS = 60
 
 
 def median_ms(fn: Callable[[], Any]) -> float:
-    taken = []
-    for _ in range(CALLS):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        taken.append(start.elapsed_time(end))
-    return round(statistics.median(taken), 3)
+    return round(statistics.median(event_ms(fn) for _ in range(CALLS)), 3)
 
 
 def main() -> None:

@@ -29,8 +29,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
+from host_speed import event_ms  # noqa: E402  (bench/ is not a package)
 
 from orchestrator.config import load_spec  # noqa: E402
 from orchestrator.jobs.model import build_model, make_inputs  # noqa: E402
@@ -58,13 +60,7 @@ def median_call_us(fn: Callable[[], Any], cuda: bool) -> float:
         taken = []
         for _ in range(BLOCKS * BLOCK):
             if cuda:
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                taken.append(start.elapsed_time(end) * 1e3)
+                taken.append(event_ms(fn) * 1e3)
             else:
                 began = time.perf_counter()
                 fn()

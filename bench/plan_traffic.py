@@ -37,7 +37,9 @@ computed) called with its attention mask, bucketed over batch x seq.
 `--calibration` takes the calibration report of an earlier run on the same kind of machine instead of
 warming the dense grid again (the recorded trace needs the calibration replica, so not with it).
 
-Output: OUT_DIR/plan_traffic.json and a Markdown table on stdout; a trace whose turn comes after
+Output: OUT_DIR/plan_traffic.json, each timed request in OUT_DIR/requests-<trace>.json (per
+replica: batch, seq, the point that served it, ms, whether it went first of the two), and a
+Markdown table on stdout; a trace whose turn comes after
 `--budget` seconds is skipped with that reason.
 """
 
@@ -174,6 +176,7 @@ for line in open(trace):
     requests.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
 latency = {path: [] for path in configs}
 at_point = {path: {} for path in configs}  # the point that served each timed request -> its latencies
+timed = {path: [] for path in configs}  # per timed request: batch, seq, its point, ms, served first of the two
 first_at = {path: {} for path in configs}  # the point -> the first request it served
 mismatches = {}
 checked = {path: [0, 0] for path in configs}  # answers that passed the gate, answers checked
@@ -198,6 +201,7 @@ with torch.no_grad():
             latency[path].append(ms)
             point = point_of(replicas[path], request)
             at_point[path].setdefault(point, []).append(ms)
+            timed[path].append([*request["input_ids"].shape, point, round(ms, 4), path == order[0]])
             first_at[path].setdefault(point, request)
             if i % 20 == 0:
                 answers[path] = snapshot(dict(out))
@@ -244,7 +248,8 @@ print(json.dumps({path: {"p50_ms": statistics.median(v), "p99_ms": quantile(v, 0
                          "points": {point: {"requests": len(values), "traffic_p50_ms": statistics.median(values),
                                             "traffic_mean_ms": statistics.fmean(values),
                                             "repeated_ms": repeated[path][point]}
-                                    for point, values in sorted(at_point[path].items(), key=lambda kv: [int(n) for n in kv[0].split("x")])}}
+                                    for point, values in sorted(at_point[path].items(), key=lambda kv: [int(n) for n in kv[0].split("x")])},
+                         "timed": timed[path]}
                   for path, v in latency.items()}), flush=True)
 import os
 os._exit(0)
@@ -344,6 +349,10 @@ def main() -> int:
             measured = replay(args.device, cache, trace, list(configs.values()), out_dir, name, left())
             rows = {}
             price = Cost(point_costs(calibration))
+            # each timed request, in order, for what a point's tail shares: OUT_DIR/requests-<trace>.json
+            (out_dir / f"requests-{name}.json").write_text(
+                json.dumps({kind: measured[str(path)].pop("timed") for kind, path in configs.items()})
+            )
             for kind, path in configs.items():
                 figures = measured[str(path)]
                 own = point_costs(out_dir / f"warmup-{path.stem}.json")
