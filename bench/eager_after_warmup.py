@@ -94,6 +94,8 @@ def state() -> dict[str, Any]:
 
 
 def main() -> None:
+    if len(sys.argv) < 5 or not sys.argv[2].isdigit():
+        sys.exit("usage: python bench/eager_after_warmup.py CFG.yaml BUCKET CACHE_DIR OUT.json [warmup options ...]")
     config, bucket, cache, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
     spec = load_spec(config)
     cuda = torch.cuda.is_available()
