@@ -2,7 +2,8 @@
 docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machine without network access.
 
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
-                                  [--budget SECONDS] [--profile-loads] [CFG.yaml or name ...]
+                                  [--budget SECONDS] [--profile-loads] [--compare-early-imports]
+                                  [CFG.yaml or name ...]
     # names: examples/<name>.yaml or bench/models/<name>.yaml;
     # default: one model of each family: mixnet_l (a conv net), t5_small (an encoder-decoder),
     # clip_b32 (text and image), gpt2_cache_bf16 (a decoder with its cache), vit_s16, bert_base
@@ -34,6 +35,12 @@ replaced when it is measured again into the same OUT_DIR).
 cProfile (imports, loads, captures, checks: where a bucket's load goes), written to
 OUT_DIR/loads-<name>.txt with the start's milestones (the whole profile beside it, loads-<name>.txt.prof);
 its times are not among the figures.
+--compare-early-imports: each start runs a second replica beside the first, the two taking turns
+going first, whose loader imports the compiler (Inductor's compile_fx, what a saved function's first
+load imports) right after its pull, beside the model's build, where a replica otherwise waits
+until it answers: on a GPU part of the build (the weights' initialisation and copy, cuDNN's and
+cuBLAS's first calls) runs outside the interpreter lock. The summary gives both kinds' answering,
+on plan and slowest bucket load; the figures above it are the usual replica's.
 --budget SECONDS: start nothing that would not end within that many seconds of this run's start
 (each step is expected to take as long as the longest of its kind so far): the run ends with its
 files written inside the limit of the call it runs in; what it skipped it says.
@@ -82,6 +89,15 @@ if profile_to:  # the loader's thread under cProfile: where the loads go, not ho
         finally:
             loader_profile.disable()
     _replica._Loader._load_all = _profiled
+if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the compiler after its pull, beside the build
+    from orchestrator.jobs import replica as _replica, torch_internals as _ti
+    _pull = _replica._Loader._pull
+    def _pull_then_import(self):
+        _pull(self)
+        if any(plan.get("variant") in _replica.COMPILED_VARIANTS for plan in self._plans.values()):
+            _ti.import_compiler(to_compile=True)
+            self.events.add("compiler imported early")
+    _replica._Loader._pull = _pull_then_import
 from orchestrator import runtime
 served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device=sys.argv[3], ready="answering")
 answering = served.info()
@@ -245,10 +261,17 @@ def floor_start(config: Path, device: str, budget: Budget) -> dict:
 
 
 def replica_start(
-    config: Path, cache: Path, device: str, log: Path, budget: Budget, profile_to: Optional[Path] = None
+    config: Path,
+    cache: Path,
+    device: str,
+    log: Path,
+    budget: Budget,
+    profile_to: Optional[Path] = None,
+    early_imports: bool = False,
 ) -> dict:
     """A fresh process on the runtime; its JSON line, and how long it took to exit after it.
-    `profile_to`: its loader's thread runs under cProfile, the statistics written there."""
+    `profile_to`: its loader's thread runs under cProfile, the statistics written there.
+    `early_imports`: its loader imports the compiler right after its pull, beside the model's build."""
     timeout = budget.timeout(PROCESS_TIMEOUT)
     started = time.perf_counter()
     row: dict[str, Any] = {"ok": False, "log": log.name}
@@ -256,7 +279,12 @@ def replica_start(
         child = subprocess.Popen(
             [sys.executable, "-c", REPLICA, str(config), str(cache), device],
             stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1, cwd=ROOT,
-            env={**os.environ, **ENV, **({"REPLICA_START_PROFILE": str(profile_to)} if profile_to else {})},
+            env={
+                **os.environ,
+                **ENV,
+                **({"REPLICA_START_PROFILE": str(profile_to)} if profile_to else {}),
+                **({"REPLICA_START_EARLY_IMPORTS": "1"} if early_imports else {}),
+            },
         )  # fmt: skip
         lines: queue.Queue[Optional[tuple[float, str]]] = queue.Queue()
 
@@ -325,12 +353,13 @@ def bench(
     device: str,
     budget: Budget,
     profile_loads: bool = False,
+    compare_early_imports: bool = False,
 ) -> dict:
     name = config.stem
     cache = cache_root / name
     cache.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"model": name, "config": str(config), "device": device, "cache": str(cache)}
-    result.update(starts={"floor": [], "replica": []}, order=[], skipped=[])
+    result.update(starts={"floor": [], "replica": [], "early": []}, order=[], skipped=[])
 
     def save() -> None:
         (out_dir / f"replica-{name}.json").write_text(json.dumps(result, indent=2, default=str))
@@ -345,18 +374,21 @@ def bench(
         save()
         if "error" in result["warmup"]:
             return result
+    kinds = ["replica", "early"] if compare_early_imports else ["replica"]
     for i in range(starts):
-        if not budget.fits("floor", "replica"):
+        if not budget.fits("floor", *(["replica"] * len(kinds))):
             result["skipped"].append(f"starts {i + 1}..{starts}: the budget would run out")
             break
-        print(f"{name}: start {i + 1}/{starts}: floor, replica ...", file=sys.stderr, flush=True)
+        print(f"{name}: start {i + 1}/{starts}: floor, {', '.join(kinds)} ...", file=sys.stderr, flush=True)
         result["starts"]["floor"].append(floor_start(config, device, budget))
         result["order"].append("floor")
         save()
-        log = out_dir / "logs" / f"replica-{name}-{i + 1}.log"
-        result["starts"]["replica"].append(replica_start(config, cache, device, log, budget))
-        result["order"].append("replica")
-        save()
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:  # the two kinds of replica take turns going first
+            log = out_dir / "logs" / f"{kind}-{name}-{i + 1}.log"
+            run = replica_start(config, cache, device, log, budget, early_imports=kind == "early")
+            result["starts"][kind].append(run)
+            result["order"].append(kind)
+            save()
     if profile_loads and budget.fits("replica"):
         # one more replica, its loader profiled, outside the figures (cProfile slows Python work)
         profiled = out_dir / f"loads-{name}.txt"
@@ -466,15 +498,38 @@ def summary(result: dict) -> list[str]:
             else ""
         ),
     ]
+    lines += early_imports(result, f["floor"])
     lines += where_the_time_went(result)
     lines += correctness(result)
-    for kind in ("floor", "replica"):
+    for kind in ("floor", "replica", "early"):
         for i, run in enumerate(result["starts"][kind], 1):
             if not run.get("ok") or run.get("error"):
                 lines.append(f"  {kind} #{i} FAILED: {run.get('error')}")
                 detail = [line for line in (run.get("stderr_tail") or "").strip().splitlines() if line != run["error"]]
                 lines += [f"    {line}" for line in detail[-6:]]
     lines += [f"  skipped {what}" for what in result["skipped"]]
+    return lines
+
+
+def early_imports(result: dict, floor: list[float]) -> list[str]:
+    """With --compare-early-imports: the replicas whose loader imported the compiler beside the
+    build, against the others, and each kind's first (largest) bucket's load."""
+    early = [r for r in result["starts"].get("early", []) if r.get("ok")]
+    if not early:
+        return []
+    lines = []
+    for label, runs in (("imports after answering", ok_replicas(result)), ("imports beside the build", early)):
+        answering = [r["answering_from_spawn"] for r in runs if r.get("answering_from_spawn") is not None]
+        on_plan = [r["on_plan_from_spawn"] for r in runs if r.get("on_plan_from_spawn") is not None]
+        first = [
+            max(r["buckets"].values(), key=lambda row: row.get("load_seconds") or 0.0).get("load_seconds") for r in runs
+        ]
+        a, p = ratio(answering, floor), ratio(on_plan, floor)
+        lines.append(
+            f"  {label}: answering {spread(answering)} ({'-' if a is None else f'{a:.2f}x'}), on plan "
+            f"{spread(on_plan)} ({'-' if p is None else f'{p:.2f}x'}), slowest bucket load "
+            f"{spread([x for x in first if x is not None])}"
+        )
     return lines
 
 
@@ -572,6 +627,11 @@ def main() -> int:
     parser.add_argument(
         "--profile-loads", action="store_true", help="then one replica more, its loader's thread under cProfile"
     )
+    parser.add_argument(
+        "--compare-early-imports",
+        action="store_true",
+        help="per start a second replica, its loader importing the compiler right after its pull, beside the build",
+    )
     args = parser.parse_intermixed_args()
     configs = [resolve(name) for name in args.models or MODELS]
     out_dir = args.out_dir.resolve()
@@ -582,7 +642,15 @@ def main() -> int:
     for config in configs:
         try:
             result = bench(
-                config, out_dir, cache_root, args.starts, not args.no_warm, args.device, budget, args.profile_loads
+                config,
+                out_dir,
+                cache_root,
+                args.starts,
+                not args.no_warm,
+                args.device,
+                budget,
+                args.profile_loads,
+                args.compare_early_imports,
             )
             block = summary(result)
             if result["order"]:
