@@ -32,8 +32,8 @@ from orchestrator.cache import sync
 from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import namespace
 from orchestrator.jobs import grid as grid_shapes
+from orchestrator.jobs import routing, trees
 from orchestrator.jobs import torch_internals as ti
-from orchestrator.jobs import trees
 from orchestrator.jobs.errors import SetupError
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
 from orchestrator.jobs.padding import BadRequest
@@ -192,26 +192,26 @@ class GridModel:
         return found[self.spec.bucket_symbol][0], sizes
 
     def _choose(self, rows: int, sizes: dict[str, int]) -> int:
-        """The slice whose point costs this request least: measured milliseconds where every point
-        has them, else computed positions (padding included)."""
-        best: Optional[tuple[float, int]] = None
-        for index, (part, _) in enumerate(self.slices):
-            if any(part.fixed[dim] < size for dim, size in sizes.items()):
-                continue
-            buckets = part.buckets
-            fits = [b for b in buckets if b >= rows]
-            bucket = fits[0] if fits else buckets[-1]
-            calls = 1 if fits else math.ceil(rows / buckets[-1])
-            if self._measured:
-                cost = calls * float(self._costs[index][bucket] or 0.0)
-            else:
-                cost = float(calls * bucket * math.prod(part.fixed.values()))
-            if best is None or cost < best[0]:
-                best = (cost, index)
-        if best is None:  # the grid leaves out every point large enough (points.max_product)
+        """The slice that serves this request for least (routing.cheapest: whole where a point holds
+        its rows, split along the batch only where none does), by measured milliseconds where every
+        point has them, else by computed positions (padding included)."""
+        holding = [
+            index
+            for index, (part, _) in enumerate(self.slices)
+            if all(part.fixed[dim] >= size for dim, size in sizes.items())
+        ]
+        if not holding:  # the grid leaves out every point large enough (points.max_product)
             shown = ", ".join(f"{name} {size}" for name, size in sizes.items())
             raise BadRequest(f"no point of the grid takes {rows} rows at {shown}; the config's `points` leave them out")
-        return best[1]
+
+        def price(at: int, bucket: int) -> float:
+            index = holding[at]
+            if self._measured:
+                return float(self._costs[index][bucket] or 0.0)
+            return float(bucket * math.prod(self.slices[index][0].fixed.values()))
+
+        at, _, _ = routing.cheapest(rows, [self.slices[index][0].buckets for index in holding], price)
+        return holding[at]
 
     def info(self) -> ReplicaInfo:
         """Every slice's info as one: buckets keyed by point (`8x64`), every time counted from the

@@ -48,6 +48,8 @@ from typing import Optional
 
 import numpy as np
 
+from orchestrator.jobs.routing import cheapest
+
 Point = tuple[int, ...]
 Traffic = Mapping[Point, int]  # request sizes (one per dimension) -> how many requests
 
@@ -285,15 +287,22 @@ CANDIDATE_SIZES = 48  # per dimension, for plan_points
 
 
 def point_figures(traffic: Traffic, points: Sequence[Point], cost: Cost) -> Figures:
-    """The figures of a free set of points: each request at the cheapest point that holds it in
-    every dimension (as a grid replica routes it); ValueError where none holds a request."""
+    """The figures of a free set of points, each request served as a grid replica routes it
+    (routing.cheapest): the points that share their sizes beyond the batch form a slice; a
+    request runs whole at the cheapest point that holds it, and only one of more rows than any
+    point holding its other sizes runs in chunks, at the largest batch of the slice where those
+    calls cost least. ValueError where no point holds a request's sizes beyond the batch."""
+    slices: dict[Point, list[int]] = {}
+    for point in sorted(points):
+        slices.setdefault(point[1:], []).append(point[0])
     served = []
     for sizes, count in traffic.items():
-        holding = [p for p in points if all(b >= n for b, n in zip(p, sizes, strict=True))]
+        holding = [rest for rest in slices if all(b >= n for b, n in zip(rest, sizes[1:], strict=True))]
         if not holding:
             raise ValueError(f"no point holds a request of {list(sizes)}")
-        point = min(holding, key=cost)
-        served.append((cost(point), count, math.prod(sizes), math.prod(point)))
+        at, batch, calls = cheapest(sizes[0], [slices[rest] for rest in holding], lambda i, b: cost((b, *holding[i])))
+        point = (batch, *holding[at])
+        served.append((calls * cost(point), count, math.prod(sizes), calls * math.prod(point)))
     return _figures(served, len(points))
 
 
