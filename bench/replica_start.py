@@ -443,9 +443,12 @@ def ok_replicas(result: dict) -> list[dict]:
 
 def figures(result: dict) -> dict[str, list[float]]:
     floors = [r["ready_from_spawn"] for r in result["starts"]["floor"] if r.get("ok")]
-    replicas = ok_replicas(result)
+    return {"floor": floors, **replica_figures(ok_replicas(result))}
+
+
+def replica_figures(replicas: list[dict]) -> dict[str, list[float]]:
+    """Seconds to answering and to on plan from spawn, and to exit, of each replica that has them."""
     return {
-        "floor": floors,
         "answering": [r["answering_from_spawn"] for r in replicas if r.get("answering_from_spawn") is not None],
         "on_plan": [r["on_plan_from_spawn"] for r in replicas if r.get("on_plan_from_spawn") is not None],
         "exit": [r["exit_seconds"] for r in replicas if r.get("exit_seconds") is not None],
@@ -513,22 +516,18 @@ def summary(result: dict) -> list[str]:
 
 def early_imports(result: dict, floor: list[float]) -> list[str]:
     """With --compare-early-imports: the replicas whose loader imported the compiler beside the
-    build, against the others, and each kind's first (largest) bucket's load."""
+    build, against the others, and each kind's slowest bucket load (the first, with the imports)."""
     early = [r for r in result["starts"].get("early", []) if r.get("ok")]
     if not early:
         return []
     lines = []
     for label, runs in (("imports after answering", ok_replicas(result)), ("imports beside the build", early)):
-        answering = [r["answering_from_spawn"] for r in runs if r.get("answering_from_spawn") is not None]
-        on_plan = [r["on_plan_from_spawn"] for r in runs if r.get("on_plan_from_spawn") is not None]
-        first = [
-            max(r["buckets"].values(), key=lambda row: row.get("load_seconds") or 0.0).get("load_seconds") for r in runs
-        ]
-        a, p = ratio(answering, floor), ratio(on_plan, floor)
+        f = replica_figures(runs)
+        slowest = [max((row.get("load_seconds") or 0.0 for row in r["buckets"].values()), default=0.0) for r in runs]
+        a, p = ratio(f["answering"], floor), ratio(f["on_plan"], floor)
         lines.append(
-            f"  {label}: answering {spread(answering)} ({'-' if a is None else f'{a:.2f}x'}), on plan "
-            f"{spread(on_plan)} ({'-' if p is None else f'{p:.2f}x'}), slowest bucket load "
-            f"{spread([x for x in first if x is not None])}"
+            f"  {label}: answering {spread(f['answering'])} ({'-' if a is None else f'{a:.2f}x'}), on plan "
+            f"{spread(f['on_plan'])} ({'-' if p is None else f'{p:.2f}x'}), slowest bucket load {spread(slowest)}"
         )
     return lines
 
