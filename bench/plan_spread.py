@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from plan_traffic import synthetic  # noqa: E402  (bench/ is not a package)
 
 from orchestrator.planning.advice import QUANTILE_SLACK, measured_costs  # noqa: E402
-from orchestrator.planning.buckets import Cost, Point, plan, plan_quantile, powers_of_two  # noqa: E402
+from orchestrator.planning.buckets import Cost, Point, plan, plan_quantile, powers_of_two, routed_costs  # noqa: E402
 
 TRACES = ("long-tailed", "bimodal", "uniform")
 SPREADS = [  # (SHARE, HIGH, BODY)
@@ -45,7 +45,7 @@ def median_latency(
     traffic: Counter[Point], points: list[Point], cost: Cost, spread: tuple[float, float, float], draws: int
 ) -> float:
     share, high, body = spread
-    served = [(min(cost(p) for p in points if all(p[d] >= r[d] for d in range(2))), n) for r, n in traffic.items()]
+    served = [(price, n) for price, n, _, _ in routed_costs(traffic, points, cost)]  # routed as a replica routes
     rng = random.Random(1)
     medians = []
     for _ in range(draws if share else 1):

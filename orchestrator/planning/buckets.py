@@ -288,10 +288,17 @@ CANDIDATE_SIZES = 48  # per dimension, for plan_points
 
 def point_figures(traffic: Traffic, points: Sequence[Point], cost: Cost) -> Figures:
     """The figures of a free set of points, each request served as a grid replica routes it
-    (routing.cheapest): the points that share their sizes beyond the batch form a slice; a
-    request runs whole at the cheapest point that holds it, and only one of more rows than any
-    point holding its other sizes runs in chunks, at the largest batch of the slice where those
-    calls cost least. ValueError where no point holds a request's sizes beyond the batch."""
+    (routed_costs)."""
+    return _figures(routed_costs(traffic, points, cost), len(points))
+
+
+def routed_costs(traffic: Traffic, points: Sequence[Point], cost: Cost) -> list[tuple[float, int, int, int]]:
+    """Per request size of `traffic`: (its cost, how many requests, the positions it holds, the
+    positions computed for it), served as a grid replica routes it (routing.cheapest): the points
+    that share their sizes beyond the batch form a slice; a request runs whole at the cheapest
+    point that holds it, and only one of more rows than any point holding its other sizes runs in
+    chunks, at the largest batch of the slice where those calls cost least. ValueError where no
+    point holds a request's sizes beyond the batch."""
     slices: dict[Point, list[int]] = {}
     for point in sorted(points):
         slices.setdefault(point[1:], []).append(point[0])
@@ -303,7 +310,7 @@ def point_figures(traffic: Traffic, points: Sequence[Point], cost: Cost) -> Figu
         at, batch, calls = cheapest(sizes[0], [slices[rest] for rest in holding], lambda i, b: cost((b, *holding[i])))
         point = (batch, *holding[at])
         served.append((calls * cost(point), count, math.prod(sizes), calls * math.prod(point)))
-    return _figures(served, len(points))
+    return served
 
 
 def plan_points(traffic: Traffic, max_points: int, cost: Cost) -> list[Point]:
