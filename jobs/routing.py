@@ -16,18 +16,12 @@ def cheapest(rows: int, slices: Sequence[Sequence[int]], price: Callable[[int, i
     smallest bucket that holds its rows, in the slice where that costs least. Only where no
     bucket holds its rows is it split along the batch: at each slice's largest bucket, once per
     chunk of that many rows, in the slice where those calls cost least. Ties go to the first."""
-    best: tuple[float, int, int, int] | None = None
+    options = []  # (split, cost, slice, bucket, calls): whole before split, then the cost, then the order
     for index, buckets in enumerate(slices):
         at = bisect.bisect_left(buckets, rows)
-        if at < len(buckets):
-            cost = price(index, buckets[at])
-            if best is None or best[3] > 1 or cost < best[0]:
-                best = (cost, index, buckets[at], 1)
-        elif best is None or best[3] > 1:
-            calls = math.ceil(rows / buckets[-1])
-            cost = calls * price(index, buckets[-1])
-            if best is None or cost < best[0]:
-                best = (cost, index, buckets[-1], calls)
-    if best is None:
+        bucket, calls = (buckets[at], 1) if at < len(buckets) else (buckets[-1], math.ceil(rows / buckets[-1]))
+        options.append((calls > 1, calls * price(index, bucket), index, bucket, calls))
+    if not options:
         raise ValueError("no slice to serve the request")
-    return best[1], best[2], best[3]
+    _, _, index, bucket, calls = min(options)
+    return index, bucket, calls
