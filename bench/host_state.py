@@ -7,11 +7,14 @@ Per model (bench/zoo.py's configs and settings), three processes, each timing ea
 bucket (blocks of 40 calls, 5 rounds, CUDA events after a synchronize, medians; as bench/fidelity.py):
   - warmup: the engine's Session as `warmup --no-ray` drives it, timed after the model is built
     (`built`), after every bucket compiled (`compiled`), after Inductor's compile workers are shut
-    down (`workers shut`), after the objects alive are frozen out of the collector (`gc frozen`);
-    then the engine's own benchmark, whose eager figure the report would carry (`report`);
+    down (`workers shut`), after the objects alive are frozen out of the collector (`gc frozen`),
+    with the collector off (`gc off`); then the engine's own benchmark, whose eager figure the
+    report would carry (`report`); then a model built after all that (`a model built now`), and
+    the first model again after `torch._dynamo.reset()` and an emptied CUDA cache (`Dynamo reset`);
   - plain: a fresh process that builds the model and calls it, nothing else;
   - replica: a fresh process after `runtime.load(ready="planned")`, as bench/fidelity.py's probe.
-During each timing the process's threads and child processes are sampled for CPU. Each `plain`
+During each timing the process's threads and child processes are sampled for CPU, and its
+collector's objects, monitoring tools, torch-function modes and Dynamo frame callback recorded. Each `plain`
 process runs four times, and twice more pinned to one core: how far fresh processes of the same
 model disagree with each other.
 
@@ -123,6 +126,12 @@ def measure(state, fns):
     seconds = time.perf_counter() - started
     row["cpu"] = busy(before, snapshot(), seconds)
     row["gc"] = {"objects": len(gc.get_objects()), "counts": gc.get_count(), "collections": [s["collections"] for s in gc.get_stats()]}
+    # what could slow a host-bound call beside the collector: monitoring tools (Python 3.12 on),
+    # torch-function modes left on, a Dynamo frame callback left set
+    monitoring = getattr(sys, "monitoring", None)
+    row["process"] = {"monitoring": [monitoring.get_tool(i) for i in range(6) if monitoring.get_tool(i)] if monitoring else None,
+                      "torch_function_modes": torch._C._len_torch_function_stack(),
+                      "dynamo_callback": repr(torch._C._dynamo.eval_frame.get_eval_frame_callback())[:80]}
     out["states"][state] = row
     print(f"{role}: {state}: " + ", ".join(f"b{b} {row[b]['ms']:.3f}" for b in fns), file=sys.stderr, flush=True)
 
@@ -165,6 +174,9 @@ else:
     gc.collect()
     gc.freeze()
     measure("gc frozen", eager_calls(session.model, session.device))
+    gc.disable()
+    measure("gc off", eager_calls(session.model, session.device))
+    gc.enable()
     gc.unfreeze()
     report = {}
     for b in spec.buckets:
@@ -173,6 +185,12 @@ else:
                      "variants": {n: v.ms for n, v in r.variants.items()}}
     out["report"] = report
     session.publish()
+    measure("a model built now", eager_calls(build_model(spec, session.device), session.device))
+    torch._dynamo.reset()
+    gc.collect()
+    if CUDA:
+        torch.cuda.empty_cache()
+    measure("Dynamo reset", eager_calls(session.model, session.device))
 print(json.dumps(out, default=str), flush=True)
 os._exit(0)
 """
