@@ -23,6 +23,10 @@ SLOWED), on the core where that meter reads best; the figure is the median of th
 calls, and of all rounds' beside. This timer is written here on purpose, apart from
 orchestrator.jobs.timing: it is the check on that one.
 
+With `--rewarm`, a second `warmup --no-ray` follows the cold one, in a fresh process that loads
+everything from the warm cache and compiles nothing, and its report is compared with the same
+independent timing: rows named "(warm rerun)".
+
 Output: OUT_DIR/fidelity.json and OUT_DIR/fidelity.md (also printed): per model and bucket, each
 report figure over its independent timing (eager, every variant, served, speedup), and the
 runtime's and borrow's cost over the hand replay, in µs and %.
@@ -330,6 +334,12 @@ def main() -> int:
     parser.add_argument("--buckets", type=zoo.parse_buckets)
     parser.add_argument("--set", action="append", type=zoo.parse_set, default=[], metavar="KEY=VALUE")
     parser.add_argument("--cache-root", type=Path)
+    parser.add_argument(
+        "--rewarm",
+        action="store_true",
+        help="after the cold warmup, warm again from the warm cache in a fresh process (no compile "
+        "there) and compare that report with the same independent timing",
+    )
     args = parser.parse_args()
     args.device, args.reuse_cache = "cuda", False
     out_dir = zoo.output_folder(args.out_dir)
@@ -348,17 +358,23 @@ def main() -> int:
         cache = cache_root / model.name
         cache.mkdir(parents=True, exist_ok=True)
         warmed = zoo.warm(model, config, cache, out_dir, "cuda", budget.timeout(zoo.WARMUP_TIMEOUT))
+        reports = {model.name: warmed}
+        if args.rewarm and "error" not in warmed:
+            label = f"{model.name} (warm rerun)"
+            timeout = budget.timeout(zoo.WARMUP_TIMEOUT)
+            reports[label] = zoo.warm(model, config, cache, out_dir, "cuda", timeout, label=f"{model.name}-rewarm")
         if "error" in warmed:
             rows.append({"model": model.name, "error": warmed["error"]})
         else:
             report = out_dir / warmed["report"]
             timing = probe(model, config, cache, report, out_dir, budget.timeout(zoo.REPLICA_TIMEOUT))
-            if "error" in timing:
-                rows.append({"model": model.name, "error": timing["error"]})
-            else:
-                records = {r["bucket"]: r for r in json.loads(report.read_text())["results"]}
+            for label, run in reports.items():
+                if "error" in run or "error" in timing:
+                    rows.append({"model": label, "error": run.get("error") or timing["error"]})
+                    continue
+                records = {r["bucket"]: r for r in json.loads((out_dir / run["report"]).read_text())["results"]}
                 for bucket, measured in timing["buckets"].items():
-                    rows.append({"model": model.name, **compare(records[int(bucket)], measured)})
+                    rows.append({"model": label, **compare(records[int(bucket)], measured)})
         budget.longest = max(budget.longest, time.perf_counter() - started)
         (out_dir / "fidelity.json").write_text(json.dumps(rows, indent=1))
         print(f"fidelity: {model.name} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)

@@ -340,9 +340,13 @@ def last_line(log: Path) -> str:
     return lines[-1][:2000] if lines else "(nothing on stderr)"
 
 
-def warm(model: Model, config: Path, cache: Path, out_dir: Path, device: str, timeout: float) -> dict:
-    report = out_dir / f"warmup-{model.name}.json"
-    log = out_dir / "logs" / f"warmup-{model.name}.log"
+def warm(
+    model: Model, config: Path, cache: Path, out_dir: Path, device: str, timeout: float, label: Optional[str] = None
+) -> dict:
+    """`warmup --no-ray` of the model into `cache` (cold where the cache is empty); its report and
+    log are named after `label` (the model's name by default)."""
+    report = out_dir / f"warmup-{label or model.name}.json"
+    log = out_dir / "logs" / f"warmup-{label or model.name}.log"
     report.unlink(missing_ok=True)
     command = [sys.executable, "-m", "orchestrator", "warmup", "--no-ray", "--model", str(config),
                "--device", device, "--cache-dir", str(cache), "--report", str(report)]  # fmt: skip
