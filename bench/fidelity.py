@@ -23,9 +23,9 @@ SLOWED), on the core where that meter reads best; the figure is the median of th
 calls, and of all rounds' beside. This timer is written here on purpose, apart from
 orchestrator.jobs.timing: it is the check on that one.
 
-With `--rewarm`, a second `warmup --no-ray` follows the cold one, in a fresh process that loads
-everything from the warm cache and compiles nothing, and its report is compared with the same
-independent timing: rows named "(warm rerun)".
+With `--compare-same`, a second cold `warmup --no-ray` (a cache of its own) times its buckets in
+the process that compiled them (`bench.process: same`), and its report is compared with the same
+independent timing: rows named "(timed where compiled)".
 
 Output: OUT_DIR/fidelity.json and OUT_DIR/fidelity.md (also printed): per model and bucket, each
 report figure over its independent timing (eager, every variant, served, speedup), and the
@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import yaml  # noqa: E402
 import zoo  # noqa: E402  (bench/zoo.py: configs, settings and the warmup process)
 
 BLOCK, ROUNDS, UNTIMED = 40, 5, 3
@@ -335,10 +336,10 @@ def main() -> int:
     parser.add_argument("--set", action="append", type=zoo.parse_set, default=[], metavar="KEY=VALUE")
     parser.add_argument("--cache-root", type=Path)
     parser.add_argument(
-        "--rewarm",
+        "--compare-same",
         action="store_true",
-        help="after the cold warmup, warm again from the warm cache in a fresh process (no compile "
-        "there) and compare that report with the same independent timing",
+        help="also a cold warmup into a cache of its own that times the buckets in the process that "
+        "compiled them (bench.process: same), its report against the same independent timing",
     )
     args = parser.parse_args()
     args.device, args.reuse_cache = "cuda", False
@@ -359,10 +360,15 @@ def main() -> int:
         cache.mkdir(parents=True, exist_ok=True)
         warmed = zoo.warm(model, config, cache, out_dir, "cuda", budget.timeout(zoo.WARMUP_TIMEOUT))
         reports = {model.name: warmed}
-        if args.rewarm and "error" not in warmed:
-            label = f"{model.name} (warm rerun)"
+        if args.compare_same and "error" not in warmed:
+            same = config.with_name(f"{model.name}-same.yaml")
+            data = yaml.safe_load(config.read_text())
+            data.setdefault("bench", {})["process"] = "same"
+            same.write_text(yaml.safe_dump(data, sort_keys=False))
             timeout = budget.timeout(zoo.WARMUP_TIMEOUT)
-            reports[label] = zoo.warm(model, config, cache, out_dir, "cuda", timeout, label=f"{model.name}-rewarm")
+            reports[f"{model.name} (timed where compiled)"] = zoo.warm(
+                model, same, cache_root / f"{model.name}-same", out_dir, "cuda", timeout, label=f"{model.name}-same"
+            )
         if "error" in warmed:
             rows.append({"model": model.name, "error": warmed["error"]})
         else:

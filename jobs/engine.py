@@ -45,7 +45,7 @@ from orchestrator.cache.local import LocalCache
 from orchestrator.cache.manifest import IntegrityError, SigningKey, TrustedKeys
 from orchestrator.cache.namespace import Platform, namespace
 from orchestrator.cache.store import Store, StoreError, open_store
-from orchestrator.jobs import aot, copies, grid
+from orchestrator.jobs import aot, copies, fresh_benchmark, grid
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.aot_builds import AheadBuildError, AheadBuilds, processes_for
 from orchestrator.jobs.collector import exit_without_collecting
@@ -159,8 +159,8 @@ def run_warmup(
         for bucket in spec.buckets:
             session.warm(bucket, benchmark=False)
         session.close()
-        for bucket in spec.buckets if benchmark else ():
-            session.benchmark(bucket)
+        if benchmark:
+            session.benchmark_all(spec.buckets)
     finally:
         session.close()
     if publish:
@@ -188,13 +188,16 @@ class Session:
         profile_prefix: Optional[str] = None,
         build_ahead: Sequence[int] = (),
         model: Optional[torch.nn.Module] = None,
+        loads_only: bool = False,
     ) -> None:
         """build_ahead: buckets whose aot functions child processes compile beside this one's
         compiles (jobs/aot_builds.py), started before the model is built here: for a process that
         compiles (warmup, a compile unit), not one that loads what the compile wave published.
         model: one already built from the same config (a Ray rank's sessions of a grid's slices
-        share one), else built here."""
+        share one), else built here. loads_only: a process that benchmarks what another compiled
+        (jobs/fresh_benchmark.py) builds no aot function the namespace lacks."""
         self.started, self.process_age = time.perf_counter(), process_age_seconds()
+        self.loads_only = loads_only
         # `warmup --profile DIR`: each benchmarked bucket's variants profiled into DIR, trace
         # files named `<profile_prefix>-b<bucket>-<variant>.json.gz` (jobs/profiling.py)
         self.profile_dir = profile_dir
@@ -385,6 +388,56 @@ class Session:
                 self.event(f"benchmarked bucket {bucket}")
                 self._profile(work)
         return self._finished(work)
+
+    def benchmark_all(self, buckets: Sequence[int]) -> None:
+        """Benchmark `buckets` once nothing compiles any more: in a fresh process that loads them
+        from the cache where this one compiled (jobs/fresh_benchmark.py decides), else here."""
+        records = [self._bucket(bucket).result for bucket in buckets]
+        free = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            free, _ = torch.cuda.mem_get_info(self.device)
+        decision = fresh_benchmark.decide(self.spec.bench.process, self.device.type, records, free)
+        pending = [r.bucket for r in records if r.status == "ok" and r.speedup is None]
+        if decision.where == "same" or not pending:
+            self.event(f"benchmark in this process: {decision.why}")
+            for bucket in buckets:
+                self.benchmark(bucket)
+            return
+        self.progress.step(f"benchmark in a fresh process: {decision.why}")
+        self.event("fresh benchmark process started")
+        answer = fresh_benchmark.run(
+            self.spec,
+            self.local.root,
+            pending,
+            rank=self.rank,
+            progress=self.progress,
+            profile_dir=self.profile_dir,
+            profile_prefix=self.profile_prefix,
+        )
+        self.serving_files += answer.serving_files
+        self._quarantined += answer.quarantined
+        self.events += [(f"fresh process: {what}", when) for what, when in answer.events]
+        for bucket in pending:
+            work = self._work[bucket]
+            measured = answer.results.get(bucket)
+            if measured is None:
+                result = work.result
+                result.status, result.stage = "failed", "benchmark"
+                result.error = f"benchmark: {answer.error}"
+                self.progress.finish(result)
+                continue
+            fresh_benchmark.take_benchmark(work.result, measured)
+            if work.result.status == "ok":
+                self._finished(work)
+            else:
+                self.progress.finish(work.result)
+        self.event("fresh benchmark process done")
+
+    @property
+    def quarantined(self) -> list[str]:
+        """Files a failed step compiled and deleted, relative to the namespace directory."""
+        return list(self._quarantined)
 
     def _profile(self, work: _BucketWork) -> None:
         """Profile the bucket's variants once its numbers are taken, so the profiler never touches
@@ -741,6 +794,8 @@ class _BucketWork:
                 rel, compiled_s = session.ahead.take(bucket, directory)
                 session.serving_files.append(rel)
                 started = time.perf_counter() - compiled_s  # its build: the child's compile, then the load here
+            elif rel is None and session.loads_only:
+                raise AheadBuildError("the namespace holds no aot function for this bucket to load")
             elif rel is None:
                 options = self.spec.compile
                 compile_options = aot.compile_kwargs(options.mode, options.options, options.backend, self.device.type)
