@@ -29,7 +29,6 @@ import json
 import os
 import pickle
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.jobs import child_process
 from orchestrator.jobs.spec import WarmupSpec
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/: the child imports it from here
 STAGING_PREFIX = ".aot-build-"  # + the parent's pid: a directory whose parent is gone is stale
 NAMESPACE = "ns"  # the staging directory's stand-in for the namespace directory
 CORES_PER_BUILD = 4
@@ -222,15 +221,7 @@ def _start_env() -> dict[str, str]:
 
 
 def _spawn() -> subprocess.Popen[bytes]:
-    path = [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
-    # stderr is the parent's: torch's and the compilers' output lands in the same run log
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.jobs.aot_builds", str(os.getpid())],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-    )
+    return child_process.spawn("orchestrator.jobs.aot_builds")
 
 
 def processes_for(model: Any, device: Any, buckets: int) -> int:
@@ -268,12 +259,7 @@ def _alive(pid: int) -> bool:
 
 
 def main(parent: int) -> int:
-    # the parent stops this process (Ctrl-C included); one killed outright takes it along
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    # the result goes to the pipe the parent reads; anything torch or a compiler prints to stderr
-    results = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    results = child_process.become_child(parent)
     # imported before the job is read: a spare (prestart) has torch loaded by the time it comes
     from orchestrator.jobs import aot
     from orchestrator.jobs.model import build_model, make_inputs, resolve_device
@@ -329,16 +315,5 @@ def _fill_caches(twin: Any, args: Any, kwargs: Any) -> None:
         pass
 
 
-def _exit_with(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
 if __name__ == "__main__":
-    code = main(int(sys.argv[1]))
-    # The result is written and every file it names is on disk: the process ends here. A normal
-    # exit would first collect every object the compile made and shut Inductor's worker pool down
-    # (seconds), and the parent waits for this exit before it benchmarks anything.
-    sys.stderr.flush()
-    os._exit(code)
+    child_process.end_child(main(int(sys.argv[1])))

@@ -20,23 +20,18 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import pickle
-import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from orchestrator.jobs import child_process
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.spec import WarmupSpec
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/: the child imports it from here
-CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 # A fresh process holds its own copy of what the warmup holds (weights, graphs, the benchmark's
 # memory) beside the warmup process, plus a CUDA context of its own.
 CONTEXT_BYTES = 1 << 30
@@ -161,15 +156,7 @@ def run(
 ) -> Benchmarked:
     """Benchmark `buckets` of `spec` in a fresh child process over the namespace under `cache_root`,
     forwarding its progress to `progress` (engine.Progress) as it comes."""
-    path = [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
-    # stderr is the parent's: torch's output lands in the same run log
-    child = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.jobs.fresh_benchmark", str(os.getpid())],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-    )
+    child = child_process.spawn("orchestrator.jobs.fresh_benchmark")
     assert child.stdin is not None and child.stdout is not None
     answer = Benchmarked()
     try:
@@ -231,12 +218,7 @@ class _Forward:
 
 
 def main(parent: int) -> int:
-    # the parent stops this process (Ctrl-C included); one killed outright takes it along
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    # the answer goes to the pipe the parent reads; anything torch prints, to stderr
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    out = child_process.become_child(parent)
     from orchestrator.jobs.engine import Session
 
     spec, cache_root, buckets, rank, profile_dir, profile_prefix = pickle.loads(sys.stdin.buffer.read())
@@ -268,15 +250,5 @@ def main(parent: int) -> int:
     return 0
 
 
-def _exit_with(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
 if __name__ == "__main__":
-    code = main(int(sys.argv[1]))
-    # the answer is written and the plans are on disk: exiting normally would first collect every
-    # object the loads made and shut Inductor's workers down, which the parent would wait for
-    sys.stderr.flush()
-    os._exit(code)
+    child_process.end_child(main(int(sys.argv[1])))
