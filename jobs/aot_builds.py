@@ -106,10 +106,10 @@ class AheadBuilds:
             self._start(self._waiting.popleft())
 
     def _start(self, bucket: int) -> None:
-        child = _take_spare() or _spawn()
+        child = _SPARE.take()
         assert child.stdin is not None
         try:
-            where = {name: os.environ.get(name) for name in CACHE_ENV}
+            where = {name: os.environ.get(name) for name in child_process.CACHE_ENV}
             child.stdin.write(pickle.dumps((self.staging, self._spec, bucket, self._twin, where)))
             child.stdin.close()
         except OSError:  # the child died at once: its exit is read by its reader, as any other
@@ -176,12 +176,7 @@ class AheadBuilds:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
-# Torch reads these at every cache access, so a child already running takes them with its job;
-# any other variable a child reads at its start.
-CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-_spare: Optional[subprocess.Popen[bytes]] = None
-_spare_env: dict[str, str] = {}
-_spare_lock = threading.Lock()
+_SPARE = child_process.Spare("orchestrator.jobs.aot_builds")
 
 
 def prestart(spec: WarmupSpec) -> Optional[int]:
@@ -193,35 +188,8 @@ def prestart(spec: WarmupSpec) -> Optional[int]:
     Returns the spare's pid, if there is one."""
     from orchestrator.jobs.variants import serving_candidates
 
-    global _spare, _spare_env
-    gpu = spec.device != "cpu" and (spec.device == "cuda" or os.path.exists("/dev/nvidiactl"))
-    candidates, _ = serving_candidates(spec, "cuda" if gpu else "cpu")
-    with _spare_lock:
-        if _spare is None and "aot" in candidates:
-            _spare, _spare_env = _spawn(), _start_env()
-        return _spare.pid if _spare is not None else None
-
-
-def _take_spare() -> Optional[subprocess.Popen[bytes]]:
-    """The prestarted child, if it still runs and started with the environment a new one would."""
-    global _spare
-    with _spare_lock:
-        spare, _spare = _spare, None
-    if spare is None or spare.poll() is not None:
-        return None
-    if _start_env() != _spare_env:
-        spare.kill()
-        spare.wait()
-        return None
-    return spare
-
-
-def _start_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if name not in CACHE_ENV}
-
-
-def _spawn() -> subprocess.Popen[bytes]:
-    return child_process.spawn("orchestrator.jobs.aot_builds")
+    candidates, _ = serving_candidates(spec, "cuda" if child_process.gpu_likely(spec.device) else "cpu")
+    return _SPARE.start() if "aot" in candidates else None
 
 
 def processes_for(model: Any, device: Any, buckets: int) -> int:

@@ -400,6 +400,7 @@ class Session:
         decision = fresh_benchmark.decide(self.spec.bench.process, self.device.type, records, free)
         pending = [r.bucket for r in records if r.status == "ok" and r.speedup is None]
         if decision.where == "same" or not pending:
+            fresh_benchmark.discard_spare()
             self.event(f"benchmark in this process: {decision.why}")
             for bucket in buckets:
                 self.benchmark(bucket)

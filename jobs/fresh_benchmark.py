@@ -71,6 +71,23 @@ class Decision:
     why: str
 
 
+_SPARE = child_process.Spare("orchestrator.jobs.fresh_benchmark")
+
+
+def prestart(spec: WarmupSpec) -> Optional[int]:
+    """Start the process a fresh benchmark will use, now, where `spec` will likely want one (asked
+    for, or `auto` where torch will likely see a GPU): its start and imports then run beside the
+    warmup's compiles. Returns its pid, if one was started."""
+    if spec.bench.process == "fresh" or (spec.bench.process == "auto" and child_process.gpu_likely(spec.device)):
+        return _SPARE.start()
+    return None
+
+
+def discard_spare() -> None:
+    """The benchmark runs in the warmup's process after all: end the spare waiting for it."""
+    _SPARE.discard()
+
+
 def decide(asked: str, device_type: str, records: Sequence[BucketResult], free_bytes: Optional[int] = None) -> Decision:
     """Where a warmup process's benchmark runs: `asked` is the config's `bench.process`; `auto`
     goes fresh on a GPU where this process compiled any bucket (a lookup missed). A fresh process
@@ -156,7 +173,7 @@ def run(
 ) -> Benchmarked:
     """Benchmark `buckets` of `spec` in a fresh child process over the namespace under `cache_root`,
     forwarding its progress to `progress` (engine.Progress) as it comes."""
-    child = child_process.spawn("orchestrator.jobs.fresh_benchmark")
+    child = _SPARE.take()
     assert child.stdin is not None and child.stdout is not None
     answer = Benchmarked()
     try:
@@ -219,9 +236,17 @@ class _Forward:
 
 def main(parent: int) -> int:
     out = child_process.become_child(parent)
+    # imported before the job is read: a spare (prestart) has torch, Dynamo and Inductor loaded by
+    # the time it comes (imports only: this process compiles nothing)
+    from orchestrator.jobs import torch_internals as ti
     from orchestrator.jobs.engine import Session
 
-    spec, cache_root, buckets, rank, profile_dir, profile_prefix = pickle.loads(sys.stdin.buffer.read())
+    ti.import_compiler(to_compile=True)
+
+    job = sys.stdin.buffer.read()
+    if not job:  # a spare no benchmark took
+        return 0
+    spec, cache_root, buckets, rank, profile_dir, profile_prefix = pickle.loads(job)
     session = Session(
         spec,
         cache_root,

@@ -353,9 +353,11 @@ def _in_process(
     beside the cache, as on Ray: a Ray warmup's ranks pull into their node's directory, not into
     the namespace directory this process compiles in, so the store is where the two meet (either
     one run after the other hits the cache)."""
-    from orchestrator.jobs import aot_builds
+    from orchestrator.jobs import aot_builds, fresh_benchmark
 
-    aot_builds.prestart(spec)  # before torch's import here, which the child then makes beside it
+    # before torch's import here, which the children then make beside it
+    aot_builds.prestart(spec)
+    fresh_benchmark.prestart(spec)
 
     from orchestrator.jobs.engine import run_warmup
     from orchestrator.progress import BucketProgress

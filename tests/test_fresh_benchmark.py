@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, assert_measured, orchestrate
 
+from orchestrator.jobs.child_process import Spare
 from orchestrator.jobs.fresh_benchmark import CONTEXT_BYTES, decide, take_benchmark
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.variants import read_plans
@@ -192,3 +193,23 @@ def test_a_fresh_process_that_cannot_benchmark_fails_its_buckets_and_publishes_n
             "(its output is in the run log)"
         )
     assert not list((tmp_path / "cache" / "store").rglob("*.json"))  # nothing published
+
+
+def test_a_spare_survives_what_a_compile_sets_in_the_environment_and_exits_unused(monkeypatch):
+    spare = Spare("orchestrator.jobs.fresh_benchmark")
+    pid = spare.start()
+    assert spare.start() == pid, "one spare at a time"
+    # what the warmup's own compile sets after the spare started: its caches, Inductor's marker
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    monkeypatch.setenv("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "140141761580064")
+    child = spare.take()
+    assert child.pid == pid
+    child.stdin.close()  # no job: a spare nobody took
+    assert child.wait(timeout=120) == 0
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read at a child's start: a new one must start with it
+    pid = spare.start()
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    child = spare.take()
+    assert child.pid != pid
+    child.kill()
+    child.wait()
