@@ -407,6 +407,7 @@ class Session:
             return
         self.progress.step(f"benchmark in a fresh process: {decision.why}")
         self.event("fresh benchmark process started")
+        before = set(sync.scan(self.local.path))
         answer = fresh_benchmark.run(
             self.spec,
             self.local.root,
@@ -416,6 +417,8 @@ class Session:
             profile_dir=self.profile_dir,
             profile_prefix=self.profile_prefix,
         )
+        if answer.error is not None:  # buckets without an answer: what it wrote (plans) must not be published
+            self.quarantine(set(sync.scan(self.local.path)) - before)
         self.serving_files += answer.serving_files
         self._quarantined += answer.quarantined
         self.events += [(f"fresh process: {what}", when) for what, when in answer.events]

@@ -193,6 +193,8 @@ def test_a_fresh_process_that_cannot_benchmark_fails_its_buckets_and_publishes_n
             "(its output is in the run log)"
         )
     assert not list((tmp_path / "cache" / "store").rglob("*.json"))  # nothing published
+    (namespace,) = (p for p in (tmp_path / "cache").iterdir() if p.name.startswith("lonely-"))
+    assert not read_plans(namespace)  # nor a serving plan left for a later run to trust
 
 
 def test_a_spare_survives_what_a_compile_sets_in_the_environment_and_exits_unused(monkeypatch):
