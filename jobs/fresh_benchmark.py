@@ -97,7 +97,7 @@ def decide(asked: str, device_type: str, records: Sequence[BucketResult], free_b
     if asked == "same":
         return Decision("same", "bench.process is same")
     if asked == "auto" and device_type != "cuda":
-        return Decision("same", "on the CPU a compile leaves host-bound calls as fast as before")
+        return Decision("same", "on the CPU the compiling process times as a fresh one does")
     if asked == "auto" and not compiled:
         return Decision("same", "this process compiled nothing: every bucket loaded from the cache")
     if not any(r.status == "ok" for r in records):
