@@ -153,8 +153,11 @@ def warm(tmp_path: Path, name: str, factory: str, *extra: str):
 
 @pytest.mark.slow
 def test_warmup_benchmarks_in_a_fresh_process_what_it_compiled(tmp_path):
-    run, report = warm(tmp_path, "apart", f"{ROOT}/examples/models.py:mlp", "--profile", str(tmp_path / "prof"))
+    run, report = warm(
+        tmp_path, "apart", f"{ROOT}/examples/models.py:mlp", "--profile", str(tmp_path / "prof"), "--json"
+    )
     assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["results"], "stdout holds the report alone: the child writes nothing there"
     assert "benchmark in a fresh process: bench.process is fresh" in run.stderr
     assert "bucket 4: fresh process: benchmark" in run.stderr  # its progress, forwarded
     data = json.loads(report.read_text())
