@@ -35,6 +35,7 @@ runtime's and borrow's cost over the hand replay, in µs and %.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -355,16 +356,16 @@ def main() -> int:
         if not budget.fits():
             rows.append({"model": model.name, "error": f"skipped: {budget.left():.0f} s of the budget left"})
             continue
-        config, _ = zoo.effective_config(model, args, out_dir)
+        config, settings = zoo.effective_config(model, args, out_dir)
         cache = cache_root / model.name
         cache.mkdir(parents=True, exist_ok=True)
         warmed = zoo.warm(model, config, cache, out_dir, "cuda", budget.timeout(zoo.WARMUP_TIMEOUT))
         reports = {model.name: warmed}
         if args.compare_same and "error" not in warmed:
             same = config.with_name(f"{model.name}-same.yaml")
-            data = yaml.safe_load(config.read_text())
-            data.setdefault("bench", {})["process"] = "same"
-            same.write_text(yaml.safe_dump(data, sort_keys=False))
+            timed_in_place = copy.deepcopy(settings)
+            zoo.assign(timed_in_place, ["bench", "process"], "same")
+            same.write_text(yaml.safe_dump(timed_in_place, sort_keys=False))
             timeout = budget.timeout(zoo.WARMUP_TIMEOUT)
             reports[f"{model.name} (timed where compiled)"] = zoo.warm(
                 model, same, cache_root / f"{model.name}-same", out_dir, "cuda", timeout, label=f"{model.name}-same"

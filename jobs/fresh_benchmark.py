@@ -102,8 +102,7 @@ def decide(asked: str, device_type: str, records: Sequence[BucketResult], free_b
         return Decision("same", "this process compiled nothing: every bucket loaded from the cache")
     if not any(r.status == "ok" for r in records):
         return Decision("same", "no bucket to benchmark")
-    bypassed = [r.bucket for r in records if r.status == "ok" and r.cache.get("fx_graph_bypasses")]
-    if bypassed:
+    if any(r.status == "ok" and r.cache.get("fx_graph_bypasses") for r in records):
         return Decision("same", "the compiled graphs bypass Inductor's cache: a fresh process would compile them again")
     needed = max((r.peak_memory_bytes or 0) for r in records) + CONTEXT_BYTES
     if device_type == "cuda" and free_bytes is not None and free_bytes < needed:
