@@ -6,6 +6,7 @@ the server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ POD_USER = 1000  # orchestrator.deployment.k8s.RUN_AS
 START_SECONDS = 240  # Ray, Serve and a replica that loads both buckets from the cache
 STOP_SECONDS = 60
 BODY_TIMEOUT = 4  # seconds, `serve --body-timeout`
+PORT_RACE_LAUNCHES = 3
 
 
 class Server:
@@ -51,25 +53,34 @@ class Server:
         buckets: Optional[str] = "1,8",
         name: str = "mlp",
     ) -> None:
-        with socket.socket() as probe, socket.socket() as metrics:  # free ports, not Serve's default
-            probe.bind(("127.0.0.1", 0))
-            metrics.bind(("127.0.0.1", 0))
-            self.port, self.metrics_port = probe.getsockname()[1], metrics.getsockname()[1]
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("ORCHESTRATE_CACHE_DIR", None)
         env.pop("RAY_ADDRESS", None)  # its own instance, whatever this shell points at
         self.log, self.stdout = log, log.with_name(f"{log.name}.stdout")
-        self._stderr, self._stdout = log.open("w"), self.stdout.open("w")
+        self.ready = f"orchestrate: serving {name} at "
+        self.as_a_restricted_pod = as_a_restricted_pod
+        self._launch_args = (cache, config, buckets, env, sigint_ignored)
+        self.launches = 0
+        self._launch()
+        self.url = ""
+        self.ready_line = ""
+
+    def _launch(self) -> None:
+        cache, config, buckets, env, sigint_ignored = self._launch_args
+        with socket.socket() as probe, socket.socket() as metrics:  # free ports, not Serve's default
+            probe.bind(("127.0.0.1", 0))
+            metrics.bind(("127.0.0.1", 0))
+            self.port, self.metrics_port = probe.getsockname()[1], metrics.getsockname()[1]
+        self._stderr, self._stdout = self.log.open("w"), self.stdout.open("w")
         command = [sys.executable, "-m", "orchestrator", "serve", "--model", config]
         command += ["--buckets", buckets] if buckets else []
-        self.ready = f"orchestrate: serving {name} at "
         command += ["--device", "cpu", "--cache-dir", str(cache), "--port", str(self.port)]
         # planned: Serve routes nothing to the replica before every bucket is on warmup's choice
         command += ["--metrics-port", str(self.metrics_port), "--ready", "planned"]
         command += ["--body-timeout", str(BODY_TIMEOUT)]  # a slow client's 408 within a test's patience
-        if as_a_restricted_pod:  # as the rendered serving container runs it
+        if self.as_a_restricted_pod:  # as the rendered serving container runs it
             command = [str(RESTRICTED_POD), *command, "--require-warm"]
-        self.as_a_restricted_pod = as_a_restricted_pod
+        self.launches += 1
         self.process = subprocess.Popen(
             command,
             cwd=ROOT,
@@ -80,8 +91,6 @@ class Server:
             # what `orchestrate serve &` in a script gives it: a shell starts background jobs so
             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
-        self.url = ""
-        self.ready_line = ""
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_SECONDS
@@ -92,6 +101,15 @@ class Server:
                     self.ready_line = line
                     return
             if self.process.poll() is not None:
+                # The free ports are released before serve binds them, so a Ray process started
+                # meanwhile by another test worker can take one: that race, and only it, is retried.
+                if "Address already in use" in self.log.read_text() and self.launches < PORT_RACE_LAUNCHES:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.process.pid, signal.SIGKILL)  # the Ray instance it started
+                    self._stderr.close()
+                    self._stdout.close()
+                    self._launch()
+                    continue
                 pytest.fail(f"orchestrate serve exited {self.process.returncode}:\n{self.log.read_text()}")
             time.sleep(0.5)
         pytest.fail(f"orchestrate serve not ready after {START_SECONDS} s:\n{self.log.read_text()}")
