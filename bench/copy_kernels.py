@@ -96,13 +96,14 @@ def main() -> None:
             for name in list(WAYS) if r % 2 == 0 else list(WAYS)[::-1]:
                 way = WAYS[name]
                 torch.cuda.synchronize()
+                stream = torch.cuda.current_stream()  # looked up outside the sample (jobs/timing.py)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 began = time.perf_counter()
-                start.record()
+                start.record(stream)
                 for _ in range(args.calls):
                     way(tensors)
                 returned = time.perf_counter()
-                end.record()
+                end.record(stream)
                 torch.cuda.synchronize()
                 device[name].append(start.elapsed_time(end) * 1e3 / args.calls)
                 host[name].append((returned - began) * 1e6 / args.calls)

@@ -37,10 +37,11 @@ def meter_us() -> float:
 
 def event_ms(fn) -> float:
     torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()  # looked up outside the sample (jobs/timing.py)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    start.record(stream)
     fn()
-    end.record()
+    end.record(stream)
     end.synchronize()
     return start.elapsed_time(end)
 

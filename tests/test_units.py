@@ -183,6 +183,50 @@ def test_back_to_back_times_blocks_of_calls():
     assert len(calls) == 3 * (1 + 5) and len(samples["a"]) == 3  # each round: one untimed call, five timed
 
 
+class RecordedCuda:
+    """torch.cuda's timing calls as they happen, in order: what a GPU sample holds between its
+    two events. A record without a stream looks the current stream up itself, as torch's does."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log: list[str] = []
+        log = self.log
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                pass
+
+            def record(self, stream: object = None) -> None:
+                if stream is None:
+                    log.append("stream lookup")
+                log.append("event")
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, other: "Event") -> float:
+                return 0.05
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: log.append("stream lookup") or "stream")
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("synchronize"))
+
+    def between_events(self) -> list[list[str]]:
+        events = [i for i, entry in enumerate(self.log) if entry == "event"]
+        return [self.log[a + 1 : b] for a, b in zip(events[::2], events[1::2], strict=True)]
+
+
+def test_a_gpu_sample_holds_the_calls_alone(monkeypatch):
+    """Recorded shape: a host-bound model of 0.031 ms per call read 0.038-0.042 ms in the report,
+    each sample's end event recorded on a stream looked up after the call. Only the calls lie
+    between a sample's two events, in a latency block and a throughput block alike."""
+    cuda = RecordedCuda(monkeypatch)
+    clock = Clock(torch.device("cuda"), host=HostMeter(lambda: 1.0))
+    timed = clock.interleaved({"eager": lambda: cuda.log.append("call")}, iterations=5, warmup=1)
+    clock.back_to_back({"eager": lambda: cuda.log.append("call")}, rounds=2, calls=3)
+    assert timed.samples["eager"] == [0.05] * 5
+    assert cuda.between_events() == [["call"]] * 5 + [["call"] * 3] * 2
+
+
 def test_compile_kwargs_folds_mode_into_options():
     assert ti.compile_kwargs("reduce-overhead", False, False, "inductor", {}) == {
         "dynamic": False,
