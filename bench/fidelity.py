@@ -23,9 +23,9 @@ SLOWED), on the core where that meter reads best; the figure is the median of th
 calls, and of all rounds' beside. This timer is written here on purpose, apart from
 orchestrator.jobs.timing: it is the check on that one.
 
-With `--compare-same`, a second cold `warmup --no-ray` (a cache of its own) times its buckets in
-the process that compiled them (`bench.process: same`), and its report is compared with the same
-independent timing: rows named "(timed where compiled)".
+With `--compare-fresh`, a second cold `warmup --no-ray` (a cache of its own) times its buckets in
+a fresh process that loads them from the warm cache (`bench.process: fresh`), and its report is
+compared with the same independent timing: rows named "(timed in a fresh process)".
 
 Output: OUT_DIR/fidelity.json and OUT_DIR/fidelity.md (also printed): per model and bucket, each
 report figure over its independent timing (eager, every variant, served, speedup), and the
@@ -337,10 +337,10 @@ def main() -> int:
     parser.add_argument("--set", action="append", type=zoo.parse_set, default=[], metavar="KEY=VALUE")
     parser.add_argument("--cache-root", type=Path)
     parser.add_argument(
-        "--compare-same",
+        "--compare-fresh",
         action="store_true",
-        help="also a cold warmup into a cache of its own that times the buckets in the process that "
-        "compiled them (bench.process: same), its report against the same independent timing",
+        help="also a cold warmup into a cache of its own that times the buckets in a fresh process "
+        "(bench.process: fresh), its report against the same independent timing",
     )
     args = parser.parse_args()
     args.device, args.reuse_cache = "cuda", False
@@ -361,14 +361,14 @@ def main() -> int:
         cache.mkdir(parents=True, exist_ok=True)
         warmed = zoo.warm(model, config, cache, out_dir, "cuda", budget.timeout(zoo.WARMUP_TIMEOUT))
         reports = {model.name: warmed}
-        if args.compare_same and "error" not in warmed:
-            same = config.with_name(f"{model.name}-same.yaml")
-            timed_in_place = copy.deepcopy(settings)
-            zoo.assign(timed_in_place, ["bench", "process"], "same")
-            same.write_text(yaml.safe_dump(timed_in_place, sort_keys=False))
+        if args.compare_fresh and "error" not in warmed:
+            fresh = config.with_name(f"{model.name}-fresh.yaml")
+            timed_apart = copy.deepcopy(settings)
+            zoo.assign(timed_apart, ["bench", "process"], "fresh")
+            fresh.write_text(yaml.safe_dump(timed_apart, sort_keys=False))
             timeout = budget.timeout(zoo.WARMUP_TIMEOUT)
-            reports[f"{model.name} (timed where compiled)"] = zoo.warm(
-                model, same, cache_root / f"{model.name}-same", out_dir, "cuda", timeout, label=f"{model.name}-same"
+            reports[f"{model.name} (timed in a fresh process)"] = zoo.warm(
+                model, fresh, cache_root / f"{model.name}-fresh", out_dir, "cuda", timeout, label=f"{model.name}-fresh"
             )
         if "error" in warmed:
             rows.append({"model": model.name, "error": warmed["error"]})

@@ -390,8 +390,8 @@ class Session:
         return self._finished(work)
 
     def benchmark_all(self, buckets: Sequence[int]) -> None:
-        """Benchmark `buckets` once nothing compiles any more: in a fresh process that loads them
-        from the cache where this one compiled (jobs/fresh_benchmark.py decides), else here."""
+        """Benchmark `buckets` once nothing compiles any more: here, or in a fresh process that
+        loads them from the cache where the config asks for one (jobs/fresh_benchmark.py decides)."""
         records = [self._bucket(bucket).result for bucket in buckets]
         free = None
         if self.device.type == "cuda":

@@ -1,12 +1,10 @@
 """A warmup's benchmark in a fresh process, which loads every bucket from the warm cache and
-compiles nothing, where the warmup's own process compiled.
+compiles nothing (`bench.process: fresh`), as a replica does.
 
-On a GPU a process that has compiled runs host-bound calls (eager at small sizes, the launches of
-a short graph) measurably slower than a fresh process does, for the rest of its life: neither
-shutting Inductor's workers down, nor the collector, nor Dynamo's reset gives the time back
-(docs/performance.md). A replica never compiles, so figures timed in the compiling process would
-overstate every speedup of such a bucket. A Ray warmup already benchmarks on ranks that only load
-what the compile wave published; this is the same for `warmup --no-ray`.
+It separates what a benchmark measures from whatever a compile leaves in its process. A Ray warmup
+already benchmarks on ranks that only load what the compile wave published; this is the same for
+`warmup --no-ray`. It is not the default: on an H100 its figures matched those timed in the
+compiling process within their spread while it cost each warmup 5-12 s (docs/performance.md).
 
 The child builds a Session over the same namespace directory, loads and checks every bucket (each
 a cache hit) and benchmarks them as Session.benchmark does, writing the serving plans into the
@@ -75,10 +73,9 @@ _SPARE = child_process.Spare("orchestrator.jobs.fresh_benchmark")
 
 
 def prestart(spec: WarmupSpec) -> Optional[int]:
-    """Start the process a fresh benchmark will use, now, where `spec` will likely want one (asked
-    for, or `auto` where torch will likely see a GPU): its start and imports then run beside the
-    warmup's compiles. Returns its pid, if one was started."""
-    if spec.bench.process == "fresh" or (spec.bench.process == "auto" and child_process.gpu_likely(spec.device)):
+    """Start the process a fresh benchmark will use, now, where `spec` asks for one: its start and
+    imports then run beside the warmup's compiles. Returns its pid, if one was started."""
+    if spec.bench.process == "fresh":
         return _SPARE.start()
     return None
 
@@ -89,17 +86,12 @@ def discard_spare() -> None:
 
 
 def decide(asked: str, device_type: str, records: Sequence[BucketResult], free_bytes: Optional[int] = None) -> Decision:
-    """Where a warmup process's benchmark runs: `asked` is the config's `bench.process`; `auto`
-    goes fresh on a GPU where this process compiled any bucket (a lookup missed). A fresh process
-    needs GPU memory for a second copy of the largest bucket's peak: with less free
-    (`free_bytes`), the benchmark stays here and says why."""
-    compiled = [r.bucket for r in records if r.status == "ok" and r.cache_state != "hit"]
+    """Where a warmup process's benchmark runs: `asked` is the config's `bench.process`. A fresh
+    process needs GPU memory for a second copy of the largest bucket's peak: with less free
+    (`free_bytes`), the benchmark stays here and says why; so it does where the compiled graphs
+    bypass Inductor's cache, which a fresh process would compile again."""
     if asked == "same":
         return Decision("same", "bench.process is same")
-    if asked == "auto" and device_type != "cuda":
-        return Decision("same", "on the CPU the compiling process times as a fresh one does")
-    if asked == "auto" and not compiled:
-        return Decision("same", "this process compiled nothing: every bucket loaded from the cache")
     if not any(r.status == "ok" for r in records):
         return Decision("same", "no bucket to benchmark")
     if any(r.status == "ok" and r.cache.get("fx_graph_bypasses") for r in records):
@@ -111,10 +103,7 @@ def decide(asked: str, device_type: str, records: Sequence[BucketResult], free_b
             f"a fresh process needs about {needed / 2**30:.1f} GiB of GPU memory and "
             f"{free_bytes / 2**30:.1f} GiB are free: benchmarked in the compiling process",
         )
-    if asked == "fresh":
-        return Decision("fresh", "bench.process is fresh")
-    return Decision("fresh", f"this process compiled bucket{'s' if len(compiled) > 1 else ''} "
-                    + ", ".join(map(str, compiled)))  # fmt: skip
+    return Decision("fresh", "bench.process is fresh")
 
 
 def take_benchmark(into: BucketResult, measured: BucketResult) -> None:

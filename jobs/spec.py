@@ -150,11 +150,11 @@ class CompileOptions(_Strict):
 class BenchOptions(_Strict):
     iterations: PositiveInt = Field(default=100, description="timed calls of each variant (eager, compiled)")
     warmup: int = Field(default=10, ge=0, description="untimed calls of each variant before timing")
-    process: Literal["auto", "fresh", "same"] = Field(
-        default="auto",
-        description="where `warmup --no-ray` times the buckets: `fresh`, a process of its own that loads them "
-        "from the warm cache and compiles nothing; `same`, the process that compiled them; `auto`, fresh on a GPU "
-        "where the warmup process compiled any bucket (a process that has compiled runs host-bound calls slower)",
+    process: Literal["same", "fresh"] = Field(
+        default="same",
+        description="where `warmup --no-ray` times the buckets once all are compiled: `same`, the process that "
+        "compiled them; `fresh`, a process of its own that loads them from the warm cache and compiles nothing, as "
+        "a replica does (a few seconds more per model)",
     )
 
 

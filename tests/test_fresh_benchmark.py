@@ -23,17 +23,14 @@ def record(bucket: int, cache_state: str = "miss", **fields) -> BucketResult:
 @pytest.mark.parametrize(
     ("asked", "device", "states", "free", "where", "why"),
     [
-        ("auto", "cuda", ["miss", "hit"], None, "fresh", "this process compiled bucket 1"),
-        ("auto", "cuda", ["mixed", "miss"], None, "fresh", "this process compiled buckets 1, 2"),
-        ("auto", "cuda", ["hit", "hit"], None, "same", "compiled nothing"),
-        ("auto", "cpu", ["miss", "miss"], None, "same", "on the CPU"),
-        ("fresh", "cpu", ["hit", "hit"], None, "fresh", "bench.process is fresh"),
         ("same", "cuda", ["miss", "miss"], None, "same", "bench.process is same"),
-        ("auto", "cuda", ["miss", "miss"], 2 * GIB, "same", "needs about 4.0 GiB of GPU memory and 2.0 GiB are free"),
-        ("auto", "cuda", ["miss", "miss"], 4 * GIB, "fresh", "compiled buckets 1, 2"),
+        ("fresh", "cuda", ["miss", "hit"], None, "fresh", "bench.process is fresh"),
+        ("fresh", "cpu", ["hit", "hit"], None, "fresh", "bench.process is fresh"),
+        ("fresh", "cuda", ["miss", "miss"], 2 * GIB, "same", "needs about 4.0 GiB of GPU memory and 2.0 GiB are free"),
+        ("fresh", "cuda", ["miss", "miss"], 4 * GIB, "fresh", "bench.process is fresh"),
     ],
 )
-def test_the_benchmark_goes_fresh_where_this_process_compiled(asked, device, states, free, where, why):
+def test_the_benchmark_goes_fresh_where_asked_and_the_gpu_holds_a_second_copy(asked, device, states, free, where, why):
     records = [record(i + 1, state, peak_memory_bytes=3 * GIB - CONTEXT_BYTES * i) for i, state in enumerate(states)]
     decision = decide(asked, device, records, free)
     assert decision.where == where and why in decision.why
@@ -45,8 +42,7 @@ def test_graphs_that_bypass_inductors_cache_are_benchmarked_where_they_were_comp
     assert decision.where == "same" and "bypass" in decision.why
 
 
-def test_failed_buckets_neither_count_as_compiled_nor_need_a_fresh_process():
-    assert decide("auto", "cuda", [record(1, "hit"), record(2, "miss", status="failed")], None).where == "same"
+def test_without_a_bucket_to_time_no_fresh_process_starts():
     assert decide("fresh", "cuda", [record(1, status="failed")], None).why == "no bucket to benchmark"
 
 
@@ -174,9 +170,10 @@ def test_warmup_benchmarks_in_a_fresh_process_what_it_compiled(tmp_path):
         # the fresh process wrote the plan that serves its choice, and profiled its variants
         assert plans[result["bucket"]]["variant"] == result["variant"]
         assert (tmp_path / "prof" / f"apart-b{result['bucket']}-eager.json.gz").is_file()
-    # a warm rerun compiles nothing: with `auto` it would time here, with `fresh` it still goes apart
+    # a warm rerun compiles nothing and is timed apart all the same
     rerun, report = warm(tmp_path, "apart", f"{ROOT}/examples/models.py:mlp")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "benchmark in a fresh process: bench.process is fresh" in rerun.stderr
     assert all(r["cache_state"] == "hit" for r in json.loads(report.read_text())["results"])
 
 
