@@ -3,7 +3,7 @@
     python bench/plan_traffic.py OUT_DIR [--traces long-tailed,bimodal,uniform,recorded] [--points 6]
                                  [--requests 1500] [--budget SECONDS] [--device cuda|cpu]
                                  [--calibration warmup-calibration.json] [--encoder minilm|base]
-                                 [--objective mean|p50|p99]
+                                 [--objective mean|p50|p99] [--align DIM=N]
 
 The model: bench/sequence_traffic.py's Hugging Face encoder (a MiniLM-sized BERT, float16, random
 weights; `--encoder base`: BERT-base's sizes, whose latency grows more steeply with the positions
@@ -21,7 +21,7 @@ computed) called with its attention mask, bucketed over batch x seq.
      `orchestrate plan --traffic TRACE --max-points P --report calibration.json --json` gives the
      plan and powers of two with as many sizes per dimension, each with its predicted mean and median latency
      of a request (`--objective p50`: the plan is `orchestrate plan --objective p50`'s, free points
-     warmed as a grid with `points.only`). Both are warmed (`orchestrate warmup --no-ray`), then a fresh process loads both
+     warmed as a grid with `points.only`; `--align seq=8`: its lengths multiples of 8). Both are warmed (`orchestrate warmup --no-ray`), then a fresh process loads both
      replicas (`runtime.load(ready="planned")`) and replays the trace through each: one untimed
      pass, then a timed one, the two replicas interleaved request by request (alternating which
      goes first), each request timed from the call to its outputs on the host (a synchronize).
@@ -52,6 +52,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -281,10 +282,18 @@ def free_points(candidate: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 
 def plan(
-    model: Path, trace: Path, points: int, calibration: Path, out_dir: Path, name: str, objective: str = "mean"
+    model: Path,
+    trace: Path,
+    points: int,
+    calibration: Path,
+    out_dir: Path,
+    name: str,
+    objective: str = "mean",
+    align: Sequence[str] = (),
 ) -> dict[str, Any]:
+    aligned = [arg for given in align for arg in ("--align", given)]
     done = orchestrate(["plan", "--model", str(model), "--traffic", str(trace), "--max-points", str(points),
-                        "--report", str(calibration), "--objective", objective, "--json"],
+                        "--report", str(calibration), "--objective", objective, *aligned, "--json"],
                        out_dir / "logs" / f"plan-{name}.log", 120)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"plan for {name} exited {done.returncode} (logs/plan-{name}.log)")
@@ -298,6 +307,7 @@ def main() -> int:
     parser.add_argument("--calibration", type=Path, help="an earlier run's warmup-calibration.json, to reuse")
     parser.add_argument("--encoder", choices=sorted(ENCODERS), default="minilm", help="the encoder's sizes (on a GPU)")
     parser.add_argument("--objective", choices=["mean", "p50", "p99"], default="mean", help="what the plan minimises")
+    parser.add_argument("--align", action="append", default=[], metavar="DIM=N", help="orchestrate plan's --align")
     args = parser.parse_args()
     if args.calibration and "recorded" in args.traces.split(","):
         parser.error("the recorded trace is served by the calibration replica: leave out --calibration")
@@ -339,7 +349,9 @@ def main() -> int:
             else:
                 write_trace(synthetic(name, args.requests), trace)
             sizes = read_trace(trace)
-            planned = plan(calibration_config, trace, args.points, calibration, out_dir, name, args.objective)
+            planned = plan(
+                calibration_config, trace, args.points, calibration, out_dir, name, args.objective, args.align
+            )
             by_name = {c["name"]: c for c in planned["candidates"]}
             by_name["plan"] = planned["candidates"][0]  # the plan for the objective comes first
             configs = {kind: config(f"{name}-{kind.replace(' ', '-')}", by_name[kind]["buckets"], out_dir, args.device,

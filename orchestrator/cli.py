@@ -958,6 +958,16 @@ def report_command(report_file: Path, html_path: Optional[Path], wide: bool) -> 
     help="With --objective p50 or p99: the share of the requests beyond the quantile that the plan also holds "
     "at its level (0.2: a median plan holds 60%), so that the spread of a point's latency moves the quantile less.",
 )
+@click.option(
+    "--align",
+    "align",
+    multiple=True,
+    metavar="DIM=N",
+    callback=lambda _ctx, _param, given: _multiples(given),
+    help="Plan sizes of dimension DIM that are multiples of N, e.g. --align seq=8: half-precision matrix "
+    "products and attention run fastest there, and a warmup report measured at such sizes prices them truly. "
+    "Repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan and the comparison as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the plan's buckets into CFG.yaml, every other line as it was.")
 @click.option(
@@ -976,6 +986,7 @@ def plan_command(
     objective: str,
     slack: float,
     margin: float,
+    align: dict[str, int],
     as_json: bool,
     write: bool,
     free_points: bool,
@@ -1008,7 +1019,7 @@ def plan_command(
     from orchestrator.planning.traffic import read_traffic
 
     counts = read_traffic(traffic, spec.grid_dims, spec.label, window)
-    candidates = advice.compare(spec, counts, max_points, report, max_compile_seconds, objective, slack, margin)
+    candidates = advice.compare(spec, counts, max_points, report, max_compile_seconds, objective, slack, margin, align)
     unit = "ms" if report else "positions"
     if as_json:
         click.echo(json.dumps(advice.as_json(spec, candidates, unit), indent=2))
@@ -1019,6 +1030,17 @@ def plan_command(
         advice.write_buckets(Path(model_path), spec, chosen.grid, chosen.points)
         what = "buckets and points" if chosen.points is not None else "buckets"
         click.echo(f"orchestrate: wrote the plan's {what} into {model_path}", err=True)
+
+
+def _multiples(given: tuple[str, ...]) -> dict[str, int]:
+    """`--align`'s DIM=N pairs, each N a whole number of at least 1."""
+    out: dict[str, int] = {}
+    for pair in given:
+        name, _, value = pair.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise click.BadParameter(f"{pair!r}: give DIM=N, N a whole number of at least 1 (e.g. seq=8)")
+        out[name] = int(value)
+    return out
 
 
 def _table_console(wide: bool) -> Console:

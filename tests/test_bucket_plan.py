@@ -15,6 +15,7 @@ from conftest import ROOT, orchestrate
 
 from orchestrator.planning.buckets import (
     Cost,
+    aligned,
     figures,
     plan,
     plan_one,
@@ -55,6 +56,25 @@ def test_one_dimension_finds_the_optimum(seed):
         [chosen] = plan(traffic, k, Cost(), 1)
         assert len(chosen) <= k and chosen[-1] == max(r[0] for r in traffic)
         assert figures(traffic, [chosen], Cost()).mean_cost == pytest.approx(brute_force(traffic, k, 1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_plan_of_aligned_sizes_is_the_best_plan_of_multiples(seed):
+    """Planned over the traffic rounded up to multiples of 8, the plan is the best set of
+    multiples of 8 for the traffic as it came (brute force over every such set)."""
+    rng = random.Random(200 + seed)
+    traffic = {(rng.randint(1, 60),): rng.randint(1, 20) for _ in range(12)}
+    multiples = sorted({-(-r[0] // 8) * 8 for r in traffic})
+    for k in (1, 2, 3):
+        [chosen] = plan(aligned(traffic, [8]), k, Cost(), 1)
+        assert all(n % 8 == 0 for n in chosen)
+        best = min(
+            figures(traffic, [[*subset, multiples[-1]]], Cost()).mean_cost
+            for size in range(k)
+            for subset in itertools.combinations(multiples[:-1], size)
+        )
+        assert figures(traffic, [chosen], Cost()).mean_cost == pytest.approx(best)
+    assert aligned({(3, 7): 2, (4, 8): 1, (5, 9): 4}, [1, 8]) == {(3, 8): 2, (4, 8): 1, (5, 16): 4}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -421,6 +441,28 @@ def test_a_plan_for_the_median_is_printed_first_with_the_plan_for_the_mean_besid
     refused = orchestrate("plan", "--model", str(cube), "--traffic", str(traffic), "--objective", "p99")
     assert refused.returncode == 2
     assert "--objective p99 plans one or two bucketed dimensions" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_a_plan_aligned_to_multiples_keeps_every_planned_size_a_multiple(tmp_path):
+    path = grid_config(tmp_path, "buckets: {batch: [1, 8], seq: [32, 128]}")
+    traffic = tmp_path / "sizes.csv"
+    traffic.write_text("batch,seq\n" + "".join(f"{n},{s}\n" for n, s in [(1, 29)] * 40 + [(3, 99)] * 10))
+    args = ["plan", "--model", str(path), "--traffic", str(traffic), "--max-points", "4"]
+    done = orchestrate(*args, "--align", "seq=8", "--objective", "p50", "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    median = answer["candidates"][0]
+    assert median["points"] == {"only": [[1, 32], [3, 104]]}
+    # every figure is of the requests as they came: 29 and 99 of the 32 and 104 positions are real
+    assert median["padding_waste"] == pytest.approx(1 - (40 * 29 + 30 * 99) / (40 * 32 + 30 * 104))
+    assert all(s % 8 == 0 for c in answer["candidates"][2:] for s in c["buckets"]["seq"])
+    for given, message in [
+        ("seq=0", "'seq=0': give DIM=N, N a whole number of at least 1"),
+        ("seq", "'seq': give DIM=N"),
+        ("width=8", "--align width: grid buckets batch, seq; align one of those"),
+    ]:
+        refused = orchestrate(*args, "--align", given)
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from orchestrator.planning.buckets import (
     Cost,
     Figures,
     Point,
+    aligned,
     figures,
     plan,
     plan_points,
@@ -91,6 +92,7 @@ def compare(
     objective: str = "mean",
     slack: float = QUANTILE_SLACK,
     margin: float = QUANTILE_MARGIN,
+    align: Optional[Mapping[str, int]] = None,
 ) -> list[Candidate]:
     """The plan, the config's buckets and powers of two, each with its figures (and for a grid,
     free points for the mean). With `max_compile_seconds`, the plan holds at most the points whose
@@ -100,8 +102,16 @@ def compare(
     `objective` "p50" or "p99": the plan is the free points (a list's buckets) whose quantile of a
     request's cost, held with `margin`, is within `slack` of the least reachable, of least mean
     among those (buckets.plan_quantile); the plan for the mean follows the powers of two, so what
-    the quantile costs the mean shows beside it."""
+    the quantile costs the mean shows beside it.
+
+    `align` (dimension -> n): the plans' sizes in that dimension are multiples of n (the kernels
+    of half-precision matrix products and attention run fastest on such sizes; a size between
+    two measured ones is priced as if it did). Every figure is of the traffic as it came."""
     dims = spec.grid_dims
+    unknown = sorted(set(align or {}) - set(dims))
+    if unknown:
+        raise UserError(f"--align {unknown[0]}: {spec.label} buckets {', '.join(dims)}; align one of those")
+    planned = aligned(traffic, [(align or {}).get(name, 1) for name in dims])
     measured, compile_seconds = measured_costs(report or {}, dims)
     if max_compile_seconds is not None:
         if compile_seconds is None:
@@ -122,12 +132,12 @@ def compare(
             f"({', '.join(dims)}): plan for the mean"
         )
     cost = Cost(measured)
-    chosen = plan(traffic, max_points, cost, len(dims))
+    chosen = plan(planned, max_points, cost, len(dims))
     current = [list(spec.buckets), *(list(sizes) for sizes in (spec.grid or {}).values())]
     guess = powers_of_two(traffic, [len(sizes) for sizes in chosen])
     out = []
     if objective != "mean":
-        quantile = plan_quantile(traffic, max_points, cost, QUANTILES[objective], slack, margin)
+        quantile = plan_quantile(planned, max_points, cost, QUANTILES[objective], slack, margin)
         out.append(_free(f"plan ({objective})", quantile, traffic, cost, compile_seconds))
     others = [("config", current), ("powers of two", guess)]
     named = [*others, ("plan (mean)", chosen)] if objective != "mean" else [("plan", chosen), *others]
@@ -142,7 +152,7 @@ def compare(
             out.append(Candidate(name, grid, None, seconds, why_not=str(exc)))
     if len(dims) > 1:  # any points, not a product: served as the grid of their sizes with `points.only`
         name = "free points (mean)" if objective != "mean" else "free points"
-        out.append(_free(name, plan_points(traffic, max_points, cost), traffic, cost, compile_seconds))
+        out.append(_free(name, plan_points(planned, max_points, cost), traffic, cost, compile_seconds))
     return out
 
 

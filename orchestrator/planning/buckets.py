@@ -156,6 +156,20 @@ def _quantile(costs: Sequence[tuple[float, float]], q: float) -> float:
     return ordered[-1][0]
 
 
+def aligned(traffic: Traffic, multiples: Sequence[int]) -> Traffic:
+    """`traffic` with each request's size in every dimension rounded up to that dimension's
+    multiple. A size that is a multiple holds a request exactly when it holds the request so
+    rounded, so a plan of this traffic is the best plan of `traffic` whose sizes are multiples
+    (the search's candidates are the sizes seen)."""
+    if all(m == 1 for m in multiples):
+        return traffic
+    out: dict[Point, int] = {}
+    for request, count in traffic.items():
+        key = tuple(-(-n // m) * m for n, m in zip(request, multiples, strict=True))
+        out[key] = out.get(key, 0) + count
+    return out
+
+
 def bucket_for(sizes: Sequence[int], n: int) -> Optional[int]:
     at = bisect.bisect_left(sizes, n)
     return sizes[at] if at < len(sizes) else None
