@@ -19,7 +19,7 @@ replica with `runtime.load(ready="planned")`, then per bucket builds the functio
 Each is timed in blocks of 40 consecutive calls, rounds interleaved with the order reversed each
 round, a CUDA event pair around each call after a synchronize, after 3 untimed calls, until 5
 rounds ran with the host at full speed (a host meter of its own, read before every block: see
-SLOWED), on the core where that meter reads best; the figure is the median of those rounds'
+SLOWED), on the core where that meter reads best, chosen again after a slowed round; the figure is the median of those rounds'
 calls, and of all rounds' beside. This timer is written here on purpose, apart from
 orchestrator.jobs.timing: it is the check on that one.
 
@@ -52,9 +52,10 @@ import zoo  # noqa: E402  (bench/zoo.py: configs, settings and the warmup proces
 BLOCK, ROUNDS, UNTIMED = 40, 5, 3
 # The host meter (a check of its own on orchestrator.jobs.timing's): a round whose slowest reading
 # is over SLOWED times the best reading of the process (two seconds of readings first, then every
-# block's) ran on a slowed host and is timed again, up to MAX_ROUNDS rounds in all; the figures are
+# block's) ran on a slowed host and is timed again, on the core that reads fastest then (which cores
+# are slowed changes within seconds), up to MAX_ROUNDS rounds in all; the figures are
 # the medians of the rounds at full speed, and of all rounds beside.
-SLOWED, MAX_ROUNDS = 1.25, 12
+SLOWED, MAX_ROUNDS = 1.25, 16
 
 # argv: config, cache dir, report. One JSON line on stdout.
 PROBE = r"""
@@ -92,10 +93,12 @@ for _ in range(200):  # two seconds of readings before anything is timed
     host_us()
     time.sleep(0.01)
 
+ALLOWED = sorted(os.sched_getaffinity(0))  # before any pinning
+
 def fastest_core():
     # the cores of a shared host are not alike (bench/paired_processes.py): time on the one where
     # this meter reads best, read round-robin over the allowed cores
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = ALLOWED
     best = {core: float("inf") for core in allowed}
     for _ in range(5):
         for core in allowed:
@@ -108,9 +111,9 @@ def fastest_core():
 def timed(fns):
     core, by_core = fastest_core()
     try:
-        return timed_on_core(fns) + ({"core": core, "meter_by_core_us": by_core},)
+        return timed_on_core(fns) + ({"core": core, "meter_by_core_us": by_core},)  # the core first chosen
     finally:
-        os.sched_setaffinity(0, set(range(os.cpu_count())))
+        os.sched_setaffinity(0, set(ALLOWED))
 
 def timed_on_core(fns):
     for fn in fns.values():
@@ -136,6 +139,8 @@ def timed_on_core(fns):
         full_speed = [s for h, s in rounds if h <= SLOWED * BEST[0]]
         if len(full_speed) >= ROUNDS or len(rounds) >= MAX_ROUNDS:
             break
+        if rounds[-1][0] > SLOWED * BEST[0]:  # the core slowed meanwhile: on to the fastest one now
+            fastest_core()
     kept = full_speed if len(full_speed) >= 3 else [s for _, s in rounds]
     median = lambda chosen, name: statistics.median([ms for s in chosen for ms in s[name]])
     return ({name: median(kept, name) for name in names}, {name: median([s for _, s in rounds], name) for name in names},
