@@ -19,9 +19,9 @@ replica with `runtime.load(ready="planned")`, then per bucket builds the functio
 Each is timed in blocks of 40 consecutive calls, rounds interleaved with the order reversed each
 round, a CUDA event pair around each call after a synchronize, after 3 untimed calls, until 5
 rounds ran with the host at full speed (a host meter of its own, read before every block: see
-SLOWED), on the core where that meter reads best, chosen again after a slowed round; the figure is the median of those rounds'
-calls, and of all rounds' beside. This timer is written here on purpose, apart from
-orchestrator.jobs.timing: it is the check on that one.
+SLOWED), on the core where that meter reads best, chosen again after a slowed round; the figure
+is the median of those rounds' calls, and of all rounds' beside. This timer is written here on
+purpose, apart from orchestrator.jobs.timing: it is the check on that one.
 
 With `--compare-fresh`, a second cold `warmup --no-ray` (a cache of its own) times its buckets in
 a fresh process that loads them from the warm cache (`bench.process: fresh`), and its report is
