@@ -31,7 +31,7 @@ from orchestrator.config import load_spec_with_overrides
 from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import namespace
 from orchestrator.jobs import aot, torch_internals as ti
-from orchestrator.jobs.engine import point_caches_at
+from orchestrator.jobs.torch_internals import point_caches_at
 from orchestrator.jobs.model import build_model, make_inputs, resolve_device
 from orchestrator.jobs.variants import read_plans
 

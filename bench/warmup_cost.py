@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.25
 sys.path.insert(0, str(ROOT))
-from orchestrator.jobs.engine import GRAPH_RECORD_CALLS  # noqa: E402
+from orchestrator.jobs.torch_internals import GRAPH_RECORD_CALLS  # noqa: E402
 
 CALLS = 1 + GRAPH_RECORD_CALLS  # warmup's: the compiling call, then those that record the CUDA graphs
 

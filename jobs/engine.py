@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import resource
 import shutil
 import tempfile
@@ -74,7 +73,6 @@ from orchestrator.jobs.variants import (
     write_plan,
 )
 
-GRAPH_RECORD_CALLS = 2  # cudagraph trees: call 1 warms up (with the compile), 2 records, 3 replays
 BACK_TO_BACK_CALLS = 10  # calls per throughput sample
 
 
@@ -213,7 +211,7 @@ class Session:
         try:
             if fresh:
                 self.local.wipe()
-            point_caches_at(self.local.prepare())
+            ti.point_caches_at(self.local.prepare())
         except OSError as exc:
             raise SetupError(f"cache directory {cache_root}: {brief(exc)}; pass a writable --cache-dir") from None
         try:
@@ -559,7 +557,7 @@ class Session:
     def _bucket(self, bucket: int) -> _BucketWork:
         # another session of this process (a Ray rank's, for another slice of a grid) may have
         # pointed Inductor's and Triton's caches at its own namespace since
-        point_caches_at(self.local)
+        ti.point_caches_at(self.local)
         if bucket not in self._work:
             result = BucketResult(
                 bucket=bucket,
@@ -608,13 +606,6 @@ def _quarantine(directory: Path, created: set[str]) -> list[str]:
 def cache_namespace(spec: WarmupSpec) -> str:
     """The namespace this machine would compile `spec` into (imports torch, asks for the GPU)."""
     return namespace(spec.label, ti.current_platform(resolve_device(spec.device)), spec.identity_hash())
-
-
-def point_caches_at(local: LocalCache) -> None:
-    # Inductor reads these on every cache access and compile workers inherit them, so setting
-    # them before the first torch.compile call is enough even though torch is imported already.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(local.inductor_dir)
-    os.environ["TRITON_CACHE_DIR"] = str(local.triton_dir)
 
 
 class _BucketWork:
@@ -733,7 +724,7 @@ class _BucketWork:
             after_first = ti.CounterWindow()
             replay = None
             start = time.perf_counter()
-            for _ in range(GRAPH_RECORD_CALLS):
+            for _ in range(ti.GRAPH_RECORD_CALLS):
                 _, replay = self.clock.wall(self.run_compiled)
             result.graph_record_seconds = time.perf_counter() - start
             replay = snapshot(replay)

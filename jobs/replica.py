@@ -46,7 +46,6 @@ from orchestrator.jobs import aot, trees
 from orchestrator.jobs import torch_internals as ti
 from orchestrator.jobs.collector import defer_full_collections, exit_without_collecting
 from orchestrator.jobs.copies import copier, cut_out
-from orchestrator.jobs.engine import GRAPH_RECORD_CALLS, point_caches_at
 from orchestrator.jobs.errors import SetupError, brief
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.graphs import GraphedCall
@@ -68,7 +67,7 @@ _CACHE_POINTING = threading.Lock()
 @contextlib.contextmanager
 def _reading(local: LocalCache) -> Iterator[None]:
     with _CACHE_POINTING:
-        point_caches_at(local)
+        ti.point_caches_at(local)
         yield
 
 
@@ -178,7 +177,7 @@ def load_replica(
     platform = ti.current_platform(device)
     local = LocalCache(cache_root, namespace(spec.label, platform, spec.identity_hash())).prepare()
     if call_lock is None:  # a replica of its own: the process's caches are its, for whatever else compiles here
-        point_caches_at(local)
+        ti.point_caches_at(local)
     compile_in_this_process()
     exit_without_collecting()
     ti.set_device_guard_from_this_thread()  # before the loader, which traces and then exits
@@ -787,7 +786,7 @@ class _Loader:
             # CUDA-graph trees' warm-up and recording (trees are per thread: a serving thread records
             # its own on its first calls)
             with torch.no_grad():
-                for _ in range(GRAPH_RECORD_CALLS):
+                for _ in range(ti.GRAPH_RECORD_CALLS):
                     run(*args, **kwargs)
             return run, 0.0
         fn = model if variant == "eager-graphed" else self._compile("graphed")

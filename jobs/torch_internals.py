@@ -22,10 +22,22 @@ from typing import Any, Optional
 
 import torch
 
+from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import Platform
 from orchestrator.jobs.platform_probe import triton_version
 from orchestrator.jobs.spec import CompileOptions
 from orchestrator.jobs.variants import graphed_compile
+
+GRAPH_RECORD_CALLS = 2  # cudagraph trees: call 1 warms up (with the compile), 2 records, 3 replays
+
+
+def point_caches_at(local: LocalCache) -> None:
+    """Inductor's and Triton's on-disk caches in `local`'s namespace. Inductor reads these on every
+    cache access and compile workers inherit them, so setting them before the first torch.compile
+    call is enough even though torch is imported already."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(local.inductor_dir)
+    os.environ["TRITON_CACHE_DIR"] = str(local.triton_dir)
+
 
 # Inductor logs why it refused CUDA graphs on this artifact logger (off by default: it does
 # not propagate, so a handler on it sees the messages without printing them).

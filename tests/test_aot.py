@@ -419,7 +419,7 @@ def test_a_prestarted_builder_takes_the_first_bucket_with_the_cache_chosen_after
     spec = load_spec(config(tmp_path, "deep"))
     spare = aot_builds.prestart(spec)
     assert spare is not None and aot_builds.prestart(spec) == spare, "one spare at a time"
-    # the parent points the caches at its namespace after the spare started (engine.point_caches_at)
+    # the parent points the caches at its namespace after the spare started (torch_internals.point_caches_at)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "namespace-inductor"))
     builds = AheadBuilds(spec, [2, 4], tmp_path / "cache")
     try:
