@@ -58,6 +58,7 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
     Remote,
     VariantMeasure,
 )
+from orchestrator.jobs.replica import BucketedModel
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
 from orchestrator.jobs.stats import PairedBootstrap, is_noisy, paired_scale
 from orchestrator.jobs.timing import HOST, Clock, Timed, median, on_fastest_core, p90, process_age_seconds
@@ -881,15 +882,35 @@ class _BucketWork:
         result.variants = {name: result.variants[name] for name in self.session.measured if name in result.variants}
         result.variant, result.choice_reason = choice.variant, choice.reason
         served = result.variants[result.variant]
-        result.served_ms = served.ms
-        result.served_speedup = _ratio(result.eager_ms, served.ms) if served.ms is not None else None
-        result.served_speedup_interval = served.speedup_interval
+        result.served_ms = self._as_a_replica_serves(result.variant, timed[result.variant], served.ms)
+        result.served_speedup = _ratio(result.eager_ms, result.served_ms) if result.served_ms is not None else None
+        scale = result.served_ms / served.ms if result.served_ms and served.ms else 1.0
+        interval = served.speedup_interval
+        result.served_speedup_interval = [bound / scale for bound in interval] if interval else interval
         result.noisy = result.host_steady is False or is_noisy(
-            result.served_speedup, served.speedup_interval, len(latency["eager"])
+            result.served_speedup, result.served_speedup_interval, len(latency["eager"])
         )
         if self.device.type == "cuda":  # benchmarks may allocate more than compiling did
             result.peak_memory_bytes = max(result.peak_memory_bytes or 0, torch.cuda.max_memory_allocated(self.device))
         self.pause()
+
+    def _as_a_replica_serves(
+        self, variant: str, call: Callable[[], Any], variant_ms: Optional[float]
+    ) -> Optional[float]:
+        """The served variant's latency through a replica's call of it (BucketedModel.serving: the
+        request's lookup, the lock and the copy out, as every request pays them): timed beside the
+        variant's own call, round for round, and given as the variant's figure times the pairs'
+        median ratio (stats.paired_scale), so a host slowed for some rounds slows both sides."""
+        if variant_ms is None:
+            return None
+        runners: dict[str, Callable[..., Any]] = {"eager": self.model, "compiled": self._compiled_call}
+        runner = runners.get(variant) or self.graphed[variant]
+        replica = BucketedModel.serving(self.spec, self.device, self.model, self.result.bucket, variant, runner)
+        args, kwargs = self.inputs
+        calls = {"variant": call, "replica": lambda: replica(*args, **kwargs)}
+        with torch.no_grad():
+            timed = self.clock.interleaved(calls, self.spec.bench.iterations, self.spec.bench.warmup)
+        return paired_scale(variant_ms, timed.samples["replica"], timed.samples["variant"])
 
     def prove_padding(self) -> None:
         """A grid's point: a request one step shorter in every dimension, padded up and run on the

@@ -122,7 +122,7 @@ class BucketResult:
     variants: dict[str, VariantMeasure] = field(default_factory=dict)  # every candidate, by name
     # How far to trust the speedups (orchestrator.jobs.stats): 95% intervals by a paired bootstrap
     speedup_interval: Optional[list[float]] = None  # [low, high] of `speedup` (eager / compiled)
-    served_ms: Optional[float] = None  # the median per-call latency of `variant`
+    served_ms: Optional[float] = None  # the median per-call latency of `variant` through a replica's call of it
     served_speedup: Optional[float] = None  # median eager / median served: what serving gains
     served_speedup_interval: Optional[list[float]] = None
     noisy: Optional[bool] = None  # the served speedup is too uncertain to quote as a clean figure

@@ -281,6 +281,27 @@ class BucketedModel:
         self._age = process_age
         self._events = events  # the start's milestones, which the loader goes on adding to
 
+    @classmethod
+    def serving(
+        cls,
+        spec: WarmupSpec,
+        device: torch.device,
+        model: torch.nn.Module,
+        bucket: int,
+        variant: str,
+        runner: Callable[..., Any],
+    ) -> BucketedModel:
+        """A replica of one bucket that serves `variant` through `runner`, for requests of the
+        bucket's exact shapes, called as any replica calls them (the request's lookup, the lock,
+        grad mode, the copy out of replay buffers): what warmup times as the bucket's served
+        latency. It knows no output's bucket dimensions, so it pads and cuts nothing."""
+        row = BucketInfo(bucket, variant, variant, None)
+        info = ReplicaInfo("", str(device), {bucket: row}, "answering", 0.0, None)
+        shaper = RequestShaper(spec, [bucket], device, spec.serve.oversize)
+        served = cls(spec, device, model, shaper, None, info)
+        served._switch(row, runner, 0.0)
+        return served
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(args, kwargs, True)
 

@@ -24,7 +24,7 @@ from orchestrator.jobs.engine import float64_outputs
 from orchestrator.jobs.gate import Gate, snapshot
 from orchestrator.jobs.model import build_model, make_inputs
 from orchestrator.jobs.records import BucketResult, VariantMeasure
-from orchestrator.jobs.replica import load_replica
+from orchestrator.jobs.replica import BucketedModel, BucketUsage, load_replica
 from orchestrator.jobs.variants import write_plan
 
 MODELS = """
@@ -568,3 +568,26 @@ def test_a_model_never_warmed_here_is_refused_with_require_warm(rows_config, tmp
     torch.testing.assert_close(answering(*args), want)
     # without require_warm, the same cache serves eager as before: nothing was asked to be warm
     assert runtime.load(rows_config, cache_dir=tmp_path / "answering").wait_loaded(60)
+
+
+def test_warmups_served_figure_is_a_replica_call_of_its_variant():
+    """What warmup times as a bucket's served latency (engine: _as_a_replica_serves) is a replica's
+    own call of the bucket's exact shapes: the request's lookup, the lock and the runner, counted
+    as a replica counts a call."""
+    spec = load_spec(ROOT / "tests/configs/mlp.yaml")
+    cpu = torch.device("cpu")
+    model = build_model(spec, cpu)
+    seen = []
+
+    def runner(*args, **kwargs):
+        seen.append(tuple(args[0].shape))
+        return model(*args, **kwargs)
+
+    served = BucketedModel.serving(spec, cpu, model, 8, "compiled", runner)
+    args, kwargs = make_inputs(spec, 8, cpu)
+    with torch.no_grad():
+        torch.testing.assert_close(served(*args, **kwargs), model(*args, **kwargs))
+        served(*args, **kwargs)
+    assert seen == [tuple(args[0].shape)] * 2
+    assert served.info().buckets[8].variant == "compiled" and served.info().buckets[8].on_plan
+    assert served.usage()[8] == BucketUsage(calls=2, rows=16, padded_rows=0)

@@ -303,7 +303,7 @@ def _buckets_section(results: list[dict[str, Any]], labels: list[str]) -> str:
     for r, label in zip(results, labels, strict=True):
         value, interval = _served_speedup(r)
         served = r.get("variant")
-        served_ms = (_variants(r).get(served) or {}).get("ms") if served else None
+        served_ms = r.get("served_ms") or ((_variants(r).get(served) or {}).get("ms") if served else None)
         speedup = _e(_num(value, ".2f", "x")) + (' <span class="warn">noisy</span>' if r.get("noisy") else "")
         rows.append(
             [
