@@ -904,7 +904,7 @@ class _BucketWork:
         if variant_ms is None:
             return None
         runners: dict[str, Callable[..., Any]] = {"eager": self.model, "compiled": self._compiled_call}
-        runner = runners.get(variant) or self.graphed[variant]
+        runner = runners[variant] if variant in runners else self.graphed[variant]
         replica = BucketedModel.serving(self.spec, self.device, self.model, self.result.bucket, variant, runner)
         args, kwargs = self.inputs
         calls = {"variant": call, "replica": lambda: replica(*args, **kwargs)}
