@@ -903,8 +903,7 @@ class _BucketWork:
         median ratio (stats.paired_scale), so a host slowed for some rounds slows both sides."""
         if variant_ms is None:
             return None
-        runners: dict[str, Callable[..., Any]] = {"eager": self.model, "compiled": self._compiled_call}
-        runner = runners[variant] if variant in runners else self.graphed[variant]
+        runner = self._runner(variant)
         replica = BucketedModel.serving(self.spec, self.device, self.model, self.result.bucket, variant, runner)
         args, kwargs = self.inputs
         calls = {"variant": call, "replica": lambda: replica(*args, **kwargs)}
@@ -918,13 +917,12 @@ class _BucketWork:
         result = self.result
         self.enter("padding proof")
         variant = result.variant or "eager"
-        runners: dict[str, Callable[..., Any]] = {"eager": self.model, "compiled": self._compiled_call}
-        runners.update(self.graphed)
+        runner = self._runner(variant)
         proof = grid.prove_padding(
-            self.spec, result.bucket, self.inputs, self.model, runners[variant], variant, self.gate, self.float64_proof
+            self.spec, result.bucket, self.inputs, self.model, runner, variant, self.gate, self.float64_proof
         )
         if proof is not None:
-            proof.padded_ms = self._time_padded(proof, runners[variant])
+            proof.padded_ms = self._time_padded(proof, runner)
         result.padding_proof = asdict(proof) if proof is not None else None
         self.pause()
 
@@ -954,6 +952,15 @@ class _BucketWork:
         if served is None or self.result.served_ms is None:
             return median(timed.samples["padded"])
         return paired_scale(self.result.served_ms, timed.samples["padded"], timed.samples["served"])
+
+    def _runner(self, variant: str) -> Callable[..., Any]:
+        """What runs `variant` on a request's inputs, as a replica's route holds it: the model, the
+        compiled model, or the variant's built graph."""
+        if variant == "eager":
+            return self.model
+        if variant == "compiled":
+            return self._compiled_call
+        return self.graphed[variant]
 
     def _compiled_call(self, *args: Any, **kwargs: Any) -> Any:
         ti.mark_step()
