@@ -108,10 +108,11 @@ def compare(
     of half-precision matrix products and attention run fastest on such sizes; a size between
     two measured ones is priced as if it did). Every figure is of the traffic as it came."""
     dims = spec.grid_dims
-    unknown = sorted(set(align or {}) - set(dims))
+    align = align or {}
+    unknown = sorted(set(align) - set(dims))
     if unknown:
         raise UserError(f"--align {unknown[0]}: {spec.label} buckets {', '.join(dims)}; align one of those")
-    planned = aligned(traffic, [(align or {}).get(name, 1) for name in dims])
+    planned = aligned(traffic, [align.get(name, 1) for name in dims])
     measured, compile_seconds = measured_costs(report or {}, dims)
     if max_compile_seconds is not None:
         if compile_seconds is None:
