@@ -368,12 +368,15 @@ class Session:
         return self._finished(work)
 
     def benchmark(self, bucket: int) -> BucketResult:
-        """Time the bucket's variants (once), after the aot builds still running have finished:
-        nothing compiles beside a benchmark in this process or its children."""
+        """Time the bucket's variants (once), after the aot builds still running have finished and
+        Inductor's compile workers have started: nothing compiles or starts beside a benchmark in
+        this process or its children."""
         work = self._bucket(bucket)
         if work.result.status == "ok" and work.result.speedup is None:
             if self.ahead is not None and self.ahead.wait_idle():
                 self.event("aot builds idle")
+            if ti.wait_for_compile_workers():
+                self.event("compile workers started")
             with on_fastest_core(self.device.type == "cuda") as core:
                 self._guard(work, work.benchmark)
             if core is not None:

@@ -83,6 +83,23 @@ def _primer(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x * 2.0 + 1.0)
 
 
+def wait_for_compile_workers(timeout: float = 60.0) -> bool:
+    """Wait until the pool of compile workers that Inductor starts at a compile with CUDA inputs
+    has finished starting, where this process started one: its sidecar process imports torch and
+    forks a worker per compile thread, seconds of work on the host's cores that a compile of a
+    small model does not wait for and a benchmark would share. True where it waited. Never starts
+    a pool, and never raises: a pool that fails to start is Inductor's to report, at its next use."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    ready = getattr(getattr(async_compile, "AsyncCompile", None), "_ready_future", None)
+    if ready is None or ready.done():
+        return False
+    try:
+        ready.result(timeout=timeout)
+    except Exception:  # a timeout or a broken pool: either way, nothing is left to wait for
+        pass
+    return True
+
+
 def import_compiler(*, to_compile: bool) -> None:
     """Import Dynamo and its ahead-of-time loader now, and Inductor's compiler where something will
     be traced and compiled (`to_compile`; a saved function loads without it): seconds of Python

@@ -4,7 +4,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 
 import pytest
@@ -225,6 +227,57 @@ def test_a_gpu_sample_holds_the_calls_alone(monkeypatch):
     clock.back_to_back({"eager": lambda: cuda.log.append("call")}, rounds=2, calls=3)
     assert timed.samples["eager"] == [0.05] * 5
     assert cuda.between_events() == [["call"]] * 5 + [["call"] * 3] * 2
+
+
+def test_a_benchmark_waits_for_the_compile_workers_inductor_is_still_starting(monkeypatch):
+    """Inductor starts its pool of compile workers at a compile with CUDA inputs and does not wait
+    for it; the pool's start-up (a sidecar that imports torch, a worker forked per compile thread)
+    ran beside the first bucket's benchmark. The wait ends when the pool is ready, and never starts
+    a pool where there is none."""
+    import torch._inductor.async_compile as async_compile
+
+    pool = async_compile.AsyncCompile.process_pool
+    monkeypatch.setattr(async_compile.AsyncCompile, "_ready_future", None)
+    assert ti.wait_for_compile_workers() is False
+    assert pool.cache_info().currsize == 0  # nothing started
+
+    starting: Future[str] = Future()
+    monkeypatch.setattr(async_compile.AsyncCompile, "_ready_future", starting)
+    threading.Timer(0.3, starting.set_result, ["ready"]).start()
+    assert ti.wait_for_compile_workers() is True and starting.done()
+    assert ti.wait_for_compile_workers() is False  # started: nothing left to wait for
+
+    broken: Future[str] = Future()
+    broken.set_exception(RuntimeError("BrokenProcessPool"))
+    monkeypatch.setattr(async_compile.AsyncCompile, "_ready_future", broken)
+    assert ti.wait_for_compile_workers() is False  # ended, if badly: Inductor reports it at its next use
+    hanging: Future[str] = Future()
+    monkeypatch.setattr(async_compile.AsyncCompile, "_ready_future", hanging)
+    assert ti.wait_for_compile_workers(timeout=0.1) is True  # waited as long as allowed, then goes on
+
+
+@pytest.mark.slow  # one compile on the CPU
+def test_no_benchmark_starts_before_the_compile_workers_have(tmp_path, monkeypatch):
+    from orchestrator.config import load_spec
+    from orchestrator.jobs import engine
+
+    order: list[str] = []
+    monkeypatch.setattr(ti, "wait_for_compile_workers", lambda: order.append("workers started") or True)
+    timed = Clock.interleaved
+
+    def interleaved(self, *args, **kwargs):
+        order.append("timed")
+        return timed(self, *args, **kwargs)
+
+    monkeypatch.setattr(Clock, "interleaved", interleaved)
+    session = engine.Session(load_spec(ROOT / "tests/configs/mlp.yaml"), tmp_path / "cache")
+    try:
+        result = session.warm(8)
+    finally:
+        session.close()
+    assert result.status == "ok", result.error_detail
+    assert order[0] == "workers started" and "timed" in order
+    assert "compile workers started" in [what for what, _ in session.events]
 
 
 def test_compile_kwargs_folds_mode_into_options():
