@@ -37,8 +37,12 @@ computed) called with its attention mask, bucketed over batch x seq.
 `--calibration` takes the calibration report of an earlier run on the same kind of machine instead of
 warming the dense grid again (the recorded trace needs the calibration replica, so not with it).
 
+A host meter (bench/fidelity.py's) is read after every request, untimed: the figures are given
+again over the requests read with the host at full speed, beside the prediction.
+
 Output: OUT_DIR/plan_traffic.json, each timed request in OUT_DIR/requests-<trace>.json (per
-replica: batch, seq, the point that served it, ms, whether it went first of the two), and a
+replica: batch, seq, the point that served it, ms, whether it went first of the two, the host
+meter's reading in µs), and a
 Markdown table on stdout; a trace whose turn comes after
 `--budget` seconds is skipped with that reason.
 """
@@ -74,6 +78,7 @@ ENCODERS = {
              "intermediate_size": 3072, "max_position_embeddings": 512},
 }  # fmt: skip
 TRACES = ("long-tailed", "bimodal", "uniform", "recorded")
+SLOWED = 1.25  # a host meter reading over this times the best is a slowed host (orchestrator.jobs.timing's)
 
 
 def config(
@@ -177,11 +182,23 @@ for line in open(trace):
     requests.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
 latency = {path: [] for path in configs}
 at_point = {path: {} for path in configs}  # the point that served each timed request -> its latencies
-timed = {path: [] for path in configs}  # per timed request: batch, seq, its point, ms, served first of the two
+timed = {path: [] for path in configs}  # per timed request: batch, seq, its point, ms, served first of the two, host µs
 first_at = {path: {} for path in configs}  # the point -> the first request it served
 mismatches = {}
 checked = {path: [0, 0] for path in configs}  # answers that passed the gate, answers checked
 judged = None  # what the gate judged them against: float64, or eager where the model has no float64 run
+
+def host_us():
+    # the host's speed at this request (bench/fidelity.py's meter): the best of three runs of a
+    # fixed loop of pure Python, read after the request, untimed
+    best = float("inf")
+    for _ in range(3):
+        began = time.perf_counter()
+        total = 0
+        for i in range(1000):
+            total += i * i
+        best = min(best, time.perf_counter() - began)
+    return best * 1e6
 
 def point_of(replica, request):
     return "x".join(str(size) for size in replica._route((), request).point.values())
@@ -206,6 +223,9 @@ with torch.no_grad():
             first_at[path].setdefault(point, request)
             if i % 20 == 0:
                 answers[path] = snapshot(dict(out))
+        reading = round(host_us(), 1)
+        for path in configs:
+            timed[path][-1].append(reading)
         if answers:
             expected = snapshot(dict(first.model(**request)))
             exact = snapshot(dict(twin(**request)))
@@ -267,6 +287,23 @@ def replay(device: str, cache: Path, trace: Path, configs: list[Path], out_dir: 
     if line is None:
         raise RuntimeError(f"replay {name} exited {done.returncode} (logs/replay-{name}.log)")
     return json.loads(line)
+
+
+def at_full_speed(timed: list[list[Any]]) -> dict[str, Any]:
+    """The replay's figures over the requests read with the host at full speed: a host meter read
+    after each request within SLOWED times the replay's best reading. A shared host runs Python
+    slower for stretches of seconds to minutes; the planner prices a host at full speed."""
+    readings = [row[5] for row in timed if len(row) > 5]
+    if not readings:
+        return {}
+    best = min(readings)
+    kept = sorted(row[3] for row in timed if len(row) > 5 and row[5] <= SLOWED * best)
+    return {
+        "host_best_us": best,
+        "full_speed_requests": len(kept),
+        "full_speed_p50_ms": kept[len(kept) // 2] if kept else None,
+        "full_speed_mean_ms": sum(kept) / len(kept) if kept else None,
+    }
 
 
 def point_costs(report: Path) -> dict[tuple[int, ...], float]:
@@ -362,9 +399,8 @@ def main() -> int:
             rows = {}
             price = Cost(point_costs(calibration))
             # each timed request, in order, for what a point's tail shares: OUT_DIR/requests-<trace>.json
-            (out_dir / f"requests-{name}.json").write_text(
-                json.dumps({kind: measured[str(path)].pop("timed") for kind, path in configs.items()})
-            )
+            timed = {kind: measured[str(path)].pop("timed") for kind, path in configs.items()}
+            (out_dir / f"requests-{name}.json").write_text(json.dumps(timed))
             for kind, path in configs.items():
                 figures = measured[str(path)]
                 own = point_costs(out_dir / f"warmup-{path.stem}.json")
@@ -381,6 +417,7 @@ def main() -> int:
                     "prediction_error": predicted / figures["mean_ms"] - 1 if predicted else None,
                     "padding_waste": by_name[kind]["padding_waste"],
                     "warmup": warmed[kind],
+                    **at_full_speed(timed[kind]),
                 }
             results[name] = {
                 "objective": args.objective,
@@ -409,6 +446,22 @@ def main() -> int:
                          f"{row['mean_ms']:.3f} | {row['predicted_mean_ms']:.3f} | {error} | "
                          f"{row['requests_per_s']:.0f} | {row['padding_waste']:.1%} |")  # fmt: skip
         lines.append(f"| {name} | plan's p50 gain over powers of two: {result['p50_gain']:.0%} | | | | | | | |")
+    lines += [
+        "",
+        f"The same figures over the requests read with the host at full speed (a host meter read after "
+        f"each request, within {SLOWED}x the replay's best reading), against the prediction:",
+        "",
+    ]
+    for name, result in results.items():
+        for kind, row in (result.get("rows") or {}).items():
+            if row.get("full_speed_p50_ms") is None:
+                continue
+            p50, mean = row["full_speed_p50_ms"], row["full_speed_mean_ms"]
+            lines.append(
+                f"- {name}, {kind}: {row['full_speed_requests']} of {result['requests']} requests; "
+                f"p50 {p50:.3f} ms (predicted {row['predicted_p50_ms']:.3f}, {row['predicted_p50_ms'] / p50 - 1:+.0%}), "
+                f"mean {mean:.3f} ms (predicted {row['predicted_mean_ms']:.3f}, {row['predicted_mean_ms'] / mean - 1:+.0%})"
+            )
     lines += ["", "Every 20th answer checked at the request's exact size:", ""]
     for name, result in results.items():
         for kind, row in (result.get("rows") or {}).items():
