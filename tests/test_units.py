@@ -254,6 +254,7 @@ def test_a_benchmark_waits_for_the_compile_workers_inductor_is_still_starting(mo
     hanging: Future[str] = Future()
     monkeypatch.setattr(async_compile.AsyncCompile, "_ready_future", hanging)
     assert ti.wait_for_compile_workers(timeout=0.1) is True  # waited as long as allowed, then goes on
+    assert ti.wait_for_compile_workers(timeout=30) is False  # and not again: the next bucket does not wait
 
 
 @pytest.mark.slow  # one compile on the CPU
