@@ -37,7 +37,7 @@ computed) called with its attention mask, bucketed over batch x seq.
 `--calibration` takes the calibration report of an earlier run on the same kind of machine instead of
 warming the dense grid again (the recorded trace needs the calibration replica, so not with it).
 
-A host meter (bench/fidelity.py's) is read after every request, untimed: the figures are given
+A host meter (orchestrator.jobs.timing's) is read after every request, untimed: the figures are given
 again over the requests read with the host at full speed, beside the prediction.
 
 Output: OUT_DIR/plan_traffic.json, each timed request in OUT_DIR/requests-<trace>.json (per
@@ -78,7 +78,7 @@ ENCODERS = {
              "intermediate_size": 3072, "max_position_embeddings": 512},
 }  # fmt: skip
 TRACES = ("long-tailed", "bimodal", "uniform", "recorded")
-SLOWED = 1.25  # a host meter reading over this times the best is a slowed host (orchestrator.jobs.timing's)
+SLOWED = 1.25  # a reading over this times the best is a slowed host, as orchestrator.jobs.timing.HOST_SLOWED says
 
 
 def config(
@@ -164,6 +164,7 @@ from orchestrator import runtime
 from orchestrator.config import load_spec
 from orchestrator.jobs.engine import Float64Twin
 from orchestrator.jobs.gate import Gate, snapshot
+from orchestrator.jobs.timing import HostMeter
 
 device, cache, trace, record_to, configs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 CUDA = device == "cuda"
@@ -174,6 +175,7 @@ gate = Gate.from_options(load_spec(configs[0]).check)
 # what the gate judges an answer against, as at warmup: the model in float64 at the request's exact
 # size (a float16 answer held to eager's fixed tolerance fails on a few rounding steps in millions)
 twin = Float64Twin(first.model)
+host_meter = HostMeter()  # the benchmark's own meter: the best of three runs of a fixed loop of Python
 generator = torch.Generator().manual_seed(1)
 requests = []
 for line in open(trace):
@@ -187,18 +189,6 @@ first_at = {path: {} for path in configs}  # the point -> the first request it s
 mismatches = {}
 checked = {path: [0, 0] for path in configs}  # answers that passed the gate, answers checked
 judged = None  # what the gate judged them against: float64, or eager where the model has no float64 run
-
-def host_us():
-    # the host's speed at this request (bench/fidelity.py's meter): the best of three runs of a
-    # fixed loop of pure Python, read after the request, untimed
-    best = float("inf")
-    for _ in range(3):
-        began = time.perf_counter()
-        total = 0
-        for i in range(1000):
-            total += i * i
-        best = min(best, time.perf_counter() - began)
-    return best * 1e6
 
 def point_of(replica, request):
     return "x".join(str(size) for size in replica._route((), request).point.values())
@@ -223,7 +213,7 @@ with torch.no_grad():
             first_at[path].setdefault(point, request)
             if i % 20 == 0:
                 answers[path] = snapshot(dict(out))
-        reading = round(host_us(), 1)
+        reading = round(host_meter() * 1e6, 1)  # the host's speed at this request, untimed
         for path in configs:
             timed[path][-1].append(reading)
         if answers:
