@@ -103,6 +103,7 @@ def advance(state):
                     else:
                         keep.append(GraphedCall(fn, args, kwargs))
                 keep.append(fn)
+        ti.wait_for_compile_workers()  # the state is the variants built, not their compiler's pool starting
     elif state == "workers shut":
         from torch._inductor import async_compile
         async_compile.shutdown_compile_workers()
