@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import types
+import weakref
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -91,17 +92,17 @@ def wait_for_compile_workers(timeout: float = 60.0) -> bool:
     a pool, and never raises: a pool that fails to start is Inductor's to report, at its next use."""
     async_compile = sys.modules.get("torch._inductor.async_compile")
     ready = getattr(getattr(async_compile, "AsyncCompile", None), "_ready_future", None)
-    if ready is None or ready.done() or id(ready) in _pools_given_up_on:
+    if ready is None or ready.done() or ready in _pools_given_up_on:
         return False
     try:
         ready.result(timeout=timeout)
     except Exception:  # a timeout or a broken pool: either way, nothing is left to wait for
         if not ready.done():  # a pool that hangs costs one wait per process, not one per bucket
-            _pools_given_up_on.add(id(ready))
+            _pools_given_up_on.add(ready)
     return True
 
 
-_pools_given_up_on: set[int] = set()  # ids of readiness futures a wait has timed out on
+_pools_given_up_on: weakref.WeakSet[Any] = weakref.WeakSet()  # readiness futures a wait timed out on
 
 
 def import_compiler(*, to_compile: bool) -> None:
