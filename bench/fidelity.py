@@ -32,7 +32,10 @@ report figure over its independent timing (eager, every variant, served, speedup
 runtime's and borrow's cost over the hand replay, in µs and %. A figure outside the tolerance
 (±10% below 0.1 ms, else ±5%) is marked ✗ where the probe had 3 rounds at full speed, and ? where
 it had not (its figure is then a slowed host's, no check); a line below the table counts both.
-fidelity.json keeps each probe round's slowest host reading beside its medians.
+fidelity.json keeps each probe round's slowest host reading beside its medians, and the table
+gives the host's speed each side's figures were timed at (the report's `host_reading_us` and
+`host_best_us`, the probe's own meter over its kept rounds): host-bound figures compare only at
+like readings.
 """
 
 from __future__ import annotations
@@ -150,9 +153,10 @@ def timed_on_core(fns):
     # each round's slowest reading beside its medians: how far a slowed host moved each figure
     by_round = [{"host_us": round(h, 1), "ms": {name: round(statistics.median(s[name]), 5) for name in names}}
                 for h, s in rounds]
+    kept_readings = [h for h, s in rounds if h <= SLOWED * BEST[0]] if len(full_speed) >= 3 else [h for h, _ in rounds]
     return ({name: median(kept, name) for name in names}, {name: median([s for _, s in rounds], name) for name in names},
             {"rounds": len(rounds), "slowed": len(rounds) - len(full_speed), "full_speed": len(full_speed) >= 3,
-             "best_us": round(BEST[0], 1), "by_round": by_round})
+             "reading_us": round(statistics.median(kept_readings), 1), "best_us": round(BEST[0], 1), "by_round": by_round})
 
 def hand_replay(graphed, args, kwargs):
     # the captured graph itself: its static inputs filled one copy each, replayed, nothing copied out
@@ -270,6 +274,10 @@ def compare(record: dict, timing: dict) -> dict:
         # fewer than 3 rounds at full speed: the probe's figures are a slowed host's, no check of the report's
         "independent_full_speed": timing["host"].get("full_speed", True),
         "independent_best_us": timing["host"].get("best_us"),
+        # the host's speed each side's figures were timed at: its meter's median reading over the
+        # rounds kept (µs; the report's meter and the probe's run the same loop), and its best
+        "report_us": [record.get("host_reading_us"), record.get("host_best_us")],
+        "independent_us": [timing["host"].get("reading_us"), timing["host"].get("best_us")],
         "independent_by_round": timing["host"].get("by_round"),
         "core": timing.get("core"),
         "meter_by_core_us": timing.get("meter_by_core_us"),
@@ -334,13 +342,13 @@ def render(rows: list[dict]) -> str:
     head = (
         "| model | bucket | served | eager ms (indep.) | report/indep.: eager (all rounds) | variants | served/runtime "
         "| speedup | runtime − hand replay | borrowed − hand replay | copy alone: tool's · clones · foreach | "
-        "host slowed: report · indep. |\n"
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|"
+        "host slowed: report · indep. | host µs (kept · best): report · indep. |\n"
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|"
     )
     lines = [head]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | | | |")
             continue
         eager_ms = row["ms"]["eager"]
         checked = row["host"].get("independent_full_speed", True)
@@ -354,6 +362,10 @@ def render(rows: list[dict]) -> str:
         def slowed(side: str) -> str:
             done, rounds = row["host"][side]
             return "-" if rounds is None else f"{done}/{rounds}"
+
+        def speed(side: str) -> str:
+            kept, best = row["host"].get(f"{side}_us") or (None, None)
+            return "-" if kept is None or best is None else f"{kept:.1f} · {best:.1f}"
 
         def copy_alone() -> str:
             if "replay + copy_over_floor_us" not in row:
@@ -372,7 +384,8 @@ def render(rows: list[dict]) -> str:
             f"{within(row['eager'], eager_ms, checked)} ({'-' if all_rounds is None else f'{all_rounds:.3f}'}) | "
             f"{variants} | {within(row['served_vs_runtime'], row['ms']['runtime'], checked)} | "
             f"{within(row['speedup'], eager_ms, checked)} | "
-            f"{over('runtime')} | {over('borrowed')} | {copy_alone()} | {slowed('report')} · {slowed('independent')} |"
+            f"{over('runtime')} | {over('borrowed')} | {copy_alone()} | {slowed('report')} · {slowed('independent')} | "
+            f"{speed('report')} · {speed('independent')} |"
         )
     return "\n".join(lines) + "\n" + tally(rows)
 

@@ -61,7 +61,16 @@ from orchestrator.jobs.records import (  # noqa: F401  (Remote: part of this mod
 from orchestrator.jobs.replica import BucketedModel
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, WarmupSpec
 from orchestrator.jobs.stats import PairedBootstrap, is_noisy, paired_scale
-from orchestrator.jobs.timing import HOST, Clock, Timed, median, on_fastest_core, p90, process_age_seconds
+from orchestrator.jobs.timing import (
+    HOST,
+    Clock,
+    HostMeter,
+    Timed,
+    median,
+    on_fastest_core,
+    p90,
+    process_age_seconds,
+)
 from orchestrator.jobs.variants import (
     MAX_SAMPLES,
     graphed_compile,
@@ -825,7 +834,7 @@ class _BucketWork:
         bucket = result.bucket
         planned = read_plans(self.session.local.path).get(bucket)  # pulled from the store, or this node's
 
-        host = _HostRecord(result)
+        host = _HostRecord(result, self.clock.host)
 
         def time_more(names: list[str], iterations: int) -> dict[str, list[float]]:
             """More interleaved rounds of the variants the choice cannot tell apart yet, after one
@@ -998,8 +1007,9 @@ class _BucketWork:
 class _HostRecord:
     """What the host meter saw across a bucket's benchmark runs, written into its record."""
 
-    def __init__(self, result: BucketResult) -> None:
-        self.result = result
+    def __init__(self, result: BucketResult, meter: Optional[HostMeter]) -> None:
+        self.result, self.meter = result, meter
+        self.kept_ms: list[float] = []  # the kept rounds' slowest meter readings, every run's
         result.bench_rounds, result.host_slowed_rounds, result.host_steady = 0, 0, True
 
     def add(self, timed: Timed) -> dict[str, list[float]]:
@@ -1007,6 +1017,10 @@ class _HostRecord:
         result.bench_rounds = (result.bench_rounds or 0) + timed.rounds
         result.host_slowed_rounds = (result.host_slowed_rounds or 0) + timed.slowed
         result.host_steady = bool(result.host_steady) and timed.steady
+        self.kept_ms += timed.kept_host_ms
+        if self.meter is not None and self.kept_ms:
+            result.host_reading_us = round(median(self.kept_ms) * 1e3, 2)
+            result.host_best_us = round(self.meter.best * 1e6, 2)
         return timed.samples
 
 

@@ -54,6 +54,8 @@ BENCHMARK_FIELDS = (
     "bench_rounds",
     "host_slowed_rounds",
     "host_steady",
+    "host_reading_us",
+    "host_best_us",
     "choice_reason",
     "profile",
     "padding_proof",

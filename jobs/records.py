@@ -132,6 +132,11 @@ class BucketResult:
     bench_rounds: Optional[int] = None
     host_slowed_rounds: Optional[int] = None
     host_steady: Optional[bool] = None
+    # The host's speed the figures were timed at, in µs of the meter's fixed work: the median of
+    # the kept rounds' slowest readings, and the best reading of the process (full speed). A
+    # host-bound figure timed elsewhere compares with this one only at a like reading.
+    host_reading_us: Optional[float] = None
+    host_best_us: Optional[float] = None
     choice_reason: Optional[str] = None  # why the fastest variant by median does not serve; None where it does
     profile: Optional[BucketProfile] = None  # with `warmup --profile DIR`; a failure there never fails the bucket
     # A grid's point: its sizes by dimension, the bucket dimension first (None in the list form)

@@ -152,6 +152,7 @@ class Timed:
     slowed: int = 0
     steady: bool = True
     host_ms: list[float] = field(default_factory=list)  # each round's slowest meter reading
+    kept_host_ms: list[float] = field(default_factory=list)  # the same, of the rounds kept in `samples`
 
 
 @dataclass
@@ -237,6 +238,7 @@ class Clock:
             slowed=len(slowed),
             steady=steady,
             host_ms=[r.host_s * 1e3 for r in rounds],
+            kept_host_ms=[r.host_s * 1e3 for r in kept],
         )
 
     def _round(self, variants: dict[str, Callable[[], Any]], names: list[str], calls: int, reverse: bool) -> _Round:

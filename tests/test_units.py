@@ -116,6 +116,24 @@ def test_rounds_the_host_ran_slowed_in_are_timed_again_and_left_out():
     assert max(timed.samples["eager"]) == pytest.approx(4.7)
     assert median(timed.samples["eager"]) / median(timed.samples["graphed"]) == pytest.approx(4.7)
     assert len(timed.host_ms) == 7 and max(timed.host_ms) == 2000.0
+    assert timed.kept_host_ms == [1000.0] * 5  # the speed the kept samples were timed at
+
+
+def test_a_record_says_what_speed_its_host_ran_at_in_the_rounds_it_kept():
+    """Two runs of a bucket's benchmark (the first, then more rounds of two variants): the record
+    gives the kept rounds' median reading over both, beside the best reading, in µs."""
+    from orchestrator.jobs.engine import _HostRecord
+    from orchestrator.jobs.records import BucketResult
+
+    host = SlowedHost(lambda i: i in (1, 2))
+    clock = Clock(torch.device("cpu"), timer=lambda: host.now, host=host.meter)
+    result = BucketResult(bucket=8, status="ok")
+    record = _HostRecord(result, clock.host)
+    record.add(clock.interleaved({"eager": host.call(4.7, 0.0), "graphed": host.call(0.0, 1.0)}, 50, 2))
+    record.add(clock.interleaved({"graphed": host.call(0.0, 1.0)}, 10, 1))
+    assert (result.bench_rounds, result.host_slowed_rounds, result.host_steady) == (12, 2, True)
+    assert result.host_reading_us == result.host_best_us == 1e6  # the meter's 1.0 s, in µs
+    assert _HostRecord(BucketResult(bucket=8, status="ok"), None).result.host_reading_us is None  # CPU: no meter
 
 
 def test_a_host_slowed_for_most_of_the_benchmark_keeps_every_round_and_is_not_steady():
