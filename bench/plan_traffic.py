@@ -16,8 +16,10 @@ computed) called with its attention mask, bucketed over batch x seq.
        - long-tailed: seq log-normal of median 60 cut to 1..256, batch log-uniform over 1..32;
        - bimodal: 70% short requests (seq 8..48, batch 1..4), 30% long ones (seq 160..256,
          batch 16..32);
-       - recorded: the calibration grid's replica serves a mixture of the three, and the trace is
-         what the replica itself recorded (`info().request_sizes`), as a JSONL of sizes.
+       - recorded: a replica serves a mixture of the three, and the trace is what the replica
+         itself recorded (`info().request_sizes`), as a JSONL of sizes. The replica is the
+         calibration grid's, or with `--calibration` a grid of four points warmed for it
+         (batch 8, 32 x seq 128, 256).
      `orchestrate plan --traffic TRACE --max-points P --report calibration.json --json` gives the
      plan and powers of two with as many sizes per dimension, each with its predicted mean and median latency
      of a request (`--objective p50`: the plan is `orchestrate plan --objective p50`'s, free points
@@ -35,7 +37,7 @@ computed) called with its attention mask, bucketed over batch x seq.
      and a synchronize, as the traffic is timed), and the traffic's own latencies there.
 
 `--calibration` takes the calibration report of an earlier run on the same kind of machine instead of
-warming the dense grid again (the recorded trace needs the calibration replica, so not with it).
+warming the dense grid again.
 
 A host meter (orchestrator.jobs.timing's) is read after every request, untimed: the figures are given
 again over the requests read with the host at full speed, beside the prediction.
@@ -78,6 +80,7 @@ ENCODERS = {
              "intermediate_size": 3072, "max_position_embeddings": 512},
 }  # fmt: skip
 TRACES = ("long-tailed", "bimodal", "uniform", "recorded")
+RECORDER = {"batch": [8, 32], "seq": [128, 256]}  # with --calibration: the replica that records the mixture
 SLOWED = 1.25  # a reading over this times the best is a slowed host, as orchestrator.jobs.timing.HOST_SLOWED says
 
 
@@ -227,6 +230,7 @@ with torch.no_grad():
                     judged = verdict.reference
                 except Exception as exc:
                     mismatches.setdefault(path, str(exc)[:300])
+    recorded = first.request_sizes()  # the traffic's, before the repeated calls below add theirs
     # each point again, one request of its own called back to back (blocks of 20, 5 rounds), timed
     # as above: what the traffic's interleaving adds to a point's latency, beside what warmup measured
     repeated = {path: {} for path in configs}
@@ -245,7 +249,7 @@ with torch.no_grad():
             repeated[path][point] = statistics.median(samples)
 if record_to != "-":  # what a replica recorded of the traffic it served: sizes in the grid's dimensions
     with open(record_to, "w") as sink:  # each request was served twice, untimed and timed
-        for (batch, seq), count in sorted(first.request_sizes().items()):
+        for (batch, seq), count in sorted(recorded.items()):
             sink.write("".join(json.dumps({"batch": batch, "seq": seq}) + "\n" for _ in range(count // 2)))
 
 def quantile(values, q):
@@ -336,8 +340,6 @@ def main() -> int:
     parser.add_argument("--objective", choices=["mean", "p50", "p99"], default="mean", help="what the plan minimises")
     parser.add_argument("--align", action="append", default=[], metavar="DIM=N", help="orchestrate plan's --align")
     args = parser.parse_args()
-    if args.calibration and "recorded" in args.traces.split(","):
-        parser.error("the recorded trace is served by the calibration replica: leave out --calibration")
     out_dir = args.out_dir.resolve()
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -368,10 +370,14 @@ def main() -> int:
         trace = out_dir / f"trace-{name}.jsonl"
         try:
             if name == "recorded":
+                recorder = calibration_config
+                if args.calibration:  # no calibration replica warmed here: a small grid serves the mixture
+                    recorder = config("recorder", RECORDER, out_dir, args.device, args.encoder)
+                    results["calibration"]["recorder"] = warm(recorder, cache, out_dir, left())
                 mixture = [size for kind in TRACES[:3] for size in synthetic(kind, args.requests // 3, seed=7)]
                 random.Random(7).shuffle(mixture)
                 write_trace(mixture, out_dir / "trace-mixture.jsonl")
-                replay(args.device, cache, out_dir / "trace-mixture.jsonl", [calibration_config], out_dir,
+                replay(args.device, cache, out_dir / "trace-mixture.jsonl", [recorder], out_dir,
                        "recording", left(), record_to=str(trace))  # fmt: skip
             else:
                 write_trace(synthetic(name, args.requests), trace)
