@@ -35,7 +35,8 @@ it had not (its figure is then a slowed host's, no check); a line below the tabl
 fidelity.json keeps each probe round's slowest host reading beside its medians, and the table
 gives the host's speed each side's figures were timed at (the report's `host_reading_us` and
 `host_best_us`, the probe's own meter over its kept rounds): host-bound figures compare only at
-like readings.
+like readings: the last column gives the report's eager figure over the probe's rounds whose
+reading lies within 5% of the report's.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -282,6 +284,7 @@ def compare(record: dict, timing: dict) -> dict:
         "core": timing.get("core"),
         "meter_by_core_us": timing.get("meter_by_core_us"),
     }
+    row["eager_like_reading"], row["like_rounds"] = at_like_reading(record, timing["host"])
     row["variants"] = {
         name: ratio((record["variants"].get(name) or {}).get("ms"), ms[name])
         for name in ms
@@ -308,6 +311,23 @@ def verdict(value: Optional[float], eager_ms: float, checked: bool) -> str:
         return "-"
     limit = 0.10 if eager_ms < 0.1 else 0.05
     return "" if abs(value - 1) <= limit else ("✗" if checked else "?")
+
+
+LIKE = 0.05  # a probe round whose host reading is within this of the report's is at a like speed
+
+
+def at_like_reading(record: dict, host: dict) -> tuple[Optional[float], int]:
+    """The report's eager figure over the probe's, from the probe rounds whose slowest host reading
+    lies within LIKE of the report's (`host_reading_us`): the two timed at a like host speed,
+    whatever each side counted as full speed. None where fewer than 3 rounds qualify."""
+    reading = record.get("host_reading_us")
+    rounds = host.get("by_round") or []
+    if not reading or not record.get("eager_ms"):
+        return None, 0
+    like = [r["ms"]["eager"] for r in rounds if abs(r["host_us"] / reading - 1) <= LIKE and "eager" in r["ms"]]
+    if len(like) < 3:
+        return None, len(like)
+    return record["eager_ms"] / statistics.median(like), len(like)
 
 
 def within(value: Optional[float], eager_ms: float, checked: bool = True) -> str:
@@ -342,13 +362,13 @@ def render(rows: list[dict]) -> str:
     head = (
         "| model | bucket | served | eager ms (indep.) | report/indep.: eager (all rounds) | variants | served/runtime "
         "| speedup | runtime − hand replay | borrowed − hand replay | copy alone: tool's · clones · foreach | "
-        "host slowed: report · indep. | host µs (kept · best): report · indep. |\n"
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|"
+        "host slowed: report · indep. | host µs (kept · best): report · indep. | eager at a like reading |\n"
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"
     )
     lines = [head]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | | | | |")
             continue
         eager_ms = row["ms"]["eager"]
         checked = row["host"].get("independent_full_speed", True)
@@ -366,6 +386,10 @@ def render(rows: list[dict]) -> str:
         def speed(side: str) -> str:
             kept, best = row["host"].get(f"{side}_us") or (None, None)
             return "-" if kept is None or best is None else f"{kept:.1f} · {best:.1f}"
+
+        def like() -> str:
+            value, rounds = row.get("eager_like_reading"), row.get("like_rounds", 0)
+            return f"{value:.3f} ({rounds} rounds)" if value is not None else f"- ({rounds} rounds)"
 
         def copy_alone() -> str:
             if "replay + copy_over_floor_us" not in row:
@@ -385,7 +409,7 @@ def render(rows: list[dict]) -> str:
             f"{variants} | {within(row['served_vs_runtime'], row['ms']['runtime'], checked)} | "
             f"{within(row['speedup'], eager_ms, checked)} | "
             f"{over('runtime')} | {over('borrowed')} | {copy_alone()} | {slowed('report')} · {slowed('independent')} | "
-            f"{speed('report')} · {speed('independent')} |"
+            f"{speed('report')} · {speed('independent')} | {like()} |"
         )
     return "\n".join(lines) + "\n" + tally(rows)
 
