@@ -129,13 +129,14 @@ def timed_on_core(fns):
         for _ in range(UNTIMED):
             fn()
     names = list(fns)
-    rounds = []  # (the round's slowest host reading, its samples by name)
-    readings = []  # per round: each reading by the block it came before, and the one after the round
+    # per round: its samples by name, the host reading before each block and after the round, and
+    # the slowest of those readings, which says whether the round ran at full speed
+    rounds = []
+    at_full_speed = lambda r: r["slowest"] <= SLOWED * BEST[0]
     while True:
-        samples, slowest, before = {}, 0.0, {}
+        samples, before = {}, {}
         for name in names if len(rounds) % 2 == 0 else names[::-1]:
             before[name] = host_us()
-            slowest = max(slowest, before[name])
             fn, taken = fns[name], []
             for _ in range(BLOCK):
                 torch.cuda.synchronize()
@@ -147,22 +148,23 @@ def timed_on_core(fns):
                 taken.append(start.elapsed_time(end))
             samples[name] = taken
         after = host_us()
-        rounds.append((max(slowest, after), samples))
-        readings.append({"before": {name: round(us, 1) for name, us in before.items()}, "after": round(after, 1)})
-        full_speed = [s for h, s in rounds if h <= SLOWED * BEST[0]]
+        rounds.append({"samples": samples, "before": before, "after": after, "slowest": max([*before.values(), after])})
+        full_speed = [r for r in rounds if at_full_speed(r)]
         if len(full_speed) >= ROUNDS or len(rounds) >= MAX_ROUNDS:
             break
-        if rounds[-1][0] > SLOWED * BEST[0]:  # the core slowed meanwhile: on to the fastest one now
+        if not at_full_speed(rounds[-1]):  # the core slowed meanwhile: on to the fastest one now
             fastest_core()
-    kept = full_speed if len(full_speed) >= 3 else [s for _, s in rounds]
-    median = lambda chosen, name: statistics.median([ms for s in chosen for ms in s[name]])
-    # each round's slowest reading beside its medians: how far a slowed host moved each figure
-    by_round = [{"host_us": round(h, 1), "ms": {name: round(statistics.median(s[name]), 5) for name in names}, **read}
-                for (h, s), read in zip(rounds, readings)]
-    kept_readings = [h for h, s in rounds if h <= SLOWED * BEST[0]] if len(full_speed) >= 3 else [h for h, _ in rounds]
-    return ({name: median(kept, name) for name in names}, {name: median([s for _, s in rounds], name) for name in names},
+    kept = full_speed if len(full_speed) >= 3 else rounds
+    median = lambda chosen, name: statistics.median([ms for r in chosen for ms in r["samples"][name]])
+    # each round's readings beside its medians: how far a slowed host moved each figure
+    by_round = [{"host_us": round(r["slowest"], 1),
+                 "ms": {name: round(statistics.median(r["samples"][name]), 5) for name in names},
+                 "before": {name: round(us, 1) for name, us in r["before"].items()}, "after": round(r["after"], 1)}
+                for r in rounds]
+    return ({name: median(kept, name) for name in names}, {name: median(rounds, name) for name in names},
             {"rounds": len(rounds), "slowed": len(rounds) - len(full_speed), "full_speed": len(full_speed) >= 3,
-             "reading_us": round(statistics.median(kept_readings), 1), "best_us": round(BEST[0], 1), "by_round": by_round})
+             "reading_us": round(statistics.median(r["slowest"] for r in kept), 1), "best_us": round(BEST[0], 1),
+             "by_round": by_round})
 
 def hand_replay(graphed, args, kwargs):
     # the captured graph itself: its static inputs filled one copy each, replayed, nothing copied out
