@@ -75,7 +75,7 @@ with torch.no_grad():
         runtime_call = lambda: served(*args, **kwargs)
         variants = {"runtime": runtime_call, "alone": variant_call,
                     "eager": lambda: eager(*args, **kwargs), "reduce-overhead": plain_call}
-        plain_call()  # compiled here, untimed: then Inductor's compile workers, started, not starting
+        plain_call()  # compiles here, untimed, so that the timing starts once Inductor's compile workers have
         ti.wait_for_compile_workers()
         samples = clock.interleaved(variants, 200, 20).samples
         out["buckets"][bucket] = {"variant": served.variant(bucket), **{k: row(v) for k, v in samples.items()}}
