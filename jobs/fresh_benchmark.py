@@ -3,8 +3,9 @@ compiles nothing (`bench.process: fresh`), as a replica does.
 
 It separates what a benchmark measures from whatever a compile leaves in its process. A Ray warmup
 already benchmarks on ranks that only load what the compile wave published; this is the same for
-`warmup --no-ray`. It is not the default: on an H100 its figures matched those timed in the
-compiling process within their spread while it cost each warmup 5-12 s (docs/performance.md).
+`warmup --no-ray`. It is not the default: its figures match those timed in the compiling process
+within their spread, and its second process costs every warmup seconds (docs/performance.md, "Where
+the report is timed does not move it").
 
 The child builds a Session over the same namespace directory, loads and checks every bucket (each
 a cache hit) and benchmarks them as Session.benchmark does, writing the serving plans into the
