@@ -179,7 +179,16 @@ def graph_per_shape(request):
 # The floor: the same dynamic compiled code captured by hand in one CUDA graph per exact shape,
 # replayed with the request copied in and the outputs left in the graph's buffers. No padding, no
 # guards, no bookkeeping: what no runtime serving these shapes can beat.
+# The graphs share one pool and none owns its outputs: each keeps views that do not hold their
+# memory (as CUDA-graph trees keep theirs), so the next capture reuses it, and the pool stays the
+# size of the largest graph, not the sum of a thousand (a decoder's logits are tens of MB a
+# shape). An answer is read before the next replay, as every method's is here.
 graphs, pool = {}, torch.cuda.graph_pool_handle() if CUDA else None
+def unowned(tensor):
+    storage = torch._C._construct_storage_from_data_pointer(
+        tensor.untyped_storage().data_ptr(), tensor.device, tensor.untyped_storage().nbytes())
+    view = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return view.set_(storage, tensor.storage_offset(), tensor.shape, tensor.stride())
 def hand_graph(request):
     shape = tuple(request["input_ids"].shape)
     if shape not in graphs:
@@ -192,7 +201,10 @@ def hand_graph(request):
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            out = dynamic(**static)
+            captured = plain(dynamic(**static))
+        out = ({k: unowned(v) if isinstance(v, torch.Tensor) else v for k, v in captured.items()}
+               if isinstance(captured, dict) else unowned(captured))
+        del captured  # its memory back to the pool, for the next capture
         graphs[shape] = (graph, static, out)
     graph, static, out = graphs[shape]
     for name, value in request.items():
