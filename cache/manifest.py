@@ -32,8 +32,11 @@ FORMAT = 1
 PRIVATE_NAME = "cache-signing.key"  # what `orchestrate keys new DIR` writes
 PUBLIC_SUFFIX = ".pub"
 APPLIED_MARKER = ".orchestrate-manifest.json"  # what a pulled directory records of its generation
+VERIFIED_RECORD = ".orchestrate-verified.json"  # what a pull last found each file to be (sync.pull)
 # Process-local state, never an artifact: a scan skips it and no manifest may name it
-LOCAL_STATE = re.compile(r"(^|/)(locks/|\.tmp|tmp[^/]*$|[^/]*\.lock$|" + re.escape(APPLIED_MARKER) + ")")
+LOCAL_STATE = re.compile(
+    r"(^|/)(locks/|\.tmp|tmp[^/]*$|[^/]*\.lock$|" + re.escape(APPLIED_MARKER) + "|" + re.escape(VERIFIED_RECORD) + ")"
+)
 # Bounds on what a manifest may be before anything else reads it: a manifest of 100,000 files takes
 # about 30 MB and nests 4 levels deep, so these refuse only what would exhaust memory or the stack.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024

@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tarfile
 import tempfile
 import time
@@ -52,6 +53,7 @@ from orchestrator.cache.manifest import (
     APPLIED_MARKER,
     LOCAL_STATE,
     MAX_MANIFEST_BYTES,
+    VERIFIED_RECORD,
     FileEntry,
     IntegrityError,
     Manifest,
@@ -387,11 +389,15 @@ def pull(
                     f"refusing it (remove {directory / APPLIED_MARKER} if the namespace was republished on purpose)"
                 )
             present = {rel: path for rel, (path, _) in scan(directory).items()}  # symlinks neither followed nor listed
-            needed = {
-                rel: entry
-                for rel, entry in manifest.files.items()
-                if rel not in present or not _matches(present[rel], entry)
-            }
+            known = _Record.read(directory)
+            verified: dict[str, Fingerprint] = {}  # the files in place that hold their manifest's bytes
+            needed: dict[str, FileEntry] = {}
+            for rel, entry in manifest.files.items():
+                found = _verified(rel, present[rel], entry, known) if rel in present else None
+                if found is None:
+                    needed[rel] = entry
+                else:
+                    verified[rel] = found
             transfer = Transfer(generation=manifest.generation, files=len(needed))
             marker = (
                 json.dumps(
@@ -404,12 +410,19 @@ def pull(
                     raise _unwritable(directory, refused)
             elif not needed and directory.exists():
                 _write_atomically(directory / APPLIED_MARKER, marker)
+                if known.read_again:  # recorded anew, so that those files are not read at the next pull
+                    _write_atomically(directory / VERIFIED_RECORD, _Record.text(manifest, verified))
             else:  # a directory that does not exist yet appears whole too, even an empty namespace's
                 staging = directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
                 try:
                     _fetch(store, manifest, needed, staging, transfer)
+                    for rel in needed:  # written by this pull from bytes it checked, in a directory of its own
+                        fetched = _fingerprint(staging / rel)
+                        if fetched is not None:
+                            verified[rel] = fetched
                     _carry_over(present, manifest, needed, staging)
                     (staging / APPLIED_MARKER).write_text(marker)
+                    (staging / VERIFIED_RECORD).write_text(_Record.text(manifest, verified))
                     _swap_in(staging, directory)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
@@ -603,6 +616,81 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def _matches(path: Path, entry: FileEntry) -> bool:
     return path.is_file() and path.stat().st_size == entry.size and sha256_file(path) == entry.sha256
+
+
+# A file's identity on its filesystem: size, modification time (ns), inode and device. A write in
+# place moves the time and a replacement (a rename over it, a copy) the inode, while what a pull
+# itself does to a file it keeps (a hard link made or removed) moves neither. The change time
+# would, so it is left out.
+Fingerprint = tuple[int, int, int, int]
+
+
+def _fingerprint(path: Path) -> Optional[Fingerprint]:
+    try:
+        status = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(status.st_mode):
+        return None
+    return (status.st_size, status.st_mtime_ns, status.st_ino, status.st_dev)
+
+
+@dataclass
+class _Record:
+    """What the last pull into a directory found each file to be (VERIFIED_RECORD): path ->
+    (sha256, fingerprint), and the record's own modification time. A file is taken as verified
+    without being read only where its fingerprint is the recorded one and its modification time
+    is strictly before the record's: a filesystem stamps times at a coarse tick, so a write in the
+    same tick as the record could keep every field of the fingerprint (git's index meets the same
+    and answers the same way)."""
+
+    files: dict[str, tuple[str, Fingerprint]] = field(default_factory=dict)
+    written_ns: int = 0
+    read_again: int = 0  # files in place that this pull hashed: unrecorded, changed, or too recent
+
+    @classmethod
+    def read(cls, directory: Path) -> _Record:
+        """Unreadable or malformed: an empty record, and every file in place is hashed."""
+        path = directory / VERIFIED_RECORD
+        try:
+            written_ns = os.stat(path, follow_symlinks=False).st_mtime_ns
+            files = json.loads(path.read_text())["files"]
+        except (OSError, ValueError, TypeError, KeyError):
+            return cls()
+        if not isinstance(files, dict):
+            return cls()
+        rows = {
+            rel: (row[0], (row[1], row[2], row[3], row[4]))
+            for rel, row in files.items()
+            if isinstance(row, list)
+            and len(row) == 5
+            and isinstance(row[0], str)
+            and all(type(x) is int for x in row[1:])
+        }
+        return cls(rows, written_ns)
+
+    def vouches(self, rel: str, sha256: str, found: Fingerprint) -> bool:
+        return self.files.get(rel) == (sha256, found) and found[1] < self.written_ns
+
+    @staticmethod
+    def text(manifest: Manifest, verified: dict[str, Fingerprint]) -> str:
+        rows = {rel: [manifest.files[rel].sha256, *found] for rel, found in sorted(verified.items())}
+        return json.dumps({"files": rows}, separators=(",", ":")) + "\n"
+
+
+def _verified(rel: str, path: Path, entry: FileEntry, record: _Record) -> Optional[Fingerprint]:
+    """The file's fingerprint where it holds `entry`'s bytes, None where it does not. A file the
+    record vouches for is not read again: a replica's pull of a namespace it holds would otherwise
+    read every byte of it at every start."""
+    before = _fingerprint(path)
+    if before is None or before[0] != entry.size:
+        return None
+    if record.vouches(rel, entry.sha256, before):
+        return before
+    record.read_again += 1
+    if sha256_file(path) != entry.sha256:
+        return None
+    return before if _fingerprint(path) == before else None  # changed while it was read: not verified
 
 
 SHARD_ATTEMPTS = 3  # a shard whose bytes differ from its name is fetched again: transfers can corrupt

@@ -229,6 +229,117 @@ def test_complete_local_files_are_not_fetched_again(store, tmp_path):
     assert sync.pulled_generation(node) == 1
 
 
+def hashed_by_pulls(monkeypatch) -> list[str]:
+    """The local files every later pull reads through to hash, by path relative to nothing: a spy
+    on the one function a pull hashes a file in place with."""
+    read: list[str] = []
+    real = sync.sha256_file
+
+    def spy(path):
+        read.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(sync, "sha256_file", spy)
+    return read
+
+
+def past_the_record(node: Path) -> None:
+    """Wait until the filesystem stamps a later time than the pull's record carries (a tick is
+    a few ms), as any pull that comes seconds later finds it."""
+    record = (node / sync.VERIFIED_RECORD).stat().st_mtime_ns
+    probe = node.parent / "clock-probe"
+    while True:
+        probe.write_bytes(b"")
+        if probe.stat().st_mtime_ns > record:
+            probe.unlink()
+            return
+
+
+def test_a_pull_reads_no_file_it_found_intact_before(store, tmp_path, monkeypatch):
+    """A replica pulls the namespace it holds at every start, beside its model's build: hashing
+    every file again costs a conv net's replica seconds. A file whose size, modification time and
+    inode are what the last pull recorded is not read."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert sync.VERIFIED_RECORD not in sync.scan(node)  # never published from here
+    past_the_record(node)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)  # files written in the record's own tick: read once more
+    past_the_record(node)
+    read = hashed_by_pulls(monkeypatch)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert (again.files, read) == (0, [])
+    assert tree(node) == ARTIFACTS
+
+
+def test_a_file_written_in_the_records_own_tick_is_read_again(store, tmp_path, monkeypatch):
+    """A filesystem stamps modification times at a coarse tick: a file damaged right after the pull
+    that recorded it can keep its size, time and inode. Its time is then not before the record's,
+    so the pull reads it and fetches it again."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    damaged = node / "inductor/pr/cprf.py"
+    recorded = json.loads((node / sync.VERIFIED_RECORD).read_text())["files"]["inductor/pr/cprf.py"]
+    with open(damaged, "r+b") as f:  # in place: the same inode
+        f.write(b"#" * 16)
+    os.utime(damaged, ns=(recorded[2], recorded[2]))  # and the time the record holds, as one tick gives it
+    os.utime(node / sync.VERIFIED_RECORD, ns=(recorded[2], recorded[2]))  # the record written in that tick
+    read = hashed_by_pulls(monkeypatch)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert again.files == 1 and "cprf.py" in read
+    assert tree(node) == ARTIFACTS
+
+
+def test_a_file_replaced_with_its_old_size_and_time_is_read_again(store, tmp_path):
+    """A file renamed over the recorded one (an editor's save, a copy that keeps times) is another
+    inode: read, found to differ, fetched again."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    past_the_record(node)
+    target = node / "inductor/pr/cprf.py"
+    old = target.stat()
+    replacement = node / "inductor/pr/replacement"
+    replacement.write_bytes(b"#" * old.st_size)
+    os.utime(replacement, ns=(old.st_atime_ns, old.st_mtime_ns))
+    os.replace(replacement, target)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert again.files == 1
+    assert tree(node) == ARTIFACTS
+
+
+def test_a_file_published_elsewhere_with_other_bytes_of_its_size_is_fetched(store, tmp_path):
+    """The record vouches for bytes by their hash: a local file unchanged since the last pull is
+    still fetched where the manifest now names other bytes at its path (here another store's)."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    past_the_record(node)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    changed = {**ARTIFACTS, "inductor/pr/cprf.py": b"# recompiled\n".ljust(len(ARTIFACTS["inductor/pr/cprf.py"]))}
+    (tmp_path / "other-store").mkdir()
+    other = open_store(f"file://{tmp_path / 'other-store'}")
+    sync.publish(other, make_cache(tmp_path / "b", changed), NS, KEY, allow_unsigned=False)
+    again = sync.pull(other, NS, node, TRUST, allow_unsigned=False)
+    assert again.files == 1
+    assert tree(node) == changed
+
+
+@pytest.mark.parametrize(
+    "record", ["not json", '{"files": [1, 2]}', '{"files": {"inductor/pr/cprf.py": ["x", 1]}}', "{}"]
+)
+def test_a_damaged_record_makes_a_pull_read_every_file_and_record_them_again(store, tmp_path, monkeypatch, record):
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    (node / sync.VERIFIED_RECORD).write_text(record)
+    read = hashed_by_pulls(monkeypatch)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert again.files == 0 and sorted(read) == sorted(Path(rel).name for rel in ARTIFACTS)
+    assert set(json.loads((node / sync.VERIFIED_RECORD).read_text())["files"]) == set(ARTIFACTS)
+
+
 # --- (c) a signed manifest and no key: refuse, do not skip the check ---------------------------------
 
 

@@ -42,7 +42,7 @@ def tree(root: Path) -> dict[str, bytes]:
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in root.rglob("*")
-        if p.is_file() and p.name != sync.APPLIED_MARKER
+        if p.is_file() and p.name not in (sync.APPLIED_MARKER, sync.VERIFIED_RECORD)
     }
 
 
