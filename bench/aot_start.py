@@ -1,7 +1,7 @@
 """Replica start with and without the `aot` variant, and the two ahead-of-time mechanisms side by
 side, on a GPU (numbers go to docs/performance.md).
 
-    python bench/aot_start.py OUT_DIR [--starts N] [--mechanisms aoti,precompile] [--device cuda]
+    python bench/aot_start.py OUT_DIR [--starts N] [--mechanisms aoti,aoti-packaged,precompile] [--device cuda]
                               [example or CFG.yaml ...]  # default: mlp resnet18 transformer, 3 starts
 
 Per example (buckets 1, 8, 32 from its config):
@@ -14,7 +14,8 @@ Per example (buckets 1, 8, 32 from its config):
      call per bucket), the runtime without aot, the runtime with it; spawn to ready, and the
      Dynamo frames each compiled.
   4. The --mechanisms asked for (none by default), at bucket 8: AOTInductor (torch.export +
-     aoti_compile_and_package, aoti_load_package) and Dynamo's precompile as the `aot` variant
+     aoti_compile_and_package, aoti_load_package; `aoti` hands the module's weights over at load,
+     `aoti-packaged` keeps them in the package) and Dynamo's precompile as the `aot` variant
      ships it (orchestrator.jobs.aot): produce seconds, artifact bytes, load seconds in a fresh
      process on an empty Inductor cache, files that load wrote into that cache, latency captured
      in the tool's CUDA graph, and whether each accepted the model at all (the error, where not;
@@ -67,11 +68,13 @@ device = torch.device("cuda", 0)
 model = build_model(spec, device)
 args, kwargs = make_inputs(spec, bucket, device)
 started = time.perf_counter()
-if mechanism == "aoti":
+if mechanism.startswith("aoti"):
+    # "aoti": the weights left out of the package, handed over at load as a replica's own module's;
+    # "aoti-packaged": the weights inside it, as AOTInductor packages them by default
+    configs = {} if mechanism == "aoti-packaged" else {"aot_inductor.package_constants_in_so": False}
     with torch.no_grad():
         exported = torch.export.export(model, tuple(args), kwargs)
-        torch._inductor.aoti_compile_and_package(
-            exported, package_path=str(path), inductor_configs={"aot_inductor.package_constants_in_so": False})
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(path), inductor_configs=configs)
 else:
     options = spec.compile
     work = path.parent / "namespace"
@@ -98,10 +101,12 @@ model = build_model(spec, device)
 args, kwargs = make_inputs(spec, bucket, device)
 frames = ti.CounterWindow()
 started = time.perf_counter()
-if mechanism == "aoti":
+if mechanism.startswith("aoti"):
     function = torch._inductor.aoti_load_package(path, run_single_threaded=True, device_index=0)
-    weights = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    function.load_constants({n: weights[n] for n in function.get_constant_fqns()}, check_full_update=True, user_managed=True)
+    if mechanism == "aoti":
+        weights = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        function.load_constants({n: weights[n] for n in function.get_constant_fqns()}, check_full_update=True,
+                                user_managed=True)
 else:
     function = aot.load(path, model)
 with torch.no_grad():
@@ -114,6 +119,8 @@ with torch.no_grad():
     samples = Clock(device).interleaved({"graphed": lambda: graphed(*args, **kwargs), "eager": lambda: model(*args, **kwargs)}, 200, 20).samples
 written = sum(len(files) for _, _, files in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
 print(json.dumps({"load_seconds": load_seconds, "frames": frames.stats().frames_compiled, "max_abs_error": error,
+                  "dynamo_imported": "torch._dynamo.variables" in sys.modules,
+                  "inductor_compiler_imported": "torch._inductor.compile_fx" in sys.modules,
                   "ms": median(samples["graphed"]), "spread_ms": spread(samples["graphed"]),
                   "eager_ms": median(samples["eager"]), "inductor_files_written": written}))
 """
@@ -232,7 +239,8 @@ def summary(result: dict) -> list[str]:
                 f"{mechanism}: produce {produce['seconds']:.1f} s, {produce['bytes'] / 1e6:.1f} MB; load "
                 f"{load['load_seconds']:.2f} s, {load['frames']} frames, {load['inductor_files_written']} files "
                 f"written to the Inductor cache; graphed {load['ms']:.3f}±{load['spread_ms']:.3f} ms "
-                f"(eager {load['eager_ms']:.3f}); max |err| {load['max_abs_error']:.1e}"
+                f"(eager {load['eager_ms']:.3f}); max |err| {load['max_abs_error']:.1e}; Dynamo's tracer imported: "
+                f"{load.get('dynamo_imported')}, Inductor's compiler: {load.get('inductor_compiler_imported')}"
             )
     return lines
 
