@@ -410,7 +410,8 @@ def pull(
                     raise _unwritable(directory, refused)
             elif not needed and directory.exists():
                 _write_atomically(directory / APPLIED_MARKER, marker)
-                if known.read_again:  # recorded anew, so that those files are not read at the next pull
+                if not all(known.vouches(rel, manifest.files[rel].sha256, found) for rel, found in verified.items()):
+                    # files this pull had to read: recorded anew, so that the next pull need not
                     _write_atomically(directory / VERIFIED_RECORD, _Record.text(manifest, verified))
             else:  # a directory that does not exist yet appears whole too, even an empty namespace's
                 staging = directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
@@ -635,7 +636,7 @@ def _fingerprint(path: Path) -> Optional[Fingerprint]:
     return (status.st_size, status.st_mtime_ns, status.st_ino, status.st_dev)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Record:
     """What the last pull into a directory found each file to be (VERIFIED_RECORD): path ->
     (sha256, fingerprint), and the record's own modification time. A file is taken as verified
@@ -646,7 +647,6 @@ class _Record:
 
     files: dict[str, tuple[str, Fingerprint]] = field(default_factory=dict)
     written_ns: int = 0
-    read_again: int = 0  # files in place that this pull hashed: unrecorded, changed, or too recent
 
     @classmethod
     def read(cls, directory: Path) -> _Record:
@@ -687,7 +687,6 @@ def _verified(rel: str, path: Path, entry: FileEntry, record: _Record) -> Option
         return None
     if record.vouches(rel, entry.sha256, before):
         return before
-    record.read_again += 1
     if sha256_file(path) != entry.sha256:
         return None
     return before if _fingerprint(path) == before else None  # changed while it was read: not verified
