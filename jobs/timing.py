@@ -23,6 +23,12 @@ import torch
 BLOCK_CALLS = 20  # timed calls in a block, at most
 MIN_ROUNDS = 5  # blocks per variant, at least, where the calls asked for allow it
 LEAD_CALLS = 2  # untimed calls at the start of every block
+# A GPU drops its clocks when idle (through a compile, a load, a wait) and raises them under load,
+# and a core may do the same, while a small model's whole benchmark is a few ms of calls: timed on
+# the way up, its first bucket would read every variant slow alike. On a GPU the untimed calls
+# before a benchmark go on, each to its end, until every variant has had its count and together
+# they have run WARMUP_SECONDS.
+WARMUP_SECONDS = 0.1
 
 # A shared host (a cloud VM beside other tenants) runs the same Python up to twice as slowly for
 # seconds at a time, for most of a minute at worst. Host-bound calls (eager at small sizes) slow
@@ -198,17 +204,16 @@ class Clock:
         """Per-call latency in ms of each variant: `iterations` samples each, timed in blocks of
         consecutive calls (block_plan), each block after LEAD_CALLS untimed calls, the variants'
         blocks in turn with the order reversed every round. `warmup` untimed calls of each variant
-        come first. Sample i of every variant is the same round's same position: the pairs the
-        bootstrap keeps together (orchestrator.jobs.stats). Rounds the host meter finds slowed are
-        timed again and left out (HOST_SLOWED).
+        come first, on a GPU for at least WARMUP_SECONDS (warm_up). Sample i of every variant is
+        the same round's same position: the pairs the bootstrap keeps together
+        (orchestrator.jobs.stats). Rounds the host meter finds slowed are timed again and left out
+        (HOST_SLOWED).
 
         Each call starts on an idle device (synchronize first), so a sample is the latency one
         request sees, launch overhead included: that is what CUDA graphs remove. `on_step` runs
         once per iteration, a round's worth at the end of each round."""
         names = list(variants)
-        for name in names:
-            for _ in range(warmup):
-                variants[name]()
+        self.warm_up(variants, warmup, WARMUP_SECONDS if self.device.type == "cuda" else 0.0)
         for _ in range(warmup):
             on_step()
         self.sync()
@@ -240,6 +245,16 @@ class Clock:
             host_ms=[r.host_s * 1e3 for r in rounds],
             kept_host_ms=[r.host_s * 1e3 for r in kept],
         )
+
+    def warm_up(self, variants: dict[str, Callable[[], Any]], calls: int, seconds: float) -> None:
+        """Untimed calls of every variant in turn, each to its end on the device: at least `calls`
+        of each, and on until `seconds` have passed on the clock's timer (WARMUP_SECONDS)."""
+        started, done = self.timer(), 0
+        while done < calls or (variants and self.timer() - started < seconds):
+            for fn in variants.values():
+                fn()
+                self.sync()
+            done += 1
 
     def _round(self, variants: dict[str, Callable[[], Any]], names: list[str], calls: int, reverse: bool) -> _Round:
         """One block of `calls` timed calls per variant, the host meter read before each block and

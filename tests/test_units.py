@@ -52,6 +52,29 @@ def test_interleaved_times_blocks_in_alternating_order():
     assert all(s >= 0 for s in samples["a"] + samples["b"])
 
 
+def test_a_warm_up_runs_its_calls_and_then_on_until_its_seconds_have_passed():
+    """A GPU left idle by a compile runs slow for a while once busy again, and a small model's
+    whole benchmark is a few ms: the untimed calls before it go on for a time, not only a count,
+    each variant in turn and each call to its end."""
+    now, calls = [0.0], []
+
+    def call(name: str, ms: float) -> Callable[[], None]:
+        def run() -> None:
+            now[0] += ms / 1e3
+            calls.append(name)
+
+        return run
+
+    clock = Clock(torch.device("cpu"), timer=lambda: now[0])
+    clock.warm_up({"eager": call("eager", 0.02), "graphed": call("graphed", 0.01)}, calls=3, seconds=0.003)
+    assert calls[:4] == ["eager", "graphed", "eager", "graphed"]
+    assert len(calls) // 2 == pytest.approx(100, abs=1)  # turns of 30 µs until 3 ms had passed
+    calls.clear()
+    clock.warm_up({"eager": call("eager", 5.0)}, calls=3, seconds=0.003)
+    assert calls == ["eager"] * 3  # a slow call: its count, the seconds long passed
+    clock.warm_up({}, calls=3, seconds=1.0)  # nothing to call: nothing to wait for
+
+
 def test_block_plan_keeps_five_rounds_and_the_count():
     assert block_plan(100) == [20] * 5
     assert block_plan(50) == [10] * 5
