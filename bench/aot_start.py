@@ -14,8 +14,9 @@ Per example (buckets 1, 8, 32 from its config):
      call per bucket), the runtime without aot, the runtime with it; spawn to ready, and the
      Dynamo frames each compiled.
   4. The --mechanisms asked for (none by default), at bucket 8: AOTInductor (torch.export +
-     aoti_compile_and_package, aoti_load_package; `aoti` hands the module's weights over at load,
-     `aoti-packaged` keeps them in the package) and Dynamo's precompile as the `aot` variant
+     aoti_compile_and_package, loaded by its C++ loader as torch's own wrapper calls it, without
+     the wrapper's imports; `aoti` hands the module's weights over at load, `aoti-packaged` keeps
+     them in the package) and Dynamo's precompile as the `aot` variant
      ships it (orchestrator.jobs.aot): produce seconds, artifact bytes, load seconds in a fresh
      process on an empty Inductor cache, files that load wrote into that cache, latency captured
      in the tool's CUDA graph, and whether each accepted the model at all (the error, where not;
@@ -100,25 +101,37 @@ device = torch.device("cuda", 0)
 model = build_model(spec, device)
 args, kwargs = make_inputs(spec, bucket, device)
 frames = ti.CounterWindow()
+modules_before = set(sys.modules)
 started = time.perf_counter()
 if mechanism.startswith("aoti"):
-    function = torch._inductor.aoti_load_package(path, run_single_threaded=True, device_index=0)
+    # AOTInductor's own C++ loader, called as torch's Python wrapper calls it (AOTICompiledModel),
+    # without the wrapper, whose import brings Dynamo's and Inductor's Python in
+    import torch.utils._pytree as pytree
+    loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", True, 1, 0)  # run single-threaded (CUDA graphs), cuda:0
     if mechanism == "aoti":
         weights = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-        function.load_constants({n: weights[n] for n in function.get_constant_fqns()}, check_full_update=True,
-                                user_managed=True)
+        # constants map, use_inactive, check_full_update, user_managed, allow_h2d_copy
+        loader.load_constants({n: weights[n] for n in loader.get_constant_fqns()}, False, True, True, False)
+    in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
+    kwargs_spec = in_spec.child(1) if hasattr(in_spec, "child") else in_spec.children_specs[1]
+    def function(*call_args, **call_kwargs):
+        ordered = {name: call_kwargs[name] for name in kwargs_spec.context}  # as exported, whatever the call's order
+        flat = [x for x in pytree.tree_flatten((call_args, ordered))[0] if isinstance(x, torch.Tensor)]
+        return pytree.tree_unflatten(loader.boxed_run(flat), out_spec)
 else:
     function = aot.load(path, model)
 with torch.no_grad():
     function(*args, **kwargs)
 torch.cuda.synchronize()
 load_seconds = time.perf_counter() - started
+modules_after_load = set(sys.modules)
 with torch.no_grad():
     graphed = GraphedCall(function, args, kwargs)
     error = (graphed(*args, **kwargs) - model(*args, **kwargs)).abs().max().item()
     samples = Clock(device).interleaved({"graphed": lambda: graphed(*args, **kwargs), "eager": lambda: model(*args, **kwargs)}, 200, 20).samples
 written = sum(len(files) for _, _, files in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
 print(json.dumps({"load_seconds": load_seconds, "frames": frames.stats().frames_compiled, "max_abs_error": error,
+                  "modules_imported_by_load": len(modules_after_load - modules_before),
                   "dynamo_imported": "torch._dynamo.variables" in sys.modules,
                   "inductor_compiler_imported": "torch._inductor.compile_fx" in sys.modules,
                   "ms": median(samples["graphed"]), "spread_ms": spread(samples["graphed"]),
@@ -239,8 +252,9 @@ def summary(result: dict) -> list[str]:
                 f"{mechanism}: produce {produce['seconds']:.1f} s, {produce['bytes'] / 1e6:.1f} MB; load "
                 f"{load['load_seconds']:.2f} s, {load['frames']} frames, {load['inductor_files_written']} files "
                 f"written to the Inductor cache; graphed {load['ms']:.3f}±{load['spread_ms']:.3f} ms "
-                f"(eager {load['eager_ms']:.3f}); max |err| {load['max_abs_error']:.1e}; Dynamo's tracer imported: "
-                f"{load.get('dynamo_imported')}, Inductor's compiler: {load.get('inductor_compiler_imported')}"
+                f"(eager {load['eager_ms']:.3f}); max |err| {load['max_abs_error']:.1e}; modules the load imported: "
+                f"{load.get('modules_imported_by_load')}; Dynamo's tracer imported by the end: {load.get('dynamo_imported')}, "
+                f"Inductor's compiler: {load.get('inductor_compiler_imported')}"
             )
     return lines
 
