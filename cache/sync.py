@@ -21,7 +21,9 @@ target on the same filesystem, holding the files already there that still match 
 and the missing shards' files, downloaded in parallel with the sha256 of every shard and file
 checked -> swapped for the target in one step. A kill leaves the old directory or the new one,
 never a mix; a reader sees one or the other. Pulls into one directory take turns (a lock file
-beside it); the one holding the lock removes what a killed pull left behind.
+beside it); the one holding the lock removes what a killed pull left behind. A file already there
+is hashed unless the last pull recorded it as it still is (VERIFIED_RECORD: its hash beside its
+size, modification time and inode), so a pull of a namespace already in place reads nothing.
 """
 
 from __future__ import annotations
