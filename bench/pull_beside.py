@@ -4,7 +4,7 @@
 
 A replica pulls on its loader thread while its own thread builds the model (imports, module
 construction: Python under the interpreter lock). A pull that fetches nothing reads no file whose
-size, modification time and inode are what the last pull recorded of it (`.orchestrate-verified.json`),
+size, times and inode are what the last pull recorded of it (`.orchestrate-verified.json`),
 and hashes every file where there is no such record. Here a fixed pure-Python loop stands for the
 build, timed three ways, interleaved round by round (the order rotating):
   - alone;

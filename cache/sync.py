@@ -23,7 +23,7 @@ checked -> swapped for the target in one step. A kill leaves the old directory o
 never a mix; a reader sees one or the other. Pulls into one directory take turns (a lock file
 beside it); the one holding the lock removes what a killed pull left behind. A file already there
 is hashed unless the last pull recorded it as it still is (VERIFIED_RECORD: its hash beside its
-size, modification time and inode), so a pull of a namespace already in place reads nothing.
+size, times and inode), so a pull of a namespace already in place reads nothing.
 """
 
 from __future__ import annotations
@@ -413,8 +413,7 @@ def pull(
             elif not needed and directory.exists():
                 _write_atomically(directory / APPLIED_MARKER, marker)
                 if not all(known.vouches(rel, manifest.files[rel].sha256, found) for rel, found in verified.items()):
-                    # files this pull had to read: recorded anew, so that the next pull need not
-                    _write_atomically(directory / VERIFIED_RECORD, _Record.text(manifest, verified))
+                    _record(directory, manifest, verified)  # files it had to read: so that the next pull need not
             else:  # a directory that does not exist yet appears whole too, even an empty namespace's
                 staging = directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
                 try:
@@ -425,10 +424,11 @@ def pull(
                             verified[rel] = fetched
                     _carry_over(present, manifest, needed, staging)
                     (staging / APPLIED_MARKER).write_text(marker)
-                    (staging / VERIFIED_RECORD).write_text(_Record.text(manifest, verified))
                     _swap_in(staging, directory)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
+                # once the links this pull made and removed have set their files' change times
+                _record(directory, manifest, verified)
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # the directory, or a file in it
             raise LocalDirectoryError(
@@ -621,11 +621,12 @@ def _matches(path: Path, entry: FileEntry) -> bool:
     return path.is_file() and path.stat().st_size == entry.size and sha256_file(path) == entry.sha256
 
 
-# A file's identity on its filesystem: size, modification time (ns), inode and device. A write in
-# place moves the time and a replacement (a rename over it, a copy) the inode, while what a pull
-# itself does to a file it keeps (a hard link made or removed) moves neither. The change time
-# would, so it is left out.
-Fingerprint = tuple[int, int, int, int]
+# A file as its filesystem describes it: size, modification time (ns), inode, device and change
+# time (ns). A write in place moves the times and a replacement (a rename over it, a copy) the
+# inode; the change time moves at any write, and no user can set it back as `touch` or `cp -p`
+# set the modification time. A hard link made or removed moves the change time alone, so a pull,
+# which makes and removes them, compares the first four (`_same_file`) until it records its files.
+Fingerprint = tuple[int, int, int, int, int]
 
 
 def _fingerprint(path: Path) -> Optional[Fingerprint]:
@@ -635,7 +636,24 @@ def _fingerprint(path: Path) -> Optional[Fingerprint]:
         return None
     if not stat.S_ISREG(status.st_mode):
         return None
-    return (status.st_size, status.st_mtime_ns, status.st_ino, status.st_dev)
+    return (status.st_size, status.st_mtime_ns, status.st_ino, status.st_dev, status.st_ctime_ns)
+
+
+def _same_file(a: Fingerprint, b: Fingerprint) -> bool:
+    """The same bytes in the same inode, whatever links were made or removed since."""
+    return a[:4] == b[:4]
+
+
+def _record(directory: Path, manifest: Manifest, verified: dict[str, Fingerprint]) -> None:
+    """Record the files this pull found to hold their manifest's bytes, each as it is now. One
+    whose size, modification time or inode moved since it was verified is left out: the next
+    pull reads it."""
+    rows = {}
+    for rel, found in verified.items():
+        now = _fingerprint(directory / rel)
+        if now is not None and _same_file(now, found):
+            rows[rel] = now
+    _write_atomically(directory / VERIFIED_RECORD, _Record.text(manifest, rows))
 
 
 @dataclass(frozen=True)
@@ -662,10 +680,10 @@ class _Record:
         if not isinstance(files, dict):
             return cls()
         rows = {
-            rel: (row[0], (row[1], row[2], row[3], row[4]))
+            rel: (row[0], (row[1], row[2], row[3], row[4], row[5]))
             for rel, row in files.items()
             if isinstance(row, list)
-            and len(row) == 5
+            and len(row) == 6
             and isinstance(row[0], str)
             and all(type(x) is int for x in row[1:])
         }

@@ -278,27 +278,53 @@ def test_a_pull_reads_no_file_it_found_intact_before(store, tmp_path, monkeypatc
 
 
 def test_a_file_written_in_the_records_own_tick_is_read_again(store, tmp_path, monkeypatch):
-    """A filesystem stamps modification times at a coarse tick: a file damaged right after the pull
-    that recorded it can keep its size, time and inode. Its time is then not before the record's,
-    so the pull reads it and fetches it again."""
+    """A filesystem stamps times at a coarse tick: a file damaged in the tick in which the pull
+    recorded it can keep every field the record holds. Its modification time is then not before
+    the record's, so the pull reads it and fetches it again. (The coincidence is made here by
+    recording the damaged file as it now is, in a record stamped with its time.)"""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
     sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     damaged = node / "inductor/pr/cprf.py"
-    recorded = json.loads((node / sync.VERIFIED_RECORD).read_text())["files"]["inductor/pr/cprf.py"]
-    with open(damaged, "r+b") as f:  # in place: the same inode
+    with open(damaged, "r+b") as f:  # in place: the same inode, the same size
         f.write(b"#" * 16)
-    os.utime(damaged, ns=(recorded[2], recorded[2]))  # and the time the record holds, as one tick gives it
-    os.utime(node / sync.VERIFIED_RECORD, ns=(recorded[2], recorded[2]))  # the record written in that tick
+    now = damaged.stat()
+    record = json.loads((node / sync.VERIFIED_RECORD).read_text())
+    sha = record["files"]["inductor/pr/cprf.py"][0]
+    record["files"]["inductor/pr/cprf.py"] = [
+        sha, now.st_size, now.st_mtime_ns, now.st_ino, now.st_dev, now.st_ctime_ns
+    ]  # fmt: skip
+    (node / sync.VERIFIED_RECORD).write_text(json.dumps(record))
+    os.utime(node / sync.VERIFIED_RECORD, ns=(now.st_mtime_ns, now.st_mtime_ns))  # written in that tick
     read = hashed_by_pulls(monkeypatch)
     again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert again.files == 1 and "cprf.py" in read
     assert tree(node) == ARTIFACTS
 
 
+def test_a_file_overwritten_in_place_with_its_time_put_back_is_read_again(store, tmp_path):
+    """`cp -p` onto a file writes into its inode and sets its modification time back: size, time
+    and inode stay as recorded. Its change time, which no user can set, moves: the pull reads it
+    and fetches it again."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    past_the_record(node)
+    target = node / "inductor/pr/cprf.py"
+    old = target.stat()
+    with open(target, "r+b") as f:
+        f.write(b"#" * old.st_size)
+    os.utime(target, ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert (target.stat().st_ino, target.stat().st_mtime_ns) == (old.st_ino, old.st_mtime_ns)
+    again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert again.files == 1
+    assert tree(node) == ARTIFACTS
+
+
 def test_a_file_replaced_with_its_old_size_and_time_is_read_again(store, tmp_path):
     """A file renamed over the recorded one (an editor's save, a copy that keeps times) is another
-    inode: read, found to differ, fetched again."""
+    inode: read, found to differ, fetched again, even where its change time fell in the tick the
+    record holds (made here by recording that change time)."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
     sync.pull(store, NS, node, TRUST, allow_unsigned=False)
@@ -309,6 +335,11 @@ def test_a_file_replaced_with_its_old_size_and_time_is_read_again(store, tmp_pat
     replacement.write_bytes(b"#" * old.st_size)
     os.utime(replacement, ns=(old.st_atime_ns, old.st_mtime_ns))
     os.replace(replacement, target)
+    path = node / sync.VERIFIED_RECORD
+    record, written = json.loads(path.read_text()), path.stat().st_mtime_ns
+    record["files"]["inductor/pr/cprf.py"][5] = target.stat().st_ctime_ns  # only the inode differs
+    path.write_text(json.dumps(record))
+    os.utime(path, ns=(written, written))
     again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert again.files == 1
     assert tree(node) == ARTIFACTS
