@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -277,25 +278,38 @@ def test_a_pull_reads_no_file_it_found_intact_before(store, tmp_path, monkeypatc
     assert tree(node) == ARTIFACTS
 
 
-def test_a_file_written_in_the_records_own_tick_is_read_again(store, tmp_path, monkeypatch):
-    """A filesystem stamps times at a coarse tick: a file damaged in the tick in which the pull
-    recorded it can keep every field the record holds. Its modification time is then not before
-    the record's, so the pull reads it and fetches it again. (The coincidence is made here by
-    recording the damaged file as it now is, in a record stamped with its time.)"""
+def pulled_once(store, tmp_path) -> tuple[Path, Path]:
+    """A node that pulled ARTIFACTS, the clock past its record's tick, and the file a test changes."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
     sync.pull(store, NS, node, TRUST, allow_unsigned=False)
-    damaged = node / "inductor/pr/cprf.py"
+    past_the_record(node)
+    return node, node / "inductor/pr/cprf.py"
+
+
+def forge_record(node: Path, rel: str, fields: dict[int, int], stamped_ns: Optional[int] = None) -> None:
+    """Set fields of one row of the node's record by index (1 size, 2 modification time, 3 inode,
+    4 device, 5 change time), the record keeping its own time or stamped `stamped_ns`: the
+    coincidences the record guards against, which no test can wait for, made by hand."""
+    path = node / sync.VERIFIED_RECORD
+    record, written = json.loads(path.read_text()), path.stat().st_mtime_ns
+    for index, value in fields.items():
+        record["files"][rel][index] = value
+    path.write_text(json.dumps(record))
+    stamp = written if stamped_ns is None else stamped_ns
+    os.utime(path, ns=(stamp, stamp))
+
+
+def test_a_file_written_in_the_records_own_tick_is_read_again(store, tmp_path, monkeypatch):
+    """A filesystem stamps times at a coarse tick: a file damaged in the tick in which the pull
+    recorded it can keep every field the record holds. Its modification time is then not before
+    the record's, so the pull reads it and fetches it again."""
+    node, damaged = pulled_once(store, tmp_path)
     with open(damaged, "r+b") as f:  # in place: the same inode, the same size
         f.write(b"#" * 16)
     now = damaged.stat()
-    record = json.loads((node / sync.VERIFIED_RECORD).read_text())
-    sha = record["files"]["inductor/pr/cprf.py"][0]
-    record["files"]["inductor/pr/cprf.py"] = [
-        sha, now.st_size, now.st_mtime_ns, now.st_ino, now.st_dev, now.st_ctime_ns
-    ]  # fmt: skip
-    (node / sync.VERIFIED_RECORD).write_text(json.dumps(record))
-    os.utime(node / sync.VERIFIED_RECORD, ns=(now.st_mtime_ns, now.st_mtime_ns))  # written in that tick
+    fields = {2: now.st_mtime_ns, 5: now.st_ctime_ns}  # recorded as it now is, in a record of that tick
+    forge_record(node, "inductor/pr/cprf.py", fields, stamped_ns=now.st_mtime_ns)
     read = hashed_by_pulls(monkeypatch)
     again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert again.files == 1 and "cprf.py" in read
@@ -306,11 +320,7 @@ def test_a_file_overwritten_in_place_with_its_time_put_back_is_read_again(store,
     """`cp -p` onto a file writes into its inode and sets its modification time back: size, time
     and inode stay as recorded. Its change time, which no user can set, moves: the pull reads it
     and fetches it again."""
-    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
-    node = tmp_path / "node"
-    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
-    past_the_record(node)
-    target = node / "inductor/pr/cprf.py"
+    node, target = pulled_once(store, tmp_path)
     old = target.stat()
     with open(target, "r+b") as f:
         f.write(b"#" * old.st_size)
@@ -324,22 +334,14 @@ def test_a_file_overwritten_in_place_with_its_time_put_back_is_read_again(store,
 def test_a_file_replaced_with_its_old_size_and_time_is_read_again(store, tmp_path):
     """A file renamed over the recorded one (an editor's save, a copy that keeps times) is another
     inode: read, found to differ, fetched again, even where its change time fell in the tick the
-    record holds (made here by recording that change time)."""
-    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
-    node = tmp_path / "node"
-    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
-    past_the_record(node)
-    target = node / "inductor/pr/cprf.py"
+    record holds."""
+    node, target = pulled_once(store, tmp_path)
     old = target.stat()
     replacement = node / "inductor/pr/replacement"
     replacement.write_bytes(b"#" * old.st_size)
     os.utime(replacement, ns=(old.st_atime_ns, old.st_mtime_ns))
     os.replace(replacement, target)
-    path = node / sync.VERIFIED_RECORD
-    record, written = json.loads(path.read_text()), path.stat().st_mtime_ns
-    record["files"]["inductor/pr/cprf.py"][5] = target.stat().st_ctime_ns  # only the inode differs
-    path.write_text(json.dumps(record))
-    os.utime(path, ns=(written, written))
+    forge_record(node, "inductor/pr/cprf.py", {5: target.stat().st_ctime_ns})  # only the inode differs
     again = sync.pull(store, NS, node, TRUST, allow_unsigned=False)
     assert again.files == 1
     assert tree(node) == ARTIFACTS
