@@ -231,8 +231,8 @@ def test_complete_local_files_are_not_fetched_again(store, tmp_path):
 
 
 def hashed_by_pulls(monkeypatch) -> list[str]:
-    """The local files every later pull reads through to hash, by path relative to nothing: a spy
-    on the one function a pull hashes a file in place with."""
+    """The names of the files every later pull reads to hash them: a spy on the one function a
+    pull hashes a file in place with."""
     read: list[str] = []
     real = sync.sha256_file
 
@@ -258,9 +258,9 @@ def past_the_record(node: Path) -> None:
 
 def test_a_pull_reads_no_file_it_found_intact_before(store, tmp_path, monkeypatch):
     """A replica pulls the namespace it holds at every start, beside its model's build: hashing
-    every file again costs a conv net's replica seconds. A file whose size, modification time and
-    inode are what the last pull recorded is not read; one the record cannot vouch for (written in
-    the record's own tick) is read once, and recorded anew so that the next pull need not."""
+    every file again reads every byte of it. A file whose size, times and inode are what the last
+    pull recorded is not read; one the record cannot vouch for (written in the record's own tick)
+    is read once, and recorded anew so that the next pull need not."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
     node = tmp_path / "node"
     sync.pull(store, NS, node, TRUST, allow_unsigned=False)
