@@ -164,7 +164,8 @@ def mechanisms(config: Path, names: list[str], out: dict, save) -> None:
     for mechanism in names:
         row: dict = {}
         out["mechanisms"][mechanism] = row
-        path = scratch / f"{mechanism}.bin"
+        # AOTInductor on torch 2.11 takes only a package name ending in .pt2.
+        path = scratch / f"{mechanism}.pt2"
         try:
             row["produce"] = run_python(PRODUCE, str(config), "8", str(path), mechanism)
             empty = Path(tempfile.mkdtemp(prefix="empty-inductor-"))

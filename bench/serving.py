@@ -129,7 +129,7 @@ def run_python(code: str, *args: str, timeout: int = 600, env: dict | None = Non
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})},
     )  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(done.stderr[-3000:])
+        raise RuntimeError(f"{done.stderr[-3000:]}\nexit status {done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
