@@ -31,7 +31,9 @@ its logits read at the real positions; both built from configs with random weigh
      the wall time from the call to its outputs ready on the host's side (a synchronize), p50 and
      p99, and throughput as requests over the summed latencies; `host p50` is the time until the
      call returned, before the synchronize: the host's own work per request, the device's queued
-     (a method whose host work is longer than its device work waits on neither). Every answer of every method is
+     (a method whose host work is longer than its device work waits on neither); `device
+     allocations` counts the caching allocator's calls into the driver during the timed pass (each
+     a request that found no cached block). Every answer of every method is
      checked (untimed) at its exact shape with the correctness gate as warmup applies it: against
      the model run in float64 on the same request, its error held to a multiple of eager's own;
      `checked` counts those that passed.
@@ -133,6 +135,11 @@ grid_config, longest_config, cache, requests, device = sys.argv[1], sys.argv[2],
 chosen = sys.argv[6].split(",")
 CUDA = device == "cuda"
 sync = torch.cuda.synchronize if CUDA else (lambda: None)
+
+def device_allocations():
+    # the caching allocator's calls into the driver (cudaMalloc): one in the timed pass is a request
+    # that found no cached block of its size, and costs the host far more than a launch
+    return torch.cuda.memory_stats().get("num_device_alloc", 0) if CUDA else 0
 began = time.perf_counter()
 grid = runtime.load(grid_config, cache_dir=cache, ready="planned")
 longest = runtime.load(longest_config, cache_dir=cache, ready="planned") if "padded to the longest" in chosen else None
@@ -255,6 +262,7 @@ with torch.no_grad():
         print(json.dumps({"first_pass_s": seconds, "failed": failed}), flush=True)
     latency = {name: [] for name in methods}
     host = {name: [] for name in methods}  # ms until the call returned: the host's work, the device's queued
+    allocations = dict.fromkeys(methods, 0)
     timed_from = time.perf_counter()
     for i, request in enumerate(traffic):
         if i % 250 == 0:  # where the time goes, should the run outlast its budget
@@ -264,11 +272,13 @@ with torch.no_grad():
         answers = {}
         for name in order:
             sync()
+            allocated = device_allocations()
             began = time.perf_counter()
             out = methods[name](request)
             returned = time.perf_counter()
             sync()
             latency[name].append((time.perf_counter() - began) * 1e3)
+            allocations[name] += device_allocations() - allocated
             host[name].append((returned - began) * 1e3)
             answers[name] = snapshot(plain(out))  # every answer checked, untimed
         exact = float64_of(request)
@@ -305,7 +315,7 @@ rows = {}
 for name, values in latency.items():
     rows[name] = {"p50_ms": statistics.median(values), "p99_ms": quantile(values, 0.99),
                   "requests_per_s": 1e3 * len(values) / sum(values), "first_pass_s": seconds[name],
-                  "host_p50_ms": statistics.median(host[name]),
+                  "host_p50_ms": statistics.median(host[name]), "device_allocations": allocations[name],
                   "max_abs_error": errors[name], "mismatch": mismatches.get(name),
                   "checked": checked.get(name, 0), "judged_against": judged.get(name)}
 for name in computed:
@@ -439,22 +449,22 @@ def main() -> int:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
             results[name] = {"warmup": warm, **probe_result(out, "timed out")}
         (out_dir / "sequence_traffic.json").write_text(json.dumps(results, indent=1))
-    lines = ["| model | method | p50 ms | p99 ms | host p50 ms | requests/s | padding waste | first pass s | max abs error | passed the gate |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| model | method | p50 ms | p99 ms | host p50 ms | device allocations | requests/s | padding waste | first pass s | max abs error | passed the gate |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, result in results.items():
         if "rows" not in result:
-            lines.append(f"| {name} | {result.get('error')} | | | | | | | | |")
+            lines.append(f"| {name} | {result.get('error')} | | | | | | | | | |")
             continue
         for method, row in result["rows"].items():
             if "error" in row:
-                lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | | | |")
+                lines.append(f"| {name} | {method}: {row['error'][:120]} | | | | | | | | | |")
                 continue
             waste = f"{row['padding_waste']:.1%}" if "padding_waste" in row else ""
             passed = f"{row.get('checked', 0)} of {result.get('requests')}, against {row.get('judged_against')}"
             if row.get("mismatch"):
                 passed += f"; first failure: {row['mismatch'][:160]}"
             lines.append(f"| {name} | {method} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {row['host_p50_ms']:.3f} | "
-                         f"{row['requests_per_s']:.0f} | "
+                         f"{row.get('device_allocations', '-')} | {row['requests_per_s']:.0f} | "
                          f"{waste} | {row['first_pass_s']:.1f} | {row['max_abs_error']:.2g} | {passed} |")  # fmt: skip
     print("\n".join(lines))
     return 0
