@@ -1,7 +1,7 @@
 """Do the warmup report's figures hold up? Each model is warmed as the zoo warms it, then a fresh
 process re-times it by a method of its own and prints every report figure against that timing.
 
-    python bench/fidelity.py OUT_DIR [--only NAME[,NAME]] [--budget SECONDS] [zoo.py's options]
+    python bench/fidelity.py OUT_DIR [--only NAME[,NAME]] [--budget SECONDS] [--probes N] [zoo.py's options]
 
 Per model (bench/zoo.py's configs, settings and cold `warmup --no-ray`), a fresh process loads the
 replica with `runtime.load(ready="planned")`, then per bucket builds the functions to time:
@@ -22,6 +22,12 @@ rounds ran with the host at full speed (a host meter of its own, read before eve
 SLOWED), on the core where that meter reads best, chosen again after a slowed round; the figure
 is the median of those rounds' calls, and of all rounds' beside. This timer is written here on
 purpose, apart from orchestrator.jobs.timing: it is the check on that one.
+
+With `--probes N`, N probes time each model, each a fresh process, one after another: every
+independent figure is the median of theirs, their rounds are pooled for the like reading, a figure
+is checked only where every probe had 3 rounds at full speed, and a column gives the spread of
+eager and of the runtime over the probes ((largest - smallest) / median): how far a figure moves
+from one process to the next, which no single process on either side can tell.
 
 With `--compare-fresh`, a second cold `warmup --no-ray` (a cache of its own) times its buckets in
 a fresh process that loads them from the warm cache (`bench.process: fresh`), and its report is
@@ -251,8 +257,8 @@ os._exit(0)
 """
 
 
-def probe(model: zoo.Model, config: Path, cache: Path, report: Path, out_dir: Path, timeout: float) -> dict:
-    log = out_dir / "logs" / f"probe-{model.name}.log"
+def probe(model: zoo.Model, config: Path, cache: Path, report: Path, out_dir: Path, timeout: float, n: int = 0) -> dict:
+    log = out_dir / "logs" / (f"probe-{model.name}.log" if n == 0 else f"probe-{model.name}-{n + 1}.log")
     argv = [sys.executable, "-c", PROBE, str(config), str(cache), str(report)]
     argv += [str(v) for v in (BLOCK, ROUNDS, UNTIMED, MAX_ROUNDS, SLOWED)]
     done = zoo.run(argv, log, timeout, capture=True)
@@ -260,6 +266,41 @@ def probe(model: zoo.Model, config: Path, cache: Path, report: Path, out_dir: Pa
     if line is None:
         return {"error": f"probe exit {done['exit']}: {zoo.last_line(log)}"}
     return json.loads(line)
+
+
+def combined(timings: list[dict]) -> dict:
+    """Several probes' timings as one: per bucket each figure the median over the probes (each a
+    fresh process), their rounds pooled for the like reading, and each figure's spread over the
+    probes beside: how far the independent timing itself moves from one process to the next."""
+    if len(timings) == 1 or any("error" in t for t in timings):
+        return next((t for t in timings if "error" in t), timings[0])
+    out: dict[str, Any] = {"buckets": {}}
+    for bucket, first in timings[0]["buckets"].items():
+        each = [t["buckets"][bucket] for t in timings]
+        names = [name for name in first["ms"] if all(name in b["ms"] for b in each)]
+        hosts = [b["host"] for b in each]
+        out["buckets"][bucket] = {
+            **first,
+            "ms": {name: statistics.median(b["ms"][name] for b in each) for name in names},
+            "ms_all": {name: statistics.median(b["ms_all"][name] for b in each) for name in names},
+            "host": {
+                **hosts[0],
+                "rounds": sum(h["rounds"] for h in hosts),
+                "slowed": sum(h["slowed"] for h in hosts),
+                "full_speed": all(h.get("full_speed", True) for h in hosts),
+                "reading_us": statistics.median(h["reading_us"] for h in hosts),
+                "best_us": min(h["best_us"] for h in hosts),
+                "by_round": [r for h in hosts for r in h.get("by_round") or []],
+            },
+            "probes": [b["ms"] for b in each],
+        }
+    return out
+
+
+def probe_spread(timing: dict, name: str) -> Optional[float]:
+    """(largest - smallest) / median of one figure over the probes; None with one probe."""
+    figures = [ms[name] for ms in timing.get("probes") or [] if name in ms]
+    return (max(figures) - min(figures)) / statistics.median(figures) if len(figures) > 1 else None
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -291,6 +332,8 @@ def compare(record: dict, timing: dict) -> dict:
         "meter_by_core_us": timing.get("meter_by_core_us"),
     }
     row["eager_like_reading"], row["like_rounds"] = at_like_reading(record, timing["host"])
+    row["probe_spread"] = {name: probe_spread(timing, name) for name in ("eager", "runtime")}
+    row["probes"] = len(timing.get("probes") or [None])
     row["variants"] = {
         name: ratio((record["variants"].get(name) or {}).get("ms"), ms[name])
         for name in ms
@@ -380,13 +423,14 @@ def render(rows: list[dict]) -> str:
     head = (
         "| model | bucket | served | eager ms (indep.) | report/indep.: eager (all rounds) | variants | served/runtime "
         "| speedup | runtime − hand replay | borrowed − hand replay | copy alone: tool's · clones · foreach | "
-        "host slowed: report · indep. | host µs (kept · best): report · indep. | eager at a like reading |\n"
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"
+        "host slowed: report · indep. | host µs (kept · best): report · indep. | eager at a like reading | "
+        "probes' spread: eager · runtime |\n"
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
     )
     lines = [head]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | | | | |")
+            lines.append(f"| {row['model']} | | | | {row['error'][:200]} | | | | | | | | | | |")
             continue
         eager_ms = row["ms"]["eager"]
         checked = row["host"].get("independent_full_speed", True)
@@ -420,6 +464,13 @@ def render(rows: list[dict]) -> str:
                 plan += f", grouped {found['grouped']}, alone {found['alone']}"
             return f"{tool:+.1f} · {clones:+.1f} · {bare:+.1f} µs ({plan})"
 
+        def spread() -> str:
+            found = row.get("probe_spread") or {}
+            if found.get("eager") is None:
+                return "-"
+            shown = " · ".join("-" if found.get(k) is None else f"{found[k]:.1%}" for k in ("eager", "runtime"))
+            return f"{shown} ({row['probes']} probes)"
+
         all_rounds = row.get("eager_all_rounds")
         lines.append(
             f"| {row['model']} | {row['bucket']} | {row['runtime_serves']} | {eager_ms:.3f} | "
@@ -427,7 +478,7 @@ def render(rows: list[dict]) -> str:
             f"{variants} | {within(row['served_vs_runtime'], row['ms']['runtime'], checked)} | "
             f"{within(row['speedup'], eager_ms, checked)} | "
             f"{over('runtime')} | {over('borrowed')} | {copy_alone()} | {slowed('report')} · {slowed('independent')} | "
-            f"{speed('report')} · {speed('independent')} | {like()} |"
+            f"{speed('report')} · {speed('independent')} | {like()} | {spread()} |"
         )
     return "\n".join(lines) + "\n" + tally(rows)
 
@@ -440,6 +491,13 @@ def main() -> int:
     parser.add_argument("--buckets", type=zoo.parse_buckets)
     parser.add_argument("--set", action="append", type=zoo.parse_set, default=[], metavar="KEY=VALUE")
     parser.add_argument("--cache-root", type=Path)
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=1,
+        help="independent timings per model, each a fresh process: its figures are their medians, "
+        "and the table gives each figure's spread over them",
+    )
     parser.add_argument(
         "--compare-fresh",
         action="store_true",
@@ -478,7 +536,12 @@ def main() -> int:
             rows.append({"model": model.name, "error": warmed["error"]})
         else:
             report = out_dir / warmed["report"]
-            timing = probe(model, config, cache, report, out_dir, budget.timeout(zoo.REPLICA_TIMEOUT))
+            timing = combined(
+                [
+                    probe(model, config, cache, report, out_dir, budget.timeout(zoo.REPLICA_TIMEOUT), n)
+                    for n in range(max(1, args.probes))
+                ]
+            )
             for label, run in reports.items():
                 if "error" in run or "error" in timing:
                     rows.append({"model": label, "error": run.get("error") or timing["error"]})
