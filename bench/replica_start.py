@@ -3,6 +3,7 @@ docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machi
 
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
                                   [--budget SECONDS] [--profile-loads] [--compare-early-imports]
+                                  [--switch-interval SECONDS]
                                   [CFG.yaml or name ...]
     # names: examples/<name>.yaml or bench/models/<name>.yaml;
     # default: one model of each family: mixnet_l (a conv net), t5_small (an encoder-decoder),
@@ -41,6 +42,9 @@ load imports) right after its pull, beside the model's build, where a replica ot
 until it answers: on a GPU part of the build (the weights' initialisation and copy, cuDNN's and
 cuBLAS's first calls) runs outside the interpreter lock. The summary gives both kinds' answering,
 on plan and slowest bucket load; the figures above it are the usual replica's.
+--switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
+ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
+thread beside it (the loader's pull, or its imports) to let go.
 --budget SECONDS: start nothing that would not end within that many seconds of this run's start
 (each step is expected to take as long as the longest of its kind so far): the run ends with its
 files written inside the limit of the call it runs in; what it skipped it says.
@@ -77,6 +81,8 @@ ENV = {"PYTHONUNBUFFERED": "1"}  # both kinds of process start the same way
 # itself: the time to answering is the replica's own.
 REPLICA = r"""
 import json, os, sys, time
+if os.environ.get("REPLICA_START_SWITCH_INTERVAL"):  # --switch-interval
+    sys.setswitchinterval(float(os.environ["REPLICA_START_SWITCH_INTERVAL"]))
 profile_to = os.environ.get("REPLICA_START_PROFILE")
 if profile_to:  # the loader's thread under cProfile: where the loads go, not how long they take
     import cProfile
@@ -94,6 +100,7 @@ if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the comp
     _pull = _replica._Loader._pull
     def _pull_then_import(self):
         _pull(self)
+        self._pull_done.set()  # the plans are known: the caller's answering must not wait for these imports
         if any(plan.get("variant") in _replica.COMPILED_VARIANTS for plan in self._plans.values()):
             _ti.import_compiler(to_compile=True)
             self.events.add("compiler imported early")
@@ -631,7 +638,15 @@ def main() -> int:
         action="store_true",
         help="per start a second replica, its loader importing the compiler right after its pull, beside the build",
     )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="seconds: the replicas' interpreter switch interval (sys.setswitchinterval; Python's is 0.005), "
+        "how long a thread that wants the interpreter lock back waits for another to drop it",
+    )
     args = parser.parse_intermixed_args()
+    if args.switch_interval:
+        ENV["REPLICA_START_SWITCH_INTERVAL"] = str(args.switch_interval)
     configs = [resolve(name) for name in args.models or MODELS]
     out_dir = args.out_dir.resolve()
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
