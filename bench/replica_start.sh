@@ -6,21 +6,21 @@
 # a later call can pass --no-warm). Everything it wrote, logs and JSON, lands in one tarball,
 # OUT_DIR/replica-start.tar.gz; each model's summary is printed as it ends, the machine and exit status last.
 #   bench/replica_start.sh OUT_DIR [--no-warm] [--profile-loads] [--compare-early-imports] [--starts N]
-#                          [--device cuda|cpu] [name ...]
+#                          [--device cuda|cpu] [--switch-interval SECONDS] [name ...]
 #   # default names: mlp resnet18 vit_s16 bert_base gpt2_bf16 mixnet_l (more than one call's worth:
 #   # pass a few per call)
 # REPLICA_START_BUDGET (seconds, default 540): from this script's start, when the bench starts
 # nothing more (a warmup or a floor+replica pair that would end later is skipped, and says so), so
 # the tarball is written inside a 10-minute call.
 set -uo pipefail
-out=${1:?usage: bench/replica_start.sh OUT_DIR [--no-warm] [--starts N] [name ...]}; shift
+out=${1:?usage: bench/replica_start.sh OUT_DIR [--no-warm] [--starts N] [--switch-interval S] [name ...]}; shift
 budget=${REPLICA_START_BUDGET:-540}
 logs=$(mktemp -d)
 options=(); names=()
 while [ $# -gt 0 ]; do
     case $1 in
         --no-warm|--profile-loads|--compare-early-imports) options+=("$1") ;;
-        --starts|--device) options+=("$1" "${2:?$1 needs a value}"); shift ;;
+        --starts|--device|--switch-interval) options+=("$1" "${2:?$1 needs a value}"); shift ;;
         -*) echo "replica_start.sh: unknown option $1" >&2; exit 2 ;;
         *) names+=("$1") ;;
     esac
