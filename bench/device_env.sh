@@ -15,7 +15,7 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH RAY_USAGE_STATS_ENABLE
 # GPU machine's torch has no __pycache__, and compiling torch's, Dynamo's and transformers'
 # sources in every process would add seconds to each start, the eager floor's and a replica's alike.
 unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX=$PWD/.devscratch/pycache
+export PYTHONPYCACHEPREFIX=$PWD/.bench-cache/pycache
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "python", sys.version.split()[0])'
   for package in timm transformers torchvision; do

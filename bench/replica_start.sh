@@ -2,7 +2,7 @@
 # Replica start against the eager floor (bench/replica_start.py) on a GPU machine without network
 # access. Installs the wheelhouse in .whl/ when there is one (see bench/device_tests.sh; once per
 # machine), records the GPU and the versions, then runs the bench with its caches under
-# .devscratch/replica-cache (ignored by git: it survives between calls on a machine still warm, so
+# .bench-cache/replica-cache (ignored by git: it survives between calls on a machine still warm, so
 # a later call can pass --no-warm). Everything it wrote, logs and JSON, lands in one tarball,
 # OUT_DIR/replica-start.tar.gz; each model's summary is printed as it ends, the machine and exit status last.
 #   bench/replica_start.sh OUT_DIR [--no-warm] [--profile-loads] [--compare-early-imports] [--starts N]
@@ -34,7 +34,7 @@ done
 left=$((budget - SECONDS))
 # the bench keeps to --budget itself; the timeout is only there should a process hang past it
 timeout --kill-after=10 $((left + 30)) python3 bench/replica_start.py "$logs" --budget "$left" \
-    --cache-root "$PWD/.devscratch/replica-cache" "${options[@]}" "${names[@]}" 2>"$logs/replica_start.log"
+    --cache-root "$PWD/.bench-cache/replica-cache" "${options[@]}" "${names[@]}" 2>"$logs/replica_start.log"
 echo "replica_start.py ${options[*]} ${names[*]}: exit $?, $SECONDS s in all" >>"$logs/status.txt"
 mkdir -p "$out" && tar -czf "$out/replica-start.tar.gz" -C "$logs" .
 cat "$logs/machine.txt" "$logs/status.txt"

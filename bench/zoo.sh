@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The model zoo (bench/zoo.py) on a GPU machine without network access. Installs the wheelhouse in
 # .whl/ when there is one (see bench/device_tests.sh; once per machine), records the GPU and the
-# versions, then runs the zoo with its caches under .devscratch/zoo-cache (ignored by git). What it
+# versions, then runs the zoo with its caches under .bench-cache/zoo-cache (ignored by git). What it
 # wrote (zoo.json, zoo.md, each warmup's report, every process's log, the effective configs) lands
 # in one tarball, OUT_DIR/zoo.tar.gz, with zoo.md and zoo.json beside it; the table is printed,
 # the machine and exit status last.
@@ -21,7 +21,7 @@ logs=$(mktemp -d)
 left=$((budget - SECONDS))
 # the zoo keeps to --budget itself; the timeout is only there should a process hang past it
 timeout --kill-after=10 $((left + 30)) python3 bench/zoo.py "$logs/zoo" --budget "$left" \
-    --cache-root "$PWD/.devscratch/zoo-cache" "$@" 2>"$logs/zoo.log"
+    --cache-root "$PWD/.bench-cache/zoo-cache" "$@" 2>"$logs/zoo.log"
 echo "zoo.py $*: exit $?, $SECONDS s in all" >>"$logs/status.txt"
 mkdir -p "$out" && tar -czf "$out/zoo.tar.gz" -C "$logs" .
 cp "$logs/zoo/zoo.md" "$logs/zoo/zoo.json" "$out/" 2>/dev/null
