@@ -329,6 +329,52 @@ def test_the_p50_and_p99_costs_are_what_half_and_99_in_100_requests_stay_within(
     assert (free.p99_cost, free.mean_cost) == (8, (98 + 8 + 16) / 100)
 
 
+def test_a_quantile_on_the_edge_of_a_points_step_lies_in_that_points_spread():
+    # 51 of 100 requests at a point priced 1.0: by the prices alone their median is 1.0, but the
+    # requests there spread around it, and the 50th of all 100 is the 5th fastest of those 51
+    spread = [-0.2, -0.1, 0.0, 0.1, 0.2]
+    traffic = {(1,): 51, (2,): 49}
+    plain = figures(traffic, [[1, 2]], Cost({(1,): 1.0, (2,): 2.0}))
+    spread_out = figures(traffic, [[1, 2]], Cost({(1,): 1.0, (2,): 2.0}, spread))
+    assert (plain.p50_cost, plain.p99_cost) == (1.0, 2.0)
+    assert (spread_out.p50_cost, spread_out.p99_cost) == (pytest.approx(1.2), pytest.approx(2.2))
+    assert spread_out.mean_cost == pytest.approx(plain.mean_cost) == pytest.approx(1.49)
+    # the deviations' own mean moves the mean; the points chosen are priced at their one number
+    skewed = Cost({(1,): 1.0, (2,): 2.0}, [0.0, 0.0, 0.3])
+    assert figures(traffic, [[1, 2]], skewed).mean_cost == pytest.approx(1.59)
+    assert figures({(1,): 3}, [[1]], skewed).p50_cost == pytest.approx(1.0)
+    assert plan(traffic, 1, skewed, 1) == plan(traffic, 1, Cost({(1,): 1.0, (2,): 2.0}), 1) == [[2]]
+
+
+def test_a_reports_spread_is_each_points_served_samples_about_their_median(tmp_path):
+    from orchestrator.config import load_spec
+    from orchestrator.planning.advice import compare, measured_spread
+
+    def record(bucket: int, ms: float, samples: list[float] | None, **extra) -> dict:
+        variants = {"graphed": {"samples_ms": samples}} if samples is not None else {}
+        return {"status": "ok", "phase": "warm", "rank": 0, "bucket": bucket, "served_ms": ms,
+                "variant": "graphed", "variants": variants, **extra}  # fmt: skip
+
+    report = {
+        "results": [
+            record(1, 1.0, [0.9, 1.0, 1.1, 1.3]),
+            record(8, 2.0, [1.9, 2.0, 2.1]),
+            record(32, 5.0, None),  # no samples kept: priced, not spread
+            record(8, 9.0, [1.0, 9.0], status="error"),
+        ]
+    }
+    assert measured_spread(report, ["batch"]) == pytest.approx([-0.15, -0.05, 0.05, 0.25, -0.1, 0.0, 0.1])
+    assert measured_spread({"results": [record(1, 1.0, None)]}, ["batch"]) == []
+    spec = load_spec(config(tmp_path))
+    traffic = {(1,): 60, (8,): 40}
+    [config_row] = [row for row in compare(spec, traffic, 2, report) if row.name == "config"]
+    assert config_row.figures is not None
+    # 60 requests at 1.0 and 40 at 2.0, each shared over the 7 deviations: the 50th of the 100
+    # falls on the 6th deviation at 1.0 (+0.1), the 99th on the last at 2.0 (+0.25)
+    assert config_row.figures.p50_cost == pytest.approx(1.1)
+    assert config_row.figures.p99_cost == pytest.approx(2.25)
+
+
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "mlp.yaml"
     path.write_text(CONFIG.format(factory=ROOT / "examples" / "models.py:mlp"))

@@ -11,7 +11,7 @@ import os
 import re
 import statistics
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -56,21 +56,40 @@ def measured_costs(report: Mapping[str, Any], dims: list[str]) -> tuple[dict[Poi
     served variant's latency at the point's own size."""
     by_point: dict[Point, list[float]] = {}
     compiles = []
-    for record in report.get("results") or []:
-        if record.get("status") != "ok" or record.get("phase") == "compile" and record.get("rank") is None:
-            continue
-        point = record.get("point") or {dims[0]: record.get("bucket")}
-        if any(dim not in point for dim in dims):
-            continue
+    for point, record in _measured_points(report, dims):
         ms = (record.get("padding_proof") or {}).get("padded_ms") or record.get("served_ms")
         if ms:
-            by_point.setdefault(tuple(int(point[dim]) for dim in dims), []).append(float(ms))
+            by_point.setdefault(point, []).append(float(ms))
         if record.get("compile_seconds") is not None:
             compiles.append(float(record["compile_seconds"]))
     return (
         {point: statistics.median(values) for point, values in by_point.items()},
         statistics.median(compiles) if compiles else None,
     )
+
+
+def measured_spread(report: Mapping[str, Any], dims: list[str]) -> list[float]:
+    """How a warmup report's served latencies fall around their medians: each point's samples of
+    its served variant less their median, pooled over the points (and ranks). On a GPU they
+    deviate by about as many microseconds at a large point as at a small one (the host's and the
+    launch's jitter), so one pool serves every point. Empty where the report kept no samples."""
+    deviations: list[float] = []
+    for _, record in _measured_points(report, dims):
+        samples = ((record.get("variants") or {}).get(record.get("variant")) or {}).get("samples_ms") or []
+        if samples:
+            middle = statistics.median(samples)
+            deviations.extend(float(ms) - middle for ms in samples)
+    return deviations
+
+
+def _measured_points(report: Mapping[str, Any], dims: list[str]) -> Iterator[tuple[Point, Mapping[str, Any]]]:
+    """The report's records that measured a point of these dimensions, with the point."""
+    for record in report.get("results") or []:
+        if record.get("status") != "ok" or record.get("phase") == "compile" and record.get("rank") is None:
+            continue
+        point = record.get("point") or {dims[0]: record.get("bucket")}
+        if all(dim in point for dim in dims):
+            yield tuple(int(point[dim]) for dim in dims), record
 
 
 QUANTILES = {"p50": 0.5, "p99": 0.99}
@@ -132,7 +151,7 @@ def compare(
             f"--objective {objective} plans one or two bucketed dimensions; {spec.label} has {len(dims)} "
             f"({', '.join(dims)}): plan for the mean"
         )
-    cost = Cost(measured)
+    cost = Cost(measured, measured_spread(report or {}, dims))
     chosen = plan(planned, max_points, cost, len(dims))
     current = [list(spec.buckets), *(list(sizes) for sizes in (spec.grid or {}).values())]
     guess = powers_of_two(traffic, [len(sizes) for sizes in chosen])

@@ -57,10 +57,18 @@ Traffic = Mapping[Point, int]  # request sizes (one per dimension) -> how many r
 class Cost:
     """What a call at a point costs: its padded size (product of its sizes), or, with measured
     latencies by point, those interpolated between the measured points (`_interpolated`).
-    Costs are remembered by point: a plan asks for the same few points many times."""
+    Costs are remembered by point: a plan asks for the same few points many times.
 
-    def __init__(self, measured: Optional[Mapping[Point, float]] = None) -> None:
+    `spread`: how a request's measured latency falls around its point's price (each measured
+    point's samples less their median, pooled). A point's price is one number, but the requests it
+    serves spread around it, so where a quantile falls on the edge of a point's step (that point
+    holds just over the quantile's share of the requests), the measured quantile lies in the tail
+    of that point's latencies, not at its price. The figures' quantiles and mean are of the
+    latencies so spread (_figures); the search for a plan prices each point at its one number."""
+
+    def __init__(self, measured: Optional[Mapping[Point, float]] = None, spread: Sequence[float] = ()) -> None:
         self.measured = dict(measured or {})
+        self.spread = np.sort(np.asarray(spread, dtype=float))
         self.unit = "ms" if self.measured else "positions"
         dims = len(next(iter(self.measured))) if self.measured else 0
         self._sizes = [sorted({point[d] for point in self.measured}) for d in range(dims)]
@@ -122,7 +130,8 @@ class Figures:
     """What a set of buckets costs on a traffic: the mean cost of a request (what a plan
     minimises), the costs that half and 99 in 100 of the requests stay within (the median and the
     tail, which a plan for the mean may leave worse), the fraction of the positions computed that
-    were padding, and the points to compile."""
+    were padding, and the points to compile. With a measured spread (Cost), the mean and the
+    quantiles are of the latencies the requests see around their points' prices."""
 
     mean_cost: float
     p50_cost: float
@@ -131,16 +140,37 @@ class Figures:
     points: int
 
 
-def _figures(served: Sequence[tuple[float, float, int, int]], points: int) -> Figures:
+def _figures(served: Sequence[tuple[float, float, int, int]], points: int, spread: np.ndarray) -> Figures:
     """Figures from what each kind of request costs: (its cost, how many there are, the positions
-    it holds, the positions computed for it)."""
-    requests = sum(count for _, count, _, _ in served)
+    it holds, the positions computed for it), each cost spread as `spread` says (Cost)."""
     real = sum(count * holds for _, count, holds, _ in served)
     padded = sum(count * computed for _, count, _, computed in served)
-    mean = sum(count * cost for cost, count, _, _ in served) / requests
-    costs = [(cost, count) for cost, count, _, _ in served]
-    return Figures(mean, _quantile(costs, 0.5), _quantile(costs, 0.99),
-                   1 - real / padded if padded else 0.0, points)  # fmt: skip
+    by_cost: dict[float, float] = {}
+    for cost, count, _, _ in served:
+        by_cost[cost] = by_cost.get(cost, 0.0) + count
+    costs = list(by_cost.items())
+    if len(spread):
+        p50, p99 = _spread_quantiles(costs, spread, (0.5, 0.99))
+    else:
+        p50, p99 = _quantile(costs, 0.5), _quantile(costs, 0.99)
+    mean = _mean(served) + (float(spread.mean()) if len(spread) else 0.0)
+    return Figures(mean, p50, p99, 1 - real / padded if padded else 0.0, points)
+
+
+def _mean(served: Sequence[tuple[float, float, int, int]]) -> float:
+    return sum(count * cost for cost, count, _, _ in served) / sum(count for _, count, _, _ in served)
+
+
+def _spread_quantiles(costs: Sequence[tuple[float, float]], spread: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """_quantile's figures of the latencies the requests see: each cost plus every deviation of
+    `spread`, its requests shared evenly among them (a request served in chunks takes one
+    deviation for all its calls)."""
+    at = (np.array([cost for cost, _ in costs])[:, None] + spread[None, :]).ravel()
+    share = np.repeat(np.array([count for _, count in costs], dtype=float) / len(spread), len(spread))
+    order = np.argsort(at, kind="stable")
+    upto = np.cumsum(share[order])
+    last = len(at) - 1
+    return [float(at[order[min(int(np.searchsorted(upto, q * upto[-1] - 1e-9)), last)]]) for q in qs]
 
 
 def _quantile(costs: Sequence[tuple[float, float]], q: float) -> float:
@@ -179,7 +209,12 @@ def figures(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> Figu
     """The figures of the product grid `grid` (sorted sizes per dimension) on `traffic`; a
     request larger than the grid in the first dimension (the batch) runs in chunks of its largest,
     one beyond it in another dimension cannot run: ValueError."""
-    served = []
+    return _figures(_served(traffic, grid, cost), math.prod(len(g) for g in grid), cost.spread)
+
+
+def _served(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> list[tuple[float, float, int, int]]:
+    """What each request size of `traffic` costs on the product grid `grid`, as _figures takes it."""
+    served: list[tuple[float, float, int, int]] = []
     for sizes, count in traffic.items():
         point, calls = [], 1
         for d, (n, buckets) in enumerate(zip(sizes, grid, strict=True)):
@@ -190,7 +225,7 @@ def figures(traffic: Traffic, grid: Sequence[Sequence[int]], cost: Cost) -> Figu
                 calls, b = math.ceil(n / buckets[-1]), buckets[-1]
             point.append(b)
         served.append((calls * cost(tuple(point)), count, math.prod(sizes), calls * math.prod(point)))
-    return _figures(served, math.prod(len(g) for g in grid))
+    return served
 
 
 def plan_one(traffic: Traffic, dim: int, grid: list[list[int]], cost: Cost, k: int) -> list[int]:
@@ -259,11 +294,11 @@ def plan(traffic: Traffic, max_points: int, cost: Cost, dims: int) -> list[list[
     distinct = [len({r[d] for r in traffic}) for d in range(dims)]
     for counts in _splits(max_points, distinct):
         grid = [[largest[d]] for d in range(dims)]
-        current = figures(traffic, grid, cost).mean_cost
+        current = _mean(_served(traffic, grid, cost))
         for _ in range(20):  # each pass never raises the cost; a few passes settle it
             for d in range(dims):
                 grid[d] = plan_one(traffic, d, grid, cost, counts[d])
-            value = figures(traffic, grid, cost).mean_cost
+            value = _mean(_served(traffic, grid, cost))
             if value >= current - 1e-12:
                 current = value
                 break
@@ -303,7 +338,7 @@ CANDIDATE_SIZES = 48  # per dimension, for plan_points
 def point_figures(traffic: Traffic, points: Sequence[Point], cost: Cost) -> Figures:
     """The figures of a free set of points, each request served as a grid replica routes it
     (routed_costs)."""
-    return _figures(routed_costs(traffic, points, cost), len(points))
+    return _figures(routed_costs(traffic, points, cost), len(points), cost.spread)
 
 
 def routed_costs(traffic: Traffic, points: Sequence[Point], cost: Cost) -> list[tuple[float, int, int, int]]:
