@@ -68,7 +68,7 @@ class Cost:
 
     def __init__(self, measured: Optional[Mapping[Point, float]] = None, spread: Sequence[float] = ()) -> None:
         self.measured = dict(measured or {})
-        self.spread = np.sort(np.asarray(spread, dtype=float))
+        self.spread = np.asarray(spread, dtype=float)
         self.unit = "ms" if self.measured else "positions"
         dims = len(next(iter(self.measured))) if self.measured else 0
         self._sizes = [sorted({point[d] for point in self.measured}) for d in range(dims)]
@@ -142,18 +142,21 @@ class Figures:
 
 def _figures(served: Sequence[tuple[float, float, int, int]], points: int, spread: np.ndarray) -> Figures:
     """Figures from what each kind of request costs: (its cost, how many there are, the positions
-    it holds, the positions computed for it), each cost spread as `spread` says (Cost)."""
+    it holds, the positions computed for it), each cost spread as `spread` says (Cost): the cost
+    plus every deviation, its requests shared evenly among them (a request served in chunks takes
+    one deviation for all its calls)."""
     real = sum(count * holds for _, count, holds, _ in served)
     padded = sum(count * computed for _, count, _, computed in served)
     by_cost: dict[float, float] = {}
     for cost, count, _, _ in served:
         by_cost[cost] = by_cost.get(cost, 0.0) + count
-    costs = list(by_cost.items())
+    costs, counts = np.array(list(by_cost)), np.array(list(by_cost.values()))
+    mean = _mean(served)
     if len(spread):
-        p50, p99 = _spread_quantiles(costs, spread, (0.5, 0.99))
-    else:
-        p50, p99 = _quantile(costs, 0.5), _quantile(costs, 0.99)
-    mean = _mean(served) + (float(spread.mean()) if len(spread) else 0.0)
+        costs = (costs[:, None] + spread[None, :]).ravel()
+        counts = np.repeat(counts / len(spread), len(spread))
+        mean += float(spread.mean())
+    p50, p99 = _quantiles(costs, counts, (0.5, 0.99))
     return Figures(mean, p50, p99, 1 - real / padded if padded else 0.0, points)
 
 
@@ -161,29 +164,13 @@ def _mean(served: Sequence[tuple[float, float, int, int]]) -> float:
     return sum(count * cost for cost, count, _, _ in served) / sum(count for _, count, _, _ in served)
 
 
-def _spread_quantiles(costs: Sequence[tuple[float, float]], spread: np.ndarray, qs: Sequence[float]) -> list[float]:
-    """_quantile's figures of the latencies the requests see: each cost plus every deviation of
-    `spread`, its requests shared evenly among them (a request served in chunks takes one
-    deviation for all its calls)."""
-    at = (np.array([cost for cost, _ in costs])[:, None] + spread[None, :]).ravel()
-    share = np.repeat(np.array([count for _, count in costs], dtype=float) / len(spread), len(spread))
-    order = np.argsort(at, kind="stable")
-    upto = np.cumsum(share[order])
-    last = len(at) - 1
-    return [float(at[order[min(int(np.searchsorted(upto, q * upto[-1] - 1e-9)), last)]]) for q in qs]
-
-
-def _quantile(costs: Sequence[tuple[float, float]], q: float) -> float:
-    """The least cost that at least a fraction `q` of the requests stay within: `costs` holds
-    (cost of a request, how many requests cost that)."""
-    ordered = sorted(costs)
-    total = sum(count for _, count in ordered)
-    upto = 0.0
-    for cost, count in ordered:
-        upto += count
-        if upto >= q * total - 1e-9:
-            return cost
-    return ordered[-1][0]
+def _quantiles(costs: np.ndarray, counts: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """For each q, the least cost that at least a fraction q of the requests stay within: `costs`
+    and `counts` hold each cost of a request and how many requests cost that."""
+    order = np.argsort(costs, kind="stable")
+    upto = np.cumsum(counts[order])
+    last = len(costs) - 1
+    return [float(costs[order[min(int(np.searchsorted(upto, q * upto[-1] - 1e-9)), last)]]) for q in qs]
 
 
 def aligned(traffic: Traffic, multiples: Sequence[int]) -> Traffic:
