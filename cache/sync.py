@@ -411,11 +411,11 @@ def pull(
                 if needed or _read_text(directory / APPLIED_MARKER) != marker:
                     raise _unwritable(directory, refused)
             elif not needed and directory.exists():
-                _write_atomically(directory / APPLIED_MARKER, marker)
+                _write_into(directory, APPLIED_MARKER, marker)
                 if not all(known.vouches(rel, manifest.files[rel].sha256, found) for rel, found in verified.items()):
                     _record(directory, manifest, verified)  # files it had to read: so that the next pull need not
             else:  # a directory that does not exist yet appears whole too, even an empty namespace's
-                staging = directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
+                staging = _staging_path(directory)
                 try:
                     _fetch(store, manifest, needed, staging, transfer)
                     for rel in needed:  # written by this pull from bytes it checked, in a directory of its own
@@ -481,14 +481,20 @@ def _scratch(prefix: str, doing: str) -> Iterator[Path]:
         ) from None
 
 
-# Beside the directory `name`: `.incoming-<name>-<8 hex digits>` while a pull stages its files, and
-# `.previous-<name>` between the two renames of a swap without an exchange. Pulls into `name` and
+# Beside the directory `name`: `.incoming-<name>-<8 hex digits>` while a pull stages its files (or
+# writes one file to rename into it), and `.previous-<name>` between the two renames of a swap
+# without an exchange. Pulls into `name` and
 # into a sibling such as `name-v2` hold different locks, so each recovers only names that are
 # exactly its own: with the suffix's length fixed, `.incoming-<name>-` and 8 hex digits match no
 # sibling's staging, whatever the sibling is called.
 _STAGING_PREFIX = ".incoming-"
 _STAGING_SUFFIX = "[0-9a-f]{8}"
 _PREVIOUS_PREFIX = ".previous-"
+
+
+def _staging_path(directory: Path) -> Path:
+    """A new name beside `directory` that its pull's _recover removes if the pull is killed."""
+    return directory.parent / f"{_STAGING_PREFIX}{directory.name}-{uuid.uuid4().hex[:8]}"
 
 
 @contextlib.contextmanager
@@ -540,7 +546,10 @@ def _recover(directory: Path) -> None:
     own = re.compile(re.escape(f"{_STAGING_PREFIX}{directory.name}-") + _STAGING_SUFFIX)
     for stale in directory.parent.iterdir():
         if own.fullmatch(stale.name):
-            shutil.rmtree(stale, ignore_errors=True)
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
     previous = directory.parent / f"{_PREVIOUS_PREFIX}{directory.name}"
     if previous.exists():
         if directory.exists():
@@ -606,13 +615,15 @@ def _read_text(path: Path) -> Optional[str]:
         return None
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Written whole then renamed; the scratch file goes whatever fails (a full disk creates it
-    empty, then refuses its bytes)."""
-    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+def _write_into(directory: Path, name: str, text: str) -> None:
+    """The file `name` of a pulled directory, written whole then renamed in. Its scratch file
+    stands beside the directory under a staging name, not in it: a pull killed between the two
+    steps leaves the directory as it was, and the next pull's _recover removes the scratch. The
+    scratch goes whatever else fails (a full disk creates it empty, then refuses its bytes)."""
+    scratch = _staging_path(directory)
     try:
         scratch.write_text(text)
-        os.replace(scratch, path)
+        os.replace(scratch, directory / name)
     finally:
         scratch.unlink(missing_ok=True)
 
@@ -653,7 +664,7 @@ def _record(directory: Path, manifest: Manifest, verified: dict[str, Fingerprint
         now = _fingerprint(directory / rel)
         if now is not None and _same_file(now, found):
             rows[rel] = now
-    _write_atomically(directory / VERIFIED_RECORD, _Record.text(manifest, rows))
+    _write_into(directory, VERIFIED_RECORD, _Record.text(manifest, rows))
 
 
 @dataclass(frozen=True)

@@ -918,9 +918,33 @@ def test_what_a_killed_pull_left_is_removed_and_local_files_stay(store, tmp_path
     stale = tmp_path / f".incoming-{node.name}-deadbeef"
     (stale / "inductor").mkdir(parents=True)
     (stale / "inductor" / "half").write_bytes(b"half a file")
+    scratch = tmp_path / f".incoming-{node.name}-0123abcd"  # a record written, not yet renamed in
+    scratch.write_text('{"half": ')
     sync.pull(store, NS, node, TRUST, allow_unsigned=False)
-    assert not stale.exists() and no_staging_left(tmp_path)
+    assert not stale.exists() and not scratch.exists() and no_staging_left(tmp_path)
     assert tree(node) == {**ARTIFACTS, "local/only-here.txt": b"mine"}
+
+
+def test_a_files_scratch_is_written_beside_the_pulled_directory_never_in_it(store, tmp_path, monkeypatch):
+    """The marker and the record are written whole, then renamed in: a kill before the rename must
+    leave the directory as it was, so the scratch stands outside it."""
+    sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
+    node = tmp_path / "node"
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    renamed = []
+    replace = os.replace
+
+    def watched(source, target):
+        renamed.append((Path(source), Path(target)))
+        return replace(source, target)
+
+    monkeypatch.setattr(sync.os, "replace", watched)
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)  # verifies in place: the marker written again
+    os.utime(node / next(iter(ARTIFACTS)), ns=(1, 1))  # a file to read again: the record written again
+    sync.pull(store, NS, node, TRUST, allow_unsigned=False)
+    assert {target.name for _, target in renamed} >= {".orchestrate-manifest.json", ".orchestrate-verified.json"}
+    assert all(source.parent == tmp_path and source.name.startswith(f".incoming-{node.name}-") for source, _ in renamed)
+    assert no_staging_left(tmp_path)
 
 
 PULLER = """
