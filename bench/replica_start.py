@@ -32,10 +32,10 @@ Per model, in one run, with the cache <cache root>/<name> (default cache root: O
 Written as it goes to OUT_DIR/replica-<name>.json; the summary to stdout and
 OUT_DIR/replica-summary.txt; a Markdown row per model to OUT_DIR/replica-table.md (a model's row
 replaced when it is measured again into the same OUT_DIR).
---profile-loads: after the timed starts, one replica more whose loader's thread runs under
-cProfile (imports, loads, captures, checks: where a bucket's load goes), written to
-OUT_DIR/loads-<name>.txt with the start's milestones (the whole profile beside it, loads-<name>.txt.prof);
-its times are not among the figures.
+--profile-loads: after the timed starts, one replica more whose loader's thread is sampled
+(bench/stack_sampler.py: imports, loads, captures, checks, waits: where a bucket's load goes), per
+window between two milestones, written to OUT_DIR/loads-<name>.txt (every sample beside it as
+collapsed stacks, loads-<name>.txt.collapsed); its times are not among the figures.
 --compare-early-imports: each start runs a second replica beside the first, the two taking turns
 going first, whose loader imports the compiler (Inductor's compile_fx, what a saved function's first
 load imports) right after its pull, beside the model's build, where a replica otherwise waits
@@ -84,17 +84,9 @@ import json, os, sys, time
 if os.environ.get("REPLICA_START_SWITCH_INTERVAL"):  # --switch-interval
     sys.setswitchinterval(float(os.environ["REPLICA_START_SWITCH_INTERVAL"]))
 profile_to = os.environ.get("REPLICA_START_PROFILE")
-if profile_to:  # the loader's thread under cProfile: where the loads go, not how long they take
-    import cProfile
-    from orchestrator.jobs import replica as _replica
-    loader_profile, _load_all = cProfile.Profile(), _replica._Loader._load_all
-    def _profiled(self):
-        loader_profile.enable()
-        try:
-            _load_all(self)
-        finally:
-            loader_profile.disable()
-    _replica._Loader._load_all = _profiled
+if profile_to:  # the loader's thread sampled: where its wall time goes, waits included
+    sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+    from stack_sampler import ThreadSampler
 if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the compiler after its pull, beside the build
     from orchestrator.jobs import replica as _replica, torch_internals as _ti
     _pull = _replica._Loader._pull
@@ -106,6 +98,8 @@ if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the comp
             self.events.add("compiler imported early")
     _replica._Loader._pull = _pull_then_import
 from orchestrator import runtime
+if profile_to:  # from the load's start, as its milestones are timed
+    loader_samples = ThreadSampler("orchestrate-replica-loader").start()
 served = runtime.load(sys.argv[1], cache_dir=sys.argv[2], device=sys.argv[3], ready="answering")
 answering = served.info()
 import torch
@@ -159,15 +153,14 @@ row = {"answering_from_spawn": answering.answering_seconds_from_spawn,
        "on_plan_from_spawn": on_plan.on_plan_seconds_from_spawn,
        "buckets": buckets, "events": [list(event) for event in on_plan.events], "info": on_plan.to_dict()}
 early = late = references = inputs = None
-if profile_to:
-    import io, pstats
-    text = io.StringIO()
-    stats = pstats.Stats(loader_profile, stream=text)
-    stats.sort_stats("cumulative").print_stats(60)
-    stats.sort_stats("tottime").print_stats(30)
-    loader_profile.dump_stats(profile_to + ".prof")  # the whole profile, for pstats or snakeviz
+if profile_to:  # a window per milestone: from the one before it to it
+    loader_samples.stop()
+    marks = [("start", 0.0)] + [(what, at) for what, at in row["events"]]
+    windows = [(f"{a} -> {b}", t0, t1) for (a, t0), (b, t1) in zip(marks, marks[1:])]
     with open(profile_to, "w") as out:
-        out.write("events: " + json.dumps(row["events"]) + "\n" + text.getvalue())
+        out.write("events: " + json.dumps(row["events"]) + "\n" + loader_samples.report(windows))
+    from pathlib import Path
+    loader_samples.write_collapsed(Path(profile_to + ".collapsed"))
 row["exit_requested_at"] = time.time()
 print(json.dumps(row, default=str), flush=True)
 sys.exit(0)
@@ -277,7 +270,7 @@ def replica_start(
     early_imports: bool = False,
 ) -> dict:
     """A fresh process on the runtime; its JSON line, and how long it took to exit after it.
-    `profile_to`: its loader's thread runs under cProfile, the statistics written there.
+    `profile_to`: its loader's thread sampled, the report written there.
     `early_imports`: its loader imports the compiler right after its pull, beside the model's build."""
     timeout = budget.timeout(PROCESS_TIMEOUT)
     started = time.perf_counter()
@@ -397,7 +390,7 @@ def bench(
             result["order"].append(kind)
             save()
     if profile_loads and budget.fits("replica"):
-        # one more replica, its loader profiled, outside the figures (cProfile slows Python work)
+        # one more replica, its loader sampled, outside the figures (the sampler takes the interpreter lock)
         profiled = out_dir / f"loads-{name}.txt"
         log = out_dir / "logs" / f"replica-{name}-profiled.log"
         result["profiled"] = replica_start(config, cache, device, log, budget, profile_to=profiled)
@@ -631,7 +624,7 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--budget", type=float, help="seconds: start nothing that would end later")
     parser.add_argument(
-        "--profile-loads", action="store_true", help="then one replica more, its loader's thread under cProfile"
+        "--profile-loads", action="store_true", help="then one replica more, its loader's thread sampled"
     )
     parser.add_argument(
         "--compare-early-imports",
