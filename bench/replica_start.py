@@ -3,6 +3,7 @@ docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machi
 
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
                                   [--budget SECONDS] [--profile-loads] [--compare-early-imports]
+                                  [--compare-late-triton-hash]
                                   [--switch-interval SECONDS]
                                   [CFG.yaml or name ...]
     # names: examples/<name>.yaml or bench/models/<name>.yaml;
@@ -42,6 +43,8 @@ load imports) right after its pull, beside the model's build, where a replica ot
 until it answers: on a GPU part of the build (the weights' initialisation and copy, cuDNN's and
 cuBLAS's first calls) runs outside the interpreter lock. The summary gives both kinds' answering,
 on plan and slowest bucket load; the figures above it are the usual replica's.
+--compare-late-triton-hash: the same, with a second replica whose loader leaves Triton's build hash
+(which it computes beside the build) to the first load, as Inductor otherwise does.
 --switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
 ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
 thread beside it (the loader's pull, or its imports) to let go.
@@ -76,6 +79,11 @@ WARMUP_TIMEOUT = 900
 EXIT_WAIT = 60  # after its JSON line, a replica that has not exited by then is killed
 TARGETS = {"answering": 1.05, "on_plan": 1.25, "exit": 1.0}
 ENV = {"PYTHONUNBUFFERED": "1"}  # both kinds of process start the same way
+# the replicas a --compare option runs beside the usual one: label, what their environment adds
+COMPARED = {
+    "early": ("imports beside the build", {"REPLICA_START_EARLY_IMPORTS": "1"}),
+    "late_hash": ("Triton's build hashed at the first load", {"REPLICA_START_LATE_TRITON_HASH": "1"}),
+}
 
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
 # itself: the time to answering is the replica's own.
@@ -97,6 +105,9 @@ if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the comp
             _ti.import_compiler(to_compile=True)
             self.events.add("compiler imported early")
     _replica._Loader._pull = _pull_then_import
+if os.environ.get("REPLICA_START_LATE_TRITON_HASH"):  # Triton's build hashed at the first load, by Inductor
+    from orchestrator.jobs import torch_internals as _ti
+    _ti.hash_triton_build = lambda: False
 from orchestrator import runtime
 if profile_to:  # from the load's start, as its milestones are timed
     loader_samples = ThreadSampler("orchestrate-replica-loader").start()
@@ -267,11 +278,11 @@ def replica_start(
     log: Path,
     budget: Budget,
     profile_to: Optional[Path] = None,
-    early_imports: bool = False,
+    kind: str = "replica",
 ) -> dict:
     """A fresh process on the runtime; its JSON line, and how long it took to exit after it.
     `profile_to`: its loader's thread sampled, the report written there.
-    `early_imports`: its loader imports the compiler right after its pull, beside the model's build."""
+    `kind`: a replica as it is, or one of COMPARED's (what its loader does otherwise)."""
     timeout = budget.timeout(PROCESS_TIMEOUT)
     started = time.perf_counter()
     row: dict[str, Any] = {"ok": False, "log": log.name}
@@ -283,7 +294,7 @@ def replica_start(
                 **os.environ,
                 **ENV,
                 **({"REPLICA_START_PROFILE": str(profile_to)} if profile_to else {}),
-                **({"REPLICA_START_EARLY_IMPORTS": "1"} if early_imports else {}),
+                **(COMPARED[kind][1] if kind in COMPARED else {}),
             },
         )  # fmt: skip
         lines: queue.Queue[Optional[tuple[float, str]]] = queue.Queue()
@@ -353,13 +364,13 @@ def bench(
     device: str,
     budget: Budget,
     profile_loads: bool = False,
-    compare_early_imports: bool = False,
+    compared: tuple[str, ...] = (),
 ) -> dict:
     name = config.stem
     cache = cache_root / name
     cache.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"model": name, "config": str(config), "device": device, "cache": str(cache)}
-    result.update(starts={"floor": [], "replica": [], "early": []}, order=[], skipped=[])
+    result.update(starts={"floor": [], "replica": [], **{kind: [] for kind in compared}}, order=[], skipped=[])
 
     def save() -> None:
         (out_dir / f"replica-{name}.json").write_text(json.dumps(result, indent=2, default=str))
@@ -374,7 +385,7 @@ def bench(
         save()
         if "error" in result["warmup"]:
             return result
-    kinds = ["replica", "early"] if compare_early_imports else ["replica"]
+    kinds = ["replica", *compared]
     for i in range(starts):
         if not budget.fits("floor", *(["replica"] * len(kinds))):
             result["skipped"].append(f"starts {i + 1}..{starts}: the budget would run out")
@@ -385,7 +396,7 @@ def bench(
         save()
         for kind in kinds if i % 2 == 0 else kinds[::-1]:  # the two kinds of replica take turns going first
             log = out_dir / "logs" / f"{kind}-{name}-{i + 1}.log"
-            run = replica_start(config, cache, device, log, budget, early_imports=kind == "early")
+            run = replica_start(config, cache, device, log, budget, kind=kind)
             result["starts"][kind].append(run)
             result["order"].append(kind)
             save()
@@ -501,10 +512,10 @@ def summary(result: dict) -> list[str]:
             else ""
         ),
     ]
-    lines += early_imports(result, f["floor"])
+    lines += compared_kinds(result, f["floor"])
     lines += where_the_time_went(result)
     lines += correctness(result)
-    for kind in ("floor", "replica", "early"):
+    for kind in result["starts"]:
         for i, run in enumerate(result["starts"][kind], 1):
             if not run.get("ok") or run.get("error"):
                 lines.append(f"  {kind} #{i} FAILED: {run.get('error')}")
@@ -514,14 +525,15 @@ def summary(result: dict) -> list[str]:
     return lines
 
 
-def early_imports(result: dict, floor: list[float]) -> list[str]:
-    """With --compare-early-imports: the replicas whose loader imported the compiler beside the
-    build, against the others, and each kind's slowest bucket load (the first, with the imports)."""
-    early = [r for r in result["starts"].get("early", []) if r.get("ok")]
-    if not early:
+def compared_kinds(result: dict, floor: list[float]) -> list[str]:
+    """With a --compare option: the usual replicas against those of each kind compared, and each
+    kind's slowest bucket load (the first, with the imports)."""
+    kinds = [(COMPARED[kind][0], result["starts"][kind]) for kind in result["starts"] if kind in COMPARED]
+    if not kinds:
         return []
     lines = []
-    for label, runs in (("imports after answering", ok_replicas(result)), ("imports beside the build", early)):
+    for label, runs in [("the usual replica", ok_replicas(result)), *kinds]:
+        runs = [r for r in runs if r.get("ok")]
         f = replica_figures(runs)
         slowest = [max((row.get("load_seconds") or 0.0 for row in r["buckets"].values()), default=0.0) for r in runs]
         a, p = ratio(f["answering"], floor), ratio(f["on_plan"], floor)
@@ -632,6 +644,11 @@ def main() -> int:
         help="per start a second replica, its loader importing the compiler right after its pull, beside the build",
     )
     parser.add_argument(
+        "--compare-late-triton-hash",
+        action="store_true",
+        help="per start a second replica, Triton's build hashed at its first load instead of beside the build",
+    )
+    parser.add_argument(
         "--switch-interval",
         type=float,
         help="seconds: the replicas' interpreter switch interval (sys.setswitchinterval; Python's is 0.005), "
@@ -657,7 +674,14 @@ def main() -> int:
                 args.device,
                 budget,
                 args.profile_loads,
-                args.compare_early_imports,
+                tuple(
+                    kind
+                    for kind, on in (
+                        ("early", args.compare_early_imports),
+                        ("late_hash", args.compare_late_triton_hash),
+                    )
+                    if on
+                ),
             )
             block = summary(result)
             if result["order"]:

@@ -7,8 +7,9 @@ background; each call padded up to its bucket and sliced back.
     inputs (the outputs' bucket dimensions are found from them, and they are the reference every
     variant is checked against). The replica answers from here on: what an eager process pays
     to serve, and nothing more.
-  - the loader's: pull the namespace from the store and read the serving plans (while the model
-    builds); then, once the replica answers (nothing more beside the answering path: the rest is
+  - the loader's: pull the namespace from the store and read the serving plans, and where a plan
+    compiles, hash Triton's build for Inductor's cache (while the model builds: hashing lets go of
+    the interpreter lock); then, once the replica answers (nothing more beside the answering path: the rest is
     Python under the same interpreter lock), import the compiler where a plan needs it, and per
     bucket, largest first (its graphs
     set the size of the memory pool all share): build the planned variant from the cache (`aot`
@@ -641,6 +642,8 @@ class _Loader:
             self._pull_done.set()
             return
         self._pull_done.set()
+        if self._plans_compile() and ti.hash_triton_build():
+            self.events.add("triton's build hashed")
         # the compiler's imports and the loads wait for the replica to answer: beside the model's
         # build and its eager references (Python too, under one interpreter lock) they would slow
         # the answering, which is what a new replica is waited on for
@@ -669,6 +672,10 @@ class _Loader:
     def _served_plans(self) -> dict[int, dict[str, Any]]:
         """The plans of the buckets this replica serves: the namespace may hold others'."""
         return {bucket: self._plans[bucket] for bucket in self.spec.buckets if bucket in self._plans}
+
+    def _plans_compile(self) -> bool:
+        """Whether a bucket this replica serves is planned on a compiled variant."""
+        return any(plan["variant"] in COMPILED_VARIANTS for plan in self._served_plans().values())
 
     def _import_what_plans_need(self) -> ti.CounterWindow:
         planned = {plan["variant"] for plan in self._served_plans().values()}

@@ -116,6 +116,24 @@ def import_compiler(*, to_compile: bool) -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
+def hash_triton_build() -> bool:
+    """Compute the hash of Triton's build that Inductor keys every graph it loads from its cache
+    by, now, where Triton is usable; True where it did. Inductor computes it once per process, at
+    its first cache load: a hash of Triton's sources and of its native library (a third of a
+    second on a GPU host), nearly all of it hashing that lets go of the interpreter lock, so a
+    replica's loader computes it while the model builds. Never raises: a hash that fails here
+    fails again at the first load, which reports it."""
+    try:
+        from torch.utils._triton import has_triton, triton_hash_with_backend
+
+        if not has_triton():
+            return False
+        triton_hash_with_backend()  # memoised: the first load reads it back
+    except Exception:
+        return False
+    return True
+
+
 def set_device_guard_from_this_thread() -> None:
     """Where torch is built for CUDA but no GPU is usable, a fake tensor mode (every Dynamo trace)
     sets a no-op CUDA device guard at its first use. torch 2.11 sets it with the first tracing

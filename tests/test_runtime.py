@@ -314,6 +314,38 @@ def test_a_fault_of_the_loader_itself_leaves_every_bucket_on_eager_and_never_han
     torch.testing.assert_close(served(*args), want)
 
 
+def test_the_loader_hashes_tritons_build_beside_the_build_and_only_where_a_plan_compiles(
+    rows_config, tmp_path, monkeypatch
+):
+    """Inductor's first cache load hashes Triton's build (seconds' worth of file hashing that lets
+    go of the interpreter lock): the loader does it while the model builds, before the replica
+    answers, on its own thread, and not at all where every bucket is planned on eager."""
+    from orchestrator.jobs import torch_internals
+
+    hashed: list[str] = []
+
+    def hash_triton_build() -> bool:
+        hashed.append(threading.current_thread().name)
+        return True
+
+    def no_compiler(**kwargs):  # nothing to load after answering: this test is about before it
+        raise RuntimeError("the compiler is not imported in this test")
+
+    monkeypatch.setattr(torch_internals, "hash_triton_build", hash_triton_build)
+    monkeypatch.setattr(torch_internals, "import_compiler", no_compiler)
+    served = runtime.load(rows_config, cache_dir=planned_cache(rows_config, tmp_path / "compiled", "compiled", (1, 4)))
+    with pytest.raises(RuntimeError, match="not imported in this test"):
+        served.wait_loaded(timeout=60)
+    events = [what for what, _ in served.info().events]
+    assert hashed == ["orchestrate-replica-loader"]
+    assert events.index("triton's build hashed") < events.index("answering")
+
+    hashed.clear()
+    served = runtime.load(rows_config, cache_dir=planned_cache(rows_config, tmp_path / "eager", "eager", (1, 4)))
+    assert served.wait_loaded(timeout=60)
+    assert hashed == [] and "triton's build hashed" not in [what for what, _ in served.info().events]
+
+
 def test_a_load_holds_off_full_collections_until_its_buckets_settle(rows_config, tmp_path, monkeypatch):
     """A load makes most of the objects a replica will hold, and each of Python's full collections
     walks all of them: they wait until the buckets settle, and the collector is then given back as
