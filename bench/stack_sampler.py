@@ -87,7 +87,11 @@ class ThreadSampler:
         for name, start, end in windows:
             samples = self._windowed(start, end)
             seen = sum(weight for weight, _ in samples)
-            out.append(f"=== {name}: {start:.3f}-{end:.3f} s, {seen:.3f} s sampled ({len(samples)} samples)")
+            importing = sum(weight for weight, stack in samples if any(c[2] == "_find_and_load" for c in stack))
+            out.append(
+                f"=== {name}: {start:.3f}-{end:.3f} s, {seen:.3f} s sampled ({len(samples)} samples), "
+                f"{importing:.3f} s of it importing"
+            )
             inclusive: collections.Counter[Frame] = collections.Counter()
             own: collections.Counter[Frame] = collections.Counter()
             for weight, stack in samples:
