@@ -3,7 +3,7 @@ docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machi
 
     python bench/replica_start.py OUT_DIR [--starts N] [--no-warm] [--cache-root DIR] [--device cuda|cpu]
                                   [--budget SECONDS] [--profile-loads] [--compare-early-imports]
-                                  [--compare-late-triton-hash]
+                                  [--compare-late-triton-hash] [--compare KIND]
                                   [--switch-interval SECONDS]
                                   [CFG.yaml or name ...]
     # names: examples/<name>.yaml or bench/models/<name>.yaml;
@@ -43,8 +43,11 @@ load imports) right after its pull, beside the model's build, where a replica ot
 until it answers: on a GPU part of the build (the weights' initialisation and copy, cuDNN's and
 cuBLAS's first calls) runs outside the interpreter lock. The summary gives both kinds' answering,
 on plan and slowest bucket load; the figures above it are the usual replica's.
---compare-late-triton-hash: the same, with a second replica whose loader leaves Triton's build hash
-(which it computes beside the build) to the first load, as Inductor otherwise does.
+--compare KIND (repeatable): the same, with a replica of each kind named beside the usual one:
+early (as --compare-early-imports), late_hash (--compare-late-triton-hash: the loader leaves
+Triton's build hash, which it computes beside the build, to the first load, as Inductor otherwise
+does), late_isa (on the CPU, the loader leaves Inductor's probe of the CPU's vector instructions,
+which it runs beside the compiler's imports, to the first load).
 --switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
 ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
 thread beside it (the loader's pull, or its imports) to let go.
@@ -83,6 +86,7 @@ ENV = {"PYTHONUNBUFFERED": "1"}  # both kinds of process start the same way
 COMPARED = {
     "early": ("imports beside the build", {"REPLICA_START_EARLY_IMPORTS": "1"}),
     "late_hash": ("Triton's build hashed at the first load", {"REPLICA_START_LATE_TRITON_HASH": "1"}),
+    "late_isa": ("the CPU probed at the first load", {"REPLICA_START_LATE_ISA_PROBE": "1"}),
 }
 
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
@@ -108,6 +112,9 @@ if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the comp
 if os.environ.get("REPLICA_START_LATE_TRITON_HASH"):  # Triton's build hashed at the first load, by Inductor
     from orchestrator.jobs import torch_internals as _ti
     _ti.hash_triton_build = lambda: False
+if os.environ.get("REPLICA_START_LATE_ISA_PROBE"):  # the CPU probed at the first load, by Inductor
+    from orchestrator.jobs import torch_internals as _ti
+    _ti.cpu_vector_isa_probe = lambda: (lambda: None)
 from orchestrator import runtime
 if profile_to:  # from the load's start, as its milestones are timed
     loader_samples = ThreadSampler("orchestrate-replica-loader").start()
@@ -639,14 +646,22 @@ def main() -> int:
         "--profile-loads", action="store_true", help="then one replica more, its loader's thread sampled"
     )
     parser.add_argument(
-        "--compare-early-imports",
-        action="store_true",
-        help="per start a second replica, its loader importing the compiler right after its pull, beside the build",
+        "--compare",
+        action="append",
+        choices=list(COMPARED),
+        default=[],
+        help="per start one replica more of this kind, the kinds taking turns going first: "
+        + "; ".join(f"{kind}: {label}" for kind, (label, _) in COMPARED.items()),
+    )
+    parser.add_argument(  # the names earlier runs were made with
+        "--compare-early-imports", action="append_const", dest="compare", const="early", help="--compare early"
     )
     parser.add_argument(
         "--compare-late-triton-hash",
-        action="store_true",
-        help="per start a second replica, Triton's build hashed at its first load instead of beside the build",
+        action="append_const",
+        dest="compare",
+        const="late_hash",
+        help="--compare late_hash",
     )
     parser.add_argument(
         "--switch-interval",
@@ -674,14 +689,7 @@ def main() -> int:
                 args.device,
                 budget,
                 args.profile_loads,
-                tuple(
-                    kind
-                    for kind, on in (
-                        ("early", args.compare_early_imports),
-                        ("late_hash", args.compare_late_triton_hash),
-                    )
-                    if on
-                ),
+                tuple(dict.fromkeys(args.compare)),
             )
             block = summary(result)
             if result["order"]:

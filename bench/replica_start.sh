@@ -5,7 +5,7 @@
 # .bench-cache/replica-cache (ignored by git: it survives between calls on a machine still warm, so
 # a later call can pass --no-warm). Everything it wrote, logs and JSON, lands in one tarball,
 # OUT_DIR/replica-start.tar.gz; each model's summary is printed as it ends, the machine and exit status last.
-#   bench/replica_start.sh OUT_DIR [--no-warm] [--profile-loads] [--compare-early-imports] [--compare-late-triton-hash] [--starts N]
+#   bench/replica_start.sh OUT_DIR [--no-warm] [--profile-loads] [--compare-early-imports] [--compare-late-triton-hash] [--compare KIND] [--starts N]
 #                          [--device cuda|cpu] [--switch-interval SECONDS] [name ...]
 #   # default names: mlp resnet18 vit_s16 bert_base gpt2_bf16 mixnet_l (more than one call's worth:
 #   # pass a few per call)
@@ -20,7 +20,7 @@ options=(); names=()
 while [ $# -gt 0 ]; do
     case $1 in
         --no-warm|--profile-loads|--compare-early-imports|--compare-late-triton-hash) options+=("$1") ;;
-        --starts|--device|--switch-interval) options+=("$1" "${2:?$1 needs a value}"); shift ;;
+        --starts|--device|--switch-interval|--compare) options+=("$1" "${2:?$1 needs a value}"); shift ;;
         -*) echo "replica_start.sh: unknown option $1" >&2; exit 2 ;;
         *) names+=("$1") ;;
     esac

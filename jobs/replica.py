@@ -9,9 +9,10 @@ background; each call padded up to its bucket and sliced back.
     to serve, and nothing more.
   - the loader's: pull the namespace from the store and read the serving plans, and where a plan
     compiles, hash Triton's build for Inductor's cache (while the model builds: hashing lets go of
-    the interpreter lock); then, once the replica answers (nothing more beside the answering path: the rest is
-    Python under the same interpreter lock), import the compiler where a plan needs it, and per
-    bucket, largest first (its graphs
+    the interpreter lock); then, once the replica answers (nothing more beside the answering
+    path: the rest is Python under the same interpreter lock), import the compiler where a plan
+    needs it (on the CPU with Inductor's probe of the CPU's vector instructions beside it, on a
+    thread of its own: it waits on a child process), and per bucket, largest first (its graphs
     set the size of the memory pool all share): build the planned variant from the cache (`aot`
     loads its saved function, no tracing; `compiled` and `graphed` must find their artifacts
     there: a miss is counted, and refused with require_warm; graphed ones are captured), check
@@ -655,7 +656,10 @@ class _Loader:
         settled: set[int] = set()
         frames: Optional[ti.CounterWindow] = None
         try:
-            frames = self._import_what_plans_need()
+            with self._probing_the_cpu() as probing:
+                frames = self._import_what_plans_need()
+                if probing:  # more imports beside the probe, which the first load would make alone
+                    ti.import_what_generated_code_imports()
             failure = self._load_buckets(settled)
         except Exception as exc:  # the loader's own fault: every bucket not yet settled stays on eager
             failure = exc
@@ -672,6 +676,24 @@ class _Loader:
     def _served_plans(self) -> dict[int, dict[str, Any]]:
         """The plans of the buckets this replica serves: the namespace may hold others'."""
         return {bucket: self._plans[bucket] for bucket in self.spec.buckets if bucket in self._plans}
+
+    @contextlib.contextmanager
+    def _probing_the_cpu(self) -> Iterator[bool]:
+        """On the CPU, where a plan compiles: Inductor's probe of the host's vector instructions
+        runs on a thread of its own while the block runs (imports), and is over when it ends; the
+        block is told whether it runs. Inductor runs that probe once per process at its first C++
+        kernel load, and nearly all of it waits for a child Python, without the interpreter lock."""
+        if self.device.type != "cpu" or not self._plans_compile():
+            yield False
+            return
+        probe = ti.cpu_vector_isa_probe()  # its imports on this thread, before the compiler's
+        thread = threading.Thread(target=probe, name="orchestrate-isa-probe", daemon=True)
+        thread.start()
+        try:
+            yield True
+        finally:
+            thread.join()  # else the first load would probe again beside it
+            self.events.add("cpu probed")
 
     def _plans_compile(self) -> bool:
         """Whether a bucket this replica serves is planned on a compiled variant."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import importlib
 import inspect
 import logging
 import os
@@ -17,7 +18,7 @@ import threading
 import types
 import weakref
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -116,6 +117,20 @@ def import_compiler(*, to_compile: bool) -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
+def import_what_generated_code_imports() -> None:
+    """Import the modules every graph Inductor generates imports at its load (its compiler's
+    kernel choices and memory planner among them: the better part of a second of Python), which
+    the first load would import otherwise. Where torch names them otherwise, nothing: the load
+    imports what it needs."""
+    for name in ("torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+_triton_hash_lock = threading.Lock()
+_isa_probe_lock = threading.Lock()
+
+
 def hash_triton_build() -> bool:
     """Compute the hash of Triton's build that Inductor keys every graph it loads from its cache
     by, now, where Triton is usable; True where it did. Inductor computes it once per process, at
@@ -128,10 +143,34 @@ def hash_triton_build() -> bool:
 
         if not has_triton():
             return False
-        triton_hash_with_backend()  # memoised: the first load reads it back
+        with _triton_hash_lock:  # a grid's slices each load: one hashes, the others find it done
+            triton_hash_with_backend()  # memoised: the first load reads it back
     except Exception:
         return False
     return True
+
+
+def cpu_vector_isa_probe() -> Callable[[], None]:
+    """Inductor's search for the host's vector instructions, as it runs before its first C++
+    kernel for the CPU (a library built for each candidate and loaded in a child Python: a second
+    or more, once per process, nearly all of it waiting for the child), to run ahead so that the
+    first load finds it done. The modules it needs are imported here, on the caller's thread, so
+    that the probe, run on a thread of its own, imports nothing beside the caller's imports
+    (torch's modules import each other, and a thread importing them beside another can see one
+    half-made).
+    Neither raises: a probe that fails here fails again at that load, which reports it."""
+    try:
+        from torch._inductor import cpp_builder, cpu_vec_isa  # noqa: F401
+        from torch.utils import _filelock  # noqa: F401
+    except Exception:
+        return lambda: None
+
+    def probe() -> None:
+        # memoised for the process; a grid's slices each load: one probes, the others find it done
+        with _isa_probe_lock, contextlib.suppress(Exception):
+            cpu_vec_isa.pick_vec_isa()
+
+    return probe
 
 
 def set_device_guard_from_this_thread() -> None:

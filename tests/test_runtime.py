@@ -333,6 +333,7 @@ def test_the_loader_hashes_tritons_build_beside_the_build_and_only_where_a_plan_
 
     monkeypatch.setattr(torch_internals, "hash_triton_build", hash_triton_build)
     monkeypatch.setattr(torch_internals, "import_compiler", no_compiler)
+    monkeypatch.setattr(torch_internals, "cpu_vector_isa_probe", lambda: lambda: None)
     served = runtime.load(rows_config, cache_dir=planned_cache(rows_config, tmp_path / "compiled", "compiled", (1, 4)))
     with pytest.raises(RuntimeError, match="not imported in this test"):
         served.wait_loaded(timeout=60)
@@ -344,6 +345,47 @@ def test_the_loader_hashes_tritons_build_beside_the_build_and_only_where_a_plan_
     served = runtime.load(rows_config, cache_dir=planned_cache(rows_config, tmp_path / "eager", "eager", (1, 4)))
     assert served.wait_loaded(timeout=60)
     assert hashed == [] and "triton's build hashed" not in [what for what, _ in served.info().events]
+
+
+def test_on_the_cpu_the_loader_probes_the_cpu_beside_the_compilers_imports(rows_config, tmp_path, monkeypatch):
+    """Inductor's first C++ kernel load probes the CPU's vector instructions in a child Python: on
+    the CPU the loader runs that probe on a thread of its own while it imports the compiler and
+    what Inductor's generated code imports (the probe waits here until the imports have begun, so
+    it passes only if the two overlap), and the loads begin only once the probe is over."""
+    from orchestrator.jobs import torch_internals
+
+    importing = threading.Event()
+    probed: list[tuple[str, bool]] = []
+    steps: list[str] = []
+
+    def cpu_vector_isa_probe():
+        def probe() -> None:
+            probed.append((threading.current_thread().name, importing.wait(timeout=60)))
+            steps.append("probed")
+
+        return probe
+
+    def import_compiler(**kwargs):
+        importing.set()
+        steps.append("compiler imported")
+
+    def import_what_generated_code_imports():
+        steps.append("generated code's imports")
+        raise RuntimeError("nothing loads in this test")
+
+    monkeypatch.setattr(torch_internals, "cpu_vector_isa_probe", cpu_vector_isa_probe)
+    monkeypatch.setattr(torch_internals, "import_compiler", import_compiler)
+    monkeypatch.setattr(torch_internals, "import_what_generated_code_imports", import_what_generated_code_imports)
+    served = runtime.load(rows_config, cache_dir=planned_cache(rows_config, tmp_path / "cache", "compiled", (1, 4)))
+    with pytest.raises(RuntimeError, match="nothing loads in this test"):
+        served.wait_loaded(timeout=60)
+    assert probed == [("orchestrate-isa-probe", True)]
+    assert steps[0] == "compiler imported" and set(steps) == {"compiler imported", "generated code's imports", "probed"}
+    events = [what for what, _ in served.info().events]
+    assert events.index("answering") < events.index("compiler imported") < events.index("cpu probed")
+    assert events.index("cpu probed") < events.index("settled")
+    for row in served.info().buckets.values():  # the probe is over before anything loads: nothing did
+        assert row.variant == "eager" and "nothing loads in this test" in (row.reason or "")
 
 
 def test_a_load_holds_off_full_collections_until_its_buckets_settle(rows_config, tmp_path, monkeypatch):
