@@ -74,8 +74,10 @@ def build(
     with tempfile.TemporaryDirectory(prefix=".aot-", dir=directory.parent) as scratch:
         target = Path(scratch) / "function.bin"
         try:
+            # torch.compile takes the guard filter out of the options it is given: a copy each time
+            options = {**compile_options, "options": dict(compile_options.get("options") or {})}
             with torch.no_grad(), ti.aot_compile_enabled():
-                compiled: Any = torch.compile(model, **compile_options)  # an OptimizedModule
+                compiled: Any = torch.compile(model, **options)  # an OptimizedModule
                 function = compiled.forward.aot_compile((tuple(args), dict(kwargs)))
                 unresolved = ti.import_module_globals(function)
                 if unresolved:

@@ -415,24 +415,35 @@ def channels_last_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 
 
 def portable_guards(entries: Any) -> list[bool]:
-    """A guard filter for a function saved to run in other processes: keep the guards that can
-    hold there (tensors' dtype, shape and device, grad mode and other global state) and drop those
-    that name an object by its identity (ID_MATCH and the like), a global or a module's state. Dynamo refuses to save
-    the latter ("ID_MATCH guard cannot be serialized": every Hugging Face model has one), and no
-    other process could satisfy them; torch 2.13's own default drops them too but misses a guard
-    whose derived types include one. What they guarded is the model's code and config, which the
-    namespace hash pins, and a replica checks every loaded function against eager before serving."""
+    """A guard filter for a function saved to run in other processes, on a module each process
+    builds itself: keep the guards on the call's own tensors (dtype, shape, strides, device) and on
+    the global state (grad mode, autocast and the rest); drop every other guard.
+
+    - Those on the model (its submodules' types, attributes, hooks and `training`, its parameters'
+      and buffers' metadata): the function is bound at load to the replica's module, built from
+      the config the namespace hash pins, and checked against eager before it serves; a replica
+      otherwise rebuilds them at each bucket's load, thousands for a conv net (docs/performance.md).
+    - Those on the call's structure (how many arguments, which keywords, constants passed): a
+      replica calls every bucket with inputs made the same way.
+    - Those no other process could satisfy: an object's identity (ID_MATCH and the like; Dynamo
+      refuses to save them, and every Hugging Face model has one), a global, a module's state.
+    Where every kept guard is of the first two kinds, Dynamo also leaves out of the file the
+    key-order guards and the global scope (the objects behind them would otherwise be needed at
+    load: a GPT-2 head's pytree registry cannot even be unpickled outside a trace)."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unportable = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ()))
+    portable = torch.compiler.keep_portable_guards_unsafe(entries)
     return [
-        not (
-            entry.is_global
+        kept
+        and not (
+            entry.orig_guard.source.is_unspecialized_nn_module()
+            or entry.orig_guard.source.is_specialized_nn_module()
             or entry.guard_type in unportable
             or unportable.intersection(entry.derived_guard_types)
             or _reached_through_an_import(entry.orig_guard.originating_source)
         )
-        for entry in entries
+        for kept, entry in zip(portable, entries, strict=True)
     ]
 
 

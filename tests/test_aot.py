@@ -326,6 +326,57 @@ print(type(got).__name__, (got["hidden"] - want["hidden"]).abs().max().item())
 """
 
 
+class Keyworded(torch.nn.Module):
+    """Submodules in a container, a buffer, an attribute read in forward and an input by keyword:
+    the model state a saved function's guards would otherwise hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())
+        self.register_buffer("shift", torch.full((8,), 0.5))
+        self.scale = 2.0
+
+    def forward(self, x, mask):
+        return self.layers(x) * self.scale * mask + self.shift
+
+
+@pytest.mark.slow
+def test_a_saved_function_guards_its_call_and_the_global_state_not_the_model(tmp_path, monkeypatch):
+    kept: list[list[tuple[str, str]]] = []  # per compile
+    shipped = ti.portable_guards
+
+    def recording(entries):
+        keep = shipped(entries)
+        kept.append([(entry.guard_type, entry.name) for entry, k in zip(entries, keep, strict=True) if k])
+        assert len(keep) > 3 * len(kept[-1])  # the model's own guards were there to drop
+        return keep
+
+    monkeypatch.setattr(ti, "portable_guards", recording)
+    torch.manual_seed(0)
+    model = Keyworded().eval()
+    x, mask = torch.randn(4, 8), torch.ones(4, 8)
+    (tmp_path / "ns").mkdir()
+    options = aot.compile_kwargs("default", {}, "inductor", "cpu")
+    rel = aot.build(model, [x], {"mask": mask}, tmp_path / "ns", 4, options)
+    aot.build(model, [x[:2]], {"mask": mask[:2]}, tmp_path / "ns", 2, options)  # the same options again
+    assert len(kept) == 2
+    for guards in kept:
+        assert {kind for kind, _ in guards} == {"TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"}
+        tensors = [name for kind, name in guards if kind == "TENSOR_MATCH"]
+        assert len(tensors) == 2 and sum("mask" in name for name in tensors) == 1  # x and mask, no weight
+
+    torch.manual_seed(0)
+    replica_model = Keyworded().eval()  # the replica's own module, built the same way
+    function = aot.load(tmp_path / "ns" / rel, replica_model)
+    with torch.no_grad():
+        other = torch.randn(4, 8)
+        assert torch.allclose(function(other, mask=mask), replica_model(other, mask=mask), atol=1e-5)
+        with pytest.raises(RuntimeError, match="[Gg]uard"):  # the call's own tensors are still guarded
+            function(torch.randn(3, 8), mask=mask[:3])
+    with pytest.raises(RuntimeError, match="[Gg]uard"):  # and the global state: grad mode here
+        function(other, mask=mask)
+
+
 @pytest.mark.slow
 def test_a_function_whose_code_names_modules_and_builtins_loads_in_a_fresh_process(tmp_path, monkeypatch):
     """Dynamo's code for a model returning an OrderedDict subclass (as Hugging Face models do) names
