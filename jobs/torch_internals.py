@@ -422,7 +422,7 @@ def portable_guards(entries: Any) -> list[bool]:
     - Those on the model (its submodules' types, attributes, hooks and `training`, its parameters'
       and buffers' metadata): the function is bound at load to the replica's module, built from
       the config the namespace hash pins, and checked against eager before it serves; a replica
-      otherwise rebuilds them at each bucket's load, thousands for a conv net (docs/performance.md).
+      otherwise rebuilds them at each bucket's load, about 3,000 for BERT-base (docs/performance.md).
     - Those on the call's structure (how many arguments, which keywords, constants passed): a
       replica calls every bucket with inputs made the same way.
     - Those no other process could satisfy: an object's identity (ID_MATCH and the like; Dynamo
