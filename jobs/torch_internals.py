@@ -427,9 +427,11 @@ def portable_guards(entries: Any) -> list[bool]:
       replica calls every bucket with inputs made the same way.
     - Those no other process could satisfy: an object's identity (ID_MATCH and the like; Dynamo
       refuses to save them, and every Hugging Face model has one), a global, a module's state.
-    Where every kept guard is of the first two kinds, Dynamo also leaves out of the file the
-    key-order guards and the global scope (the objects behind them would otherwise be needed at
-    load: a GPT-2 head's pytree registry cannot even be unpickled outside a trace)."""
+    Built on torch's keep_portable_guards_unsafe (tensors and the global state, the model's tensors
+    among them), less the model's tensors and any tensor whose guard also checks an identity or is
+    reached through an import. Where every kept guard is one torch calls portable, Dynamo also
+    leaves out of the file the key-order guards and the global scope, whose objects would
+    otherwise be needed at load."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unportable = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ()))
@@ -439,7 +441,6 @@ def portable_guards(entries: Any) -> list[bool]:
         and not (
             entry.orig_guard.source.is_unspecialized_nn_module()
             or entry.orig_guard.source.is_specialized_nn_module()
-            or entry.guard_type in unportable
             or unportable.intersection(entry.derived_guard_types)
             or _reached_through_an_import(entry.orig_guard.originating_source)
         )
