@@ -133,18 +133,21 @@ _isa_probe_lock = threading.Lock()
 
 def hash_triton_build() -> bool:
     """Compute the hash of Triton's build that Inductor keys every graph it loads from its cache
-    by, now, where Triton is usable; True where it did. Inductor computes it once per process, at
-    its first cache load: a hash of Triton's sources and of its native library (a third of a
+    by, now, where Triton is installed; True where it did. Inductor computes it once per process,
+    at its first cache load: a hash of Triton's sources and of its native library (a third of a
     second on a GPU host), nearly all of it hashing that lets go of the interpreter lock, so a
-    replica's loader computes it while the model builds. Never raises: a hash that fails here
-    fails again at the first load, which reports it."""
+    replica's loader computes it while the model builds. It calls Triton's own function, which
+    Triton memoises and Inductor's hash calls: torch's way to it imports Inductor's package and
+    with it Dynamo, on the loader's thread, beside a model's build that imports them too (timm's
+    and Hugging Face's do), which deadlocks Python's module locks at times and slows the build at
+    all others. Never raises: a hash that fails here fails again at the first load, which reports it."""
     try:
-        from torch.utils._triton import has_triton, triton_hash_with_backend
-
-        if not has_triton():
-            return False
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:  # where earlier Triton releases keep it
+            from triton.compiler.compiler import triton_key
         with _triton_hash_lock:  # a grid's slices each load: one hashes, the others find it done
-            triton_hash_with_backend()  # memoised: the first load reads it back
+            triton_key()
     except Exception:
         return False
     return True

@@ -347,6 +347,44 @@ def test_the_loader_hashes_tritons_build_beside_the_build_and_only_where_a_plan_
     assert hashed == [] and "triton's build hashed" not in [what for what, _ in served.info().events]
 
 
+HASH_IN_A_FRESH_PROCESS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])  # a Triton whose build hash records its calls
+import torch
+from orchestrator.jobs import torch_internals as ti
+before = set(sys.modules)
+hashed = ti.hash_triton_build()
+import triton.runtime.cache as cache
+imported = sorted(name for name in set(sys.modules) - before if name.startswith("torch"))
+print(json.dumps({"hashed": hashed, "calls": cache.calls, "imported": imported}))
+"""
+
+
+def test_the_loaders_hash_of_tritons_build_imports_nothing_of_torch(tmp_path):
+    """The hash runs on the loader's thread while the caller builds the model, whose imports (timm's,
+    Hugging Face's) bring in Dynamo and Inductor's package: the hash must import none of torch's
+    modules, or the two threads' imports can deadlock. It calls Triton's own memoised hash, the
+    one Inductor's first load reads back."""
+    runtime_dir = tmp_path / "triton" / "runtime"
+    runtime_dir.mkdir(parents=True)
+    (tmp_path / "triton" / "__init__.py").write_text("")
+    (runtime_dir / "__init__.py").write_text("")
+    (runtime_dir / "cache.py").write_text(
+        "import functools\ncalls = []\n\n@functools.lru_cache()\ndef triton_key():\n"
+        "    calls.append('hashed')\n    return 'a build'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", HASH_IN_A_FRESH_PROCESS, str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == {"hashed": True, "calls": ["hashed"], "imported": []}
+
+
 def test_on_the_cpu_the_loader_probes_the_cpu_beside_the_compilers_imports(rows_config, tmp_path, monkeypatch):
     """Inductor's first C++ kernel load probes the CPU's vector instructions in a child Python: on
     the CPU the loader runs that probe on a thread of its own while it imports the compiler and
