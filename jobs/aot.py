@@ -2,7 +2,8 @@
 ahead-of-time compile (`torch.compile(model, fullgraph=True).forward.aot_compile`) and saved with
 `save_compiled_function`; a replica loads it with `torch.compiler.load_compiled_function`, which
 brings back Dynamo's guards and Inductor's compiled code as they were: no tracing, no Inductor
-cache lookups.
+cache lookups, and, in a process that compiles nothing, no import of Inductor's compiler
+(torch_internals.compiler_left_out).
 
 The model itself is not in the file: it is named as external data and handed back at load, so the
 replica's own module (its weights) is what the function runs on, and a file stays the size of its
@@ -120,6 +121,6 @@ def check_platform(built_for: Mapping[str, Any], here: Platform) -> None:
 
 def load(path: Path, model: torch.nn.Module) -> Any:
     """The saved function, bound to `model`: call it as the model's forward."""
-    with open(path, "rb") as file, ti.aot_compile_enabled():
+    with open(path, "rb") as file, ti.aot_compile_enabled(), ti.compiler_left_out():
         function = torch.compiler.load_compiled_function(file, external_data={MODEL_KEY: model})
     return functools.partial(function, model) if ti.saved_function_takes_self(function) else function

@@ -656,10 +656,8 @@ class _Loader:
         settled: set[int] = set()
         frames: Optional[ti.CounterWindow] = None
         try:
-            with self._probing_the_cpu() as probing:
+            with self._probing_the_cpu():
                 frames = self._import_what_plans_need()
-                if probing:  # more imports beside the probe, which the first load would make alone
-                    ti.import_what_generated_code_imports()
             failure = self._load_buckets(settled)
         except Exception as exc:  # the loader's own fault: every bucket not yet settled stays on eager
             failure = exc
@@ -678,19 +676,19 @@ class _Loader:
         return {bucket: self._plans[bucket] for bucket in self.spec.buckets if bucket in self._plans}
 
     @contextlib.contextmanager
-    def _probing_the_cpu(self) -> Iterator[bool]:
+    def _probing_the_cpu(self) -> Iterator[None]:
         """On the CPU, where a plan compiles: Inductor's probe of the host's vector instructions
-        runs on a thread of its own while the block runs (imports), and is over when it ends; the
-        block is told whether it runs. Inductor runs that probe once per process at its first C++
-        kernel load, and nearly all of it waits for a child Python, without the interpreter lock."""
+        runs on a thread of its own while the block runs (imports), and is over when it ends.
+        Inductor runs that probe once per process at its first C++ kernel load, and nearly all of
+        it waits for a child Python, without the interpreter lock."""
         if self.device.type != "cpu" or not self._plans_compile():
-            yield False
+            yield
             return
         probe = ti.cpu_vector_isa_probe()  # its imports on this thread, before the compiler's
         thread = threading.Thread(target=probe, name="orchestrate-isa-probe", daemon=True)
         thread.start()
         try:
-            yield True
+            yield
         finally:
             thread.join()  # else the first load would probe again beside it
             self.events.add("cpu probed")

@@ -117,14 +117,136 @@ def import_compiler(*, to_compile: bool) -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
-def import_what_generated_code_imports() -> None:
-    """Import the modules every graph Inductor generates imports at its load (its compiler's
-    kernel choices and memory planner among them: the better part of a second of Python), which
-    the first load would import otherwise. Where torch names them otherwise, nothing: the load
-    imports what it needs."""
-    for name in ("torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning"):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+# Library kernels that Inductor's registry of them (`extern_kernels`, filled as its compiler's
+# kernel modules import) gives under the name of torch's own function, the same object on torch
+# 2.11 to 2.13; the tests hold the installed torch to it.
+TORCH_EXTERN_KERNELS = frozenset(
+    {
+        "_grouped_mm",
+        "_int_mm",
+        "_scaled_grouped_mm",
+        "_scaled_mm",
+        "_sparse_semi_structured_mm",
+        "_weight_int8pack_mm",
+        "addmm",
+        "baddbmm",
+        "bmm",
+        "convolution",
+        "mm",
+    }
+)
+_SELECT_ALGORITHM = "torch._inductor.select_algorithm"
+
+
+class _CompilerStandIn(types.ModuleType):
+    """One of Inductor's compiler modules as a saved function's load reads it: the few names the
+    load and its generated code take from it, at the values they have in a process that has
+    compiled nothing. Any other name, and every name once the real module is imported, is the real
+    module's, imported then."""
+
+    def __init__(self, name: str, names: Mapping[str, Any]) -> None:
+        super().__init__(name)
+        self._stand_in_names = dict(names)
+
+    def __getattr__(self, attr: str) -> Any:
+        found = sys.modules.get(self.__name__)
+        if (found is None or found is self) and attr in self._stand_in_names:
+            return self._stand_in_names[attr]
+        if attr.startswith("__"):  # what importlib and inspect probe modules for
+            raise AttributeError(attr)
+        return getattr(_real_module(self.__name__), attr)
+
+
+def _real_module(name: str) -> types.ModuleType:
+    if isinstance(sys.modules.get(name), _CompilerStandIn):
+        sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+class _ExternKernels:
+    """Inductor's registry of the library kernels its generated code calls (`extern_kernels.mm`),
+    without the compiler that fills it: a name in TORCH_EXTERN_KERNELS is torch's own function;
+    any other is the real registry's, the compiler imported then."""
+
+    def __getattr__(self, name: str) -> Any:
+        found = sys.modules.get(_SELECT_ALGORITHM)
+        if (found is None or isinstance(found, _CompilerStandIn)) and name in TORCH_EXTERN_KERNELS:
+            kernel = getattr(torch, name)
+        else:
+            kernel = getattr(_real_module(_SELECT_ALGORITHM).extern_kernels, name)
+        setattr(self, name, kernel)  # the registry never renames a kernel: looked up once
+        return kernel
+
+
+def _align(*args: Any, **kwargs: Any) -> Any:
+    """The memory planner's alignment, imported at its first use: only a graph compiled with
+    Inductor's memory planning calls it."""
+    return _real_module("torch._inductor.codegen.memory_planning")._align(*args, **kwargs)
+
+
+class _GraphLowering:
+    save_output_code = None  # a hook for tests of torch's own, set by none in a serving process
+
+
+# What a saved function's load reads from Inductor's compiler (torch 2.11 to 2.13): the generated
+# module's imports of `extern_kernels` and `_align`; the loader's check of a hook for tests on
+# GraphLowering; and, at every call of the function, whether Inductor's debug module records the
+# order of executions (only a function of that module turns it on, so in a process that has not
+# imported it, it is off).
+_STAND_INS: dict[str, dict[str, Any]] = {
+    _SELECT_ALGORITHM: {"extern_kernels": _ExternKernels()},
+    "torch._inductor.codegen.memory_planning": {"_align": _align},
+    "torch._inductor.graph": {"GraphLowering": _GraphLowering},
+    "torch._inductor.debug": {
+        "RECORD_GRAPH_EXECUTION": False,
+        "GRAPH_EXECUTION_ORDER": None,
+        "GRAPH_COMPILE_IDS": None,
+    },
+}
+_READ_AT_EVERY_CALL = {"torch._inductor.debug"}  # stays its package's attribute after the load
+_stand_ins_lock = threading.Lock()
+_stand_ins_placed: list[_CompilerStandIn] = []
+_loads_without_the_compiler = 0
+
+
+@contextlib.contextmanager
+def compiler_left_out() -> Iterator[None]:
+    """While the block runs, a saved function loads without importing Inductor's compiler.
+
+    Every graph Inductor generates imports its compiler's kernel choices and memory planner, and
+    torch's loader imports its graph lowering after each graph: the lowering table, the
+    decompositions and every kernel template, the better part of a second of Python that a
+    replica pays between answering and its first bucket on plan, for a compiler the load never
+    runs. Those modules not yet imported are stood in for by what the load reads from them
+    (_STAND_INS); anything else imports the real module. Where the compiler is imported already
+    (a warmup, a replica that compiles), nothing changes. Loads on several threads share one set
+    of stand-ins, taken away when the last ends."""
+    global _loads_without_the_compiler
+    with _stand_ins_lock:
+        if _loads_without_the_compiler == 0:
+            for name, names in _STAND_INS.items():
+                if name in sys.modules:
+                    continue
+                parent, _, child = name.rpartition(".")
+                stand_in = _CompilerStandIn(name, names)
+                setattr(importlib.import_module(parent), child, stand_in)
+                sys.modules[name] = stand_in
+                _stand_ins_placed.append(stand_in)
+        _loads_without_the_compiler += 1
+    try:
+        yield
+    finally:
+        with _stand_ins_lock:
+            _loads_without_the_compiler -= 1
+            if _loads_without_the_compiler == 0:
+                for stand_in in _stand_ins_placed:
+                    name = stand_in.__name__
+                    if sys.modules.get(name) is stand_in:
+                        del sys.modules[name]
+                    parent, _, child = name.rpartition(".")
+                    if name not in _READ_AT_EVERY_CALL and getattr(sys.modules[parent], child, None) is stand_in:
+                        delattr(sys.modules[parent], child)
+                _stand_ins_placed.clear()
 
 
 _triton_hash_lock = threading.Lock()

@@ -419,6 +419,99 @@ def test_a_function_whose_code_names_modules_and_builtins_loads_in_a_fresh_proce
     assert kind == "Out" and float(error) < 1e-5
 
 
+STACK_MODEL = """
+import torch
+
+class Stack(torch.nn.Module):  # library matmuls (extern kernels) between generated C++ kernels
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 8)
+        )
+
+    def forward(self, x):
+        return self.layers(x).relu()
+"""
+
+LOAD_WITHOUT_THE_COMPILER = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import stack_model
+from orchestrator.jobs import aot
+
+COMPILER = ["torch._inductor.lowering", "torch._inductor.graph", "torch._inductor.select_algorithm",
+            "torch._inductor.codegen.memory_planning", "torch._inductor.debug", "torch._inductor.compile_fx"]
+torch.manual_seed(0)
+model = stack_model.Stack().eval()
+x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+before = [name for name in COMPILER if name in sys.modules]
+function = aot.load(__import__("pathlib").Path(sys.argv[2]), model)
+with torch.no_grad():
+    error = (function(x) - model(x)).abs().max().item()
+after = [name for name in COMPILER if name in sys.modules]
+off = torch._inductor.debug.RECORD_GRAPH_EXECUTION  # read by every call: stays readable, and off
+import torch._inductor.select_algorithm as real  # the compiler, once something imports it
+import torch._inductor.debug
+with torch.no_grad():
+    again = (function(x) - model(x)).abs().max().item()
+print(json.dumps({"before": before, "after": after, "error": error, "again": again, "off": off,
+                  "real": hasattr(real, "autotune_select_algorithm"), "debug": type(torch._inductor.debug).__name__}))
+"""
+
+
+@pytest.mark.slow
+def test_a_process_that_compiles_nothing_loads_a_saved_function_without_importing_the_compiler(tmp_path, monkeypatch):
+    """Inductor's generated code and torch's loader import its compiler (the lowering table, every
+    kernel template: most of a second of Python at a replica's first load) for names a load only
+    reads: in a process that compiles nothing, the load reads stand-ins instead, the function
+    answers as eager does, and a later import of the compiler gets the real modules."""
+    (tmp_path / "stack_model.py").write_text(STACK_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import stack_model
+
+    torch.manual_seed(0)
+    model = stack_model.Stack().eval()
+    (tmp_path / "ns").mkdir()
+    rel = aot.build(model, [torch.randn(4, 8)], {}, tmp_path / "ns", 4, aot.compile_kwargs(None, {}, "inductor", "cpu"))
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_WITHOUT_THE_COMPILER, str(tmp_path), str(tmp_path / "ns" / rel)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout)
+    assert seen["before"] == [] and seen["after"] == []
+    assert seen["error"] < 1e-5 and seen["again"] < 1e-5 and seen["off"] is False
+    assert seen["real"] and seen["debug"] == "module"
+
+
+def test_the_kernels_a_saved_function_finds_by_torchs_names_are_torchs_own():
+    """The stand-in registry gives a generated graph's library kernels by torch's own functions of
+    their names: this torch's registry must hold those very functions under them."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    registered = vars(extern_kernels)
+    for name in ti.TORCH_EXTERN_KERNELS:
+        assert name in registered and registered[name] is getattr(torch, name), name
+    assert not any(isinstance(module, ti._CompilerStandIn) for module in sys.modules.values())
+
+
+def test_a_stand_in_gives_way_to_the_real_module_for_any_name_it_does_not_hold():
+    """A name the stand-ins do not hold, or any name once the compiler is imported, is the
+    compiler's own, and a kernel outside torch's names comes from the real registry."""
+    import torch._inductor.graph as graph
+    from torch._inductor.select_algorithm import extern_kernels
+
+    stand_in = ti._CompilerStandIn("torch._inductor.graph", {"GraphLowering": object})
+    assert stand_in.GraphLowering is graph.GraphLowering  # the real module is imported: it answers
+    assert stand_in.__name__ == "torch._inductor.graph" and not hasattr(stand_in, "__wrapped__")
+    kernels = ti._ExternKernels()
+    assert kernels.mm is torch.mm and kernels.bias_addmm is extern_kernels.bias_addmm
+
+
 def test_the_aot_builder_reports_why_it_built_nothing_and_leaves_nothing_staged(tmp_path, monkeypatch):
     monkeypatch.setenv("AOT_BUILDER", "fails")
     spec = load_spec(config(tmp_path, "deep"))
