@@ -47,7 +47,9 @@ on plan and slowest bucket load; the figures above it are the usual replica's.
 early (as --compare-early-imports), late_hash (--compare-late-triton-hash: the loader leaves
 Triton's build hash, which it computes beside the build, to the first load, as Inductor otherwise
 does), late_isa (on the CPU, the loader leaves Inductor's probe of the CPU's vector instructions,
-which it runs beside the compiler's imports, to the first load).
+which it runs beside the compiler's imports, to the first load), with_compiler (saved functions
+load importing Inductor's compiler, as torch's loader and their generated code do, where a replica
+otherwise loads them with stand-ins for the names they read from it).
 --switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
 ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
 thread beside it (the loader's pull, or its imports) to let go.
@@ -87,6 +89,7 @@ COMPARED = {
     "early": ("imports beside the build", {"REPLICA_START_EARLY_IMPORTS": "1"}),
     "late_hash": ("Triton's build hashed at the first load", {"REPLICA_START_LATE_TRITON_HASH": "1"}),
     "late_isa": ("the CPU probed at the first load", {"REPLICA_START_LATE_ISA_PROBE": "1"}),
+    "with_compiler": ("loads importing the compiler", {"REPLICA_START_WITH_COMPILER": "1"}),
 }
 
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
@@ -115,6 +118,10 @@ if os.environ.get("REPLICA_START_LATE_TRITON_HASH"):  # Triton's build hashed at
 if os.environ.get("REPLICA_START_LATE_ISA_PROBE"):  # the CPU probed at the first load, by Inductor
     from orchestrator.jobs import torch_internals as _ti
     _ti.cpu_vector_isa_probe = lambda: (lambda: None)
+if os.environ.get("REPLICA_START_WITH_COMPILER"):  # saved functions load importing Inductor's compiler
+    import contextlib
+    from orchestrator.jobs import torch_internals as _ti
+    _ti.compiler_left_out = contextlib.nullcontext
 from orchestrator import runtime
 if profile_to:  # from the load's start, as its milestones are timed
     loader_samples = ThreadSampler("orchestrate-replica-loader").start()
