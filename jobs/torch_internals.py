@@ -150,7 +150,8 @@ class _CompilerStandIn(types.ModuleType):
 
     def __getattr__(self, attr: str) -> Any:
         found = sys.modules.get(self.__name__)
-        if (found is None or found is self) and attr in self._stand_in_names:
+        mine = self.__name__ not in _ONLY_TO_LOADS or getattr(_this_thread, "loads", 0) > 0
+        if (found is None or found is self) and attr in self._stand_in_names and mine:
             return self._stand_in_names[attr]
         if attr.startswith("__"):  # what importlib and inspect probe modules for
             raise AttributeError(attr)
@@ -188,13 +189,23 @@ class _GraphLowering:
     save_output_code = None  # a hook for tests of torch's own, set by none in a serving process
 
 
-# What a saved function's load reads from Inductor's compiler (torch 2.11 to 2.13): the generated
-# module's imports of `extern_kernels` and `_align`; the loader's check of a hook for tests on
-# GraphLowering; and, at every call of the function, whether Inductor's debug module records the
-# order of executions (only a function of that module turns it on, so in a process that has not
-# imported it, it is off).
+def _clone_preserve_strides(tensor: torch.Tensor) -> torch.Tensor:
+    """What the compiler's module re-exports from Inductor's utilities, which the load imports."""
+    from torch._inductor.utils import clone_preserve_strides
+
+    return clone_preserve_strides(tensor)
+
+
+# What a saved function's load and first calls read from Inductor's compiler (torch 2.11 to
+# 2.13): the generated module's imports of `extern_kernels` and `_align`; the loader's check of a
+# hook for tests on GraphLowering; the autotuning of a Triton kernel at its first launch, which
+# clones the arguments with compile_fx's `clone_preserve_strides` (a reduction kernel gets a
+# second config to choose between at every load, its block size scaled to the GPU's registers);
+# and, at every call, whether Inductor's debug module records the order of executions (only a
+# function of that module turns it on, so in a process that has not imported it, it is off).
 _STAND_INS: dict[str, dict[str, Any]] = {
     _SELECT_ALGORITHM: {"extern_kernels": _ExternKernels()},
+    "torch._inductor.compile_fx": {"clone_preserve_strides": _clone_preserve_strides},
     "torch._inductor.codegen.memory_planning": {"_align": _align},
     "torch._inductor.graph": {"GraphLowering": _GraphLowering},
     "torch._inductor.debug": {
@@ -204,6 +215,10 @@ _STAND_INS: dict[str, dict[str, Any]] = {
     },
 }
 _READ_AT_EVERY_CALL = {"torch._inductor.debug"}  # stays its package's attribute after the load
+# stand-ins no compile could use in the real one's place (a class with a hook and nothing else):
+# given only to threads inside compiler_left_out(), while another thread, compiling, gets the real one
+_ONLY_TO_LOADS = {"torch._inductor.graph"}
+_this_thread = threading.local()  # .loads: how deep this thread is in compiler_left_out()
 _stand_ins_lock = threading.Lock()
 _stand_ins_placed: list[_CompilerStandIn] = []
 _loads_without_the_compiler = 0
@@ -211,16 +226,18 @@ _loads_without_the_compiler = 0
 
 @contextlib.contextmanager
 def compiler_left_out() -> Iterator[None]:
-    """While the block runs, a saved function loads without importing Inductor's compiler.
+    """While the block runs, a saved function loads and makes its first calls without importing
+    Inductor's compiler.
 
-    Every graph Inductor generates imports its compiler's kernel choices and memory planner, and
-    torch's loader imports its graph lowering after each graph: the lowering table, the
-    decompositions and every kernel template, the better part of a second of Python that a
-    replica pays between answering and its first bucket on plan, for a compiler the load never
-    runs. Those modules not yet imported are stood in for by what the load reads from them
-    (_STAND_INS); anything else imports the real module. Where the compiler is imported already
-    (a warmup, a replica that compiles), nothing changes. Loads on several threads share one set
-    of stand-ins, taken away when the last ends."""
+    Every graph Inductor generates imports its compiler's kernel choices and memory planner,
+    torch's loader imports its graph lowering after each graph, and a kernel that autotunes at its
+    first launch imports the compiler's entry point: the lowering table, the decompositions and
+    every kernel template, the better part of a second of Python that a replica pays between
+    answering and its first bucket on plan, for a compiler the load never runs. Those modules
+    not yet imported are stood in for by what the load reads from them (_STAND_INS); anything
+    else imports the real module. Where the compiler is imported already (a warmup, a replica
+    that compiles), nothing changes. Loads on several threads share one set of stand-ins, taken
+    away when the last ends; a thread compiling meanwhile gets the real compiler."""
     global _loads_without_the_compiler
     with _stand_ins_lock:
         if _loads_without_the_compiler == 0:
@@ -233,9 +250,11 @@ def compiler_left_out() -> Iterator[None]:
                 sys.modules[name] = stand_in
                 _stand_ins_placed.append(stand_in)
         _loads_without_the_compiler += 1
+    _this_thread.loads = getattr(_this_thread, "loads", 0) + 1
     try:
         yield
     finally:
+        _this_thread.loads -= 1
         with _stand_ins_lock:
             _loads_without_the_compiler -= 1
             if _loads_without_the_compiler == 0:

@@ -488,6 +488,48 @@ def test_a_process_that_compiles_nothing_loads_a_saved_function_without_importin
     assert seen["real"] and seen["debug"] == "module"
 
 
+COMPILE_BESIDE_A_LOAD = """
+import threading, torch
+from orchestrator.jobs import torch_internals as ti
+
+weight = torch.randn(16, 16)
+def f(x):
+    return torch.nn.functional.gelu(x @ weight) + 1
+
+x, errors = torch.randn(8, 16), []
+def compile_and_call():
+    try:
+        got = torch.compile(f)(x)
+        errors.append((got - f(x)).abs().max().item())
+    except Exception as exc:
+        errors.append(repr(exc))
+
+with ti.compiler_left_out():  # a load on this thread holds the stand-ins while the other compiles
+    thread = threading.Thread(target=compile_and_call)
+    thread.start()
+    thread.join()
+print(errors[0])
+"""
+
+
+@pytest.mark.slow
+def test_a_thread_that_compiles_beside_a_load_without_the_compiler_gets_the_real_compiler(tmp_path):
+    """A replica's loader threads may load saved functions while another compiles (a grid's
+    slices): the stand-ins are placed for the whole process, and the compiling thread must get
+    Inductor's real graph lowering, not the load's stand-in for it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE_BESIDE_A_LOAD],
+        cwd=ROOT,
+        # an empty cache: a compile, where a cache hit would lower nothing
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(proc.stdout.strip().splitlines()[-1]) < 1e-5, proc.stdout[-2000:]
+
+
 def test_the_kernels_a_saved_function_finds_by_torchs_names_are_torchs_own():
     """The stand-in registry gives a generated graph's library kernels by torch's own functions of
     their names: this torch's registry must hold those very functions under them."""
@@ -510,6 +552,10 @@ def test_a_stand_in_gives_way_to_the_real_module_for_any_name_it_does_not_hold()
     assert stand_in.__name__ == "torch._inductor.graph" and not hasattr(stand_in, "__wrapped__")
     kernels = ti._ExternKernels()
     assert kernels.mm is torch.mm and kernels.bias_addmm is extern_kernels.bias_addmm
+    strided = torch.randn(4, 6).t()  # what an autotuning kernel clones, strides kept
+    clone = ti._clone_preserve_strides(strided)
+    assert clone.stride() == strided.stride() and torch.equal(clone, strided)
+    assert clone.data_ptr() != strided.data_ptr()
 
 
 def test_the_aot_builder_reports_why_it_built_nothing_and_leaves_nothing_staged(tmp_path, monkeypatch):
