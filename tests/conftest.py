@@ -45,6 +45,21 @@ def orchestrate(
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def fresh_python(script: str, *args: str, env: dict[str, str] | None = None, timeout: int = 600) -> str:
+    """Run `script` in a fresh interpreter with the repository importable, as a new replica
+    process starts; its stdout, once it has exited 0 (else the test fails with its stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 def assert_measured(record: dict, *, benchmarked: bool = True) -> None:
     """An "ok" bucket record (orchestrator.jobs.records.BucketResult as a dict) holds real measurements, not
     just any value: NaN passes `> 0` and `is not None` checks, so every number is checked finite.

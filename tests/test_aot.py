@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, orchestrate
+from conftest import ROOT, fresh_python, orchestrate
 
 from orchestrator.cache.manifest import SigningKey
 from orchestrator.cache.namespace import Platform
@@ -406,16 +406,7 @@ def test_a_function_whose_code_names_modules_and_builtins_loads_in_a_fresh_proce
     (tmp_path / "ns").mkdir()
     options = aot.compile_kwargs("default", {}, "inductor", "cpu")
     rel = aot.build(model, [x], {}, tmp_path / "ns", 4, options)
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH_LOAD, str(tmp_path), str(tmp_path / "ns" / rel)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    kind, error = proc.stdout.split()
+    kind, error = fresh_python(FRESH_LOAD, str(tmp_path), str(tmp_path / "ns" / rel)).split()
     assert kind == "Out" and float(error) < 1e-5
 
 
@@ -473,16 +464,7 @@ def test_a_process_that_compiles_nothing_loads_a_saved_function_without_importin
     model = stack_model.Stack().eval()
     (tmp_path / "ns").mkdir()
     rel = aot.build(model, [torch.randn(4, 8)], {}, tmp_path / "ns", 4, aot.compile_kwargs(None, {}, "inductor", "cpu"))
-    proc = subprocess.run(
-        [sys.executable, "-c", LOAD_WITHOUT_THE_COMPILER, str(tmp_path), str(tmp_path / "ns" / rel)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout)
+    seen = json.loads(fresh_python(LOAD_WITHOUT_THE_COMPILER, str(tmp_path), str(tmp_path / "ns" / rel)))
     assert seen["before"] == [] and seen["after"] == []
     assert seen["error"] < 1e-5 and seen["again"] < 1e-5 and seen["off"] is False
     assert seen["real"] and seen["debug"] == "module"
@@ -517,17 +499,9 @@ def test_a_thread_that_compiles_beside_a_load_without_the_compiler_gets_the_real
     """A replica's loader threads may load saved functions while another compiles (a grid's
     slices): the stand-ins are placed for the whole process, and the compiling thread must get
     Inductor's real graph lowering, not the load's stand-in for it."""
-    proc = subprocess.run(
-        [sys.executable, "-c", COMPILE_BESIDE_A_LOAD],
-        cwd=ROOT,
-        # an empty cache: a compile, where a cache hit would lower nothing
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert float(proc.stdout.strip().splitlines()[-1]) < 1e-5, proc.stdout[-2000:]
+    # an empty cache: a compile, where a cache hit would lower nothing
+    out = fresh_python(COMPILE_BESIDE_A_LOAD, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert float(out.strip().splitlines()[-1]) < 1e-5, out[-2000:]
 
 
 def test_the_kernels_a_saved_function_finds_by_torchs_names_are_torchs_own():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, loads_settled, orchestrate
+from conftest import ROOT, fresh_python, loads_settled, orchestrate
 
 from orchestrator import runtime
 from orchestrator.config import load_spec
@@ -373,16 +373,8 @@ def test_the_loaders_hash_of_tritons_build_imports_nothing_of_torch(tmp_path):
         "import functools\ncalls = []\n\n@functools.lru_cache()\ndef triton_key():\n"
         "    calls.append('hashed')\n    return 'a build'\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", HASH_IN_A_FRESH_PROCESS, str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout) == {"hashed": True, "calls": ["hashed"], "imported": []}
+    seen = json.loads(fresh_python(HASH_IN_A_FRESH_PROCESS, str(tmp_path)))
+    assert seen == {"hashed": True, "calls": ["hashed"], "imported": []}
 
 
 def test_on_the_cpu_the_loader_probes_the_cpu_beside_the_compilers_imports(rows_config, tmp_path, monkeypatch):
