@@ -7,7 +7,7 @@ cache lookups, and, in a process that compiles nothing, no import of Inductor's 
 
 The model itself is not in the file: it is named as external data and handed back at load, so the
 replica's own module (its weights) is what the function runs on, and a file stays the size of its
-code. Files live in the namespace directory as `aot/b<bucket>-<sha256 prefix>.bin`, published,
+code. Files live in the namespace directory as `aot/b<bucket>-<FORMAT>-<sha256 prefix>.bin`, published,
 signed and verified with every other cache file. The serving plan names the bucket's file and the
 platform it was built for; a replica elsewhere refuses it before loading (`PlatformMismatch`).
 
@@ -35,6 +35,11 @@ from orchestrator.jobs.variants import graphed_compile
 
 AOT_DIR = "aot"  # in the namespace directory
 MODEL_KEY = "model"  # the external data a saved function is bound to: the replica's module
+# What a saved function holds beyond torch's own format, named in its file: a warm namespace
+# reuses only functions of this format and builds the others again. "g1": the guards on the call's
+# own tensors and on the global state, no others (torch_internals.portable_guards); those saved
+# before held the model's guards too, which every load of them rebuilds.
+FORMAT = "g1"
 
 
 class Unexportable(RuntimeError):
@@ -49,7 +54,12 @@ class PlatformMismatch(RuntimeError):
 
 def file_name(bucket: int, path: Path) -> str:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return f"{AOT_DIR}/b{bucket}-{digest}.bin"
+    return f"{current_prefix(bucket)}{digest}.bin"
+
+
+def current_prefix(bucket: int) -> str:
+    """How the name of a bucket's function of the current FORMAT begins, from the namespace directory."""
+    return f"{AOT_DIR}/b{bucket}-{FORMAT}-"
 
 
 def compile_kwargs(mode: Optional[str], options: Mapping[str, Any], backend: str, device_type: str) -> dict[str, Any]:

@@ -1032,12 +1032,14 @@ def _served(call: Callable[[], Any], copier: Optional[copies.Copier]) -> Callabl
 
 
 def _existing_function(directory: Path, bucket: int) -> Optional[str]:
-    """The bucket's aot function in the namespace directory: the one its serving plan names, else
-    any (every one there was built for this namespace's model, config and platform)."""
+    """The bucket's aot function of the current format in the namespace directory: the one its
+    serving plan names, else any (every one there was built for this namespace's model, config and
+    platform). One of an earlier format is left to the replicas whose plans name it."""
+    prefix = aot.current_prefix(bucket)
     planned = read_plans(directory).get(bucket, {}).get("artifacts", {}).get("aot")
-    if planned and (directory / planned["path"]).is_file():
+    if planned and planned["path"].startswith(prefix) and (directory / planned["path"]).is_file():
         return planned["path"]
-    found = sorted((directory / aot.AOT_DIR).glob(f"b{bucket}-*.bin"))
+    found = sorted(directory.glob(f"{prefix}*.bin"))
     return found[0].relative_to(directory).as_posix() if found else None
 
 

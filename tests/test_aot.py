@@ -252,9 +252,31 @@ def test_a_saved_function_lives_under_its_bucket_and_content(tmp_path):
     saved = tmp_path / "f.bin"
     saved.write_bytes(b"function bytes")
     name = aot.file_name(8, saved)
-    assert name.startswith("aot/b8-") and len(name) == len("aot/b8-") + 16 + len(".bin")
+    assert name.startswith("aot/b8-g1-") and len(name) == len("aot/b8-g1-") + 16 + len(".bin")
     saved.write_bytes(b"other bytes")
     assert aot.file_name(8, saved) != name
+
+
+def test_a_warm_rerun_reuses_only_saved_functions_of_the_current_format(tmp_path):
+    """A function saved in an earlier format (with the model's guards, whose rebuilding every load
+    pays) is not what a rerun keeps: it builds the bucket's function again, while replicas whose
+    plans name the old file still load it. One of the current format is kept, planned or not."""
+    from orchestrator.jobs.engine import _existing_function
+
+    spec = load_spec(config(tmp_path, "deep"))
+    namespace_dir = tmp_path / "ns"
+    (namespace_dir / aot.AOT_DIR).mkdir(parents=True)
+    older = "aot/b4-0123456789abcdef.bin"  # as saved before the format was named
+    (namespace_dir / older).write_bytes(b"a function with the model's guards")
+    measured = {"eager": VariantMeasure(ok=True, ms=1.0), "aot": VariantMeasure(ok=True, ms=0.5)}
+    write_plan(namespace_dir, spec, BucketResult(4, variant="aot", variants=measured), {"aot": {"path": older}})
+    assert _existing_function(namespace_dir, 4) is None
+
+    (namespace_dir / "current.bin").write_bytes(b"a function of the current format")
+    current = aot.file_name(4, namespace_dir / "current.bin")
+    (namespace_dir / "current.bin").rename(namespace_dir / current)
+    assert current.startswith(f"aot/b4-{aot.FORMAT}-") and _existing_function(namespace_dir, 4) == current
+    assert _existing_function(namespace_dir, 1) is None  # another bucket's is not this one's
 
 
 @pytest.mark.slow
