@@ -49,7 +49,8 @@ Triton's build hash, which it computes beside the build, to the first load, as I
 does), late_isa (on the CPU, the loader leaves Inductor's probe of the CPU's vector instructions,
 which it runs beside the compiler's imports, to the first load), with_compiler (saved functions
 load importing Inductor's compiler, as torch's loader and their generated code do, where a replica
-otherwise loads them with stand-ins for the names they read from it).
+otherwise loads them with stand-ins for the names they read from it), with_copy (each load keeps
+the deep copy of its function's state that torch makes for a later save, where a replica skips it).
 --switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
 ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
 thread beside it (the loader's pull, or its imports) to let go.
@@ -90,6 +91,7 @@ COMPARED = {
     "late_hash": ("Triton's build hashed at the first load", {"REPLICA_START_LATE_TRITON_HASH": "1"}),
     "late_isa": ("the CPU probed at the first load", {"REPLICA_START_LATE_ISA_PROBE": "1"}),
     "with_compiler": ("loads importing the compiler", {"REPLICA_START_WITH_COMPILER": "1"}),
+    "with_copy": ("loads keeping a copy to save", {"REPLICA_START_WITH_COPY": "1"}),
 }
 
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
@@ -122,6 +124,10 @@ if os.environ.get("REPLICA_START_WITH_COMPILER"):  # saved functions load import
     import contextlib
     from orchestrator.jobs import torch_internals as _ti
     _ti.compiler_left_out = contextlib.nullcontext
+if os.environ.get("REPLICA_START_WITH_COPY"):  # each load deep-copies its function's state, as torch's does
+    import contextlib
+    from orchestrator.jobs import torch_internals as _ti
+    _ti.loaded_without_a_copy_to_save = contextlib.nullcontext
 from orchestrator import runtime
 if profile_to:  # from the load's start, as its milestones are timed
     loader_samples = ThreadSampler("orchestrate-replica-loader").start()

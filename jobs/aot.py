@@ -130,9 +130,15 @@ def check_platform(built_for: Mapping[str, Any], here: Platform) -> None:
 
 
 def load(path: Path, model: torch.nn.Module) -> Any:
-    """The saved function, bound to `model`: call it as the model's forward. Its first calls
-    (on CUDA, the autotuning of a kernel or two) read Inductor's compiler as its load does: a
-    caller that compiles nothing makes them inside torch_internals.compiler_left_out() too."""
-    with open(path, "rb") as file, ti.aot_compile_enabled(), ti.compiler_left_out():
+    """The saved function, bound to `model`: call it as the model's forward (it cannot be saved
+    again: torch_internals.loaded_without_a_copy_to_save). Its first calls (on CUDA, the
+    autotuning of a kernel or two) read Inductor's compiler as its load does: a caller that
+    compiles nothing makes them inside torch_internals.compiler_left_out() too."""
+    with (
+        open(path, "rb") as file,
+        ti.aot_compile_enabled(),
+        ti.compiler_left_out(),
+        ti.loaded_without_a_copy_to_save(),
+    ):
         function = torch.compiler.load_compiled_function(file, external_data={MODEL_KEY: model})
     return functools.partial(function, model) if ti.saved_function_takes_self(function) else function

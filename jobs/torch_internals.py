@@ -11,6 +11,7 @@ import importlib
 import inspect
 import logging
 import os
+import pickle
 import platform as host_platform
 import sys
 import tempfile
@@ -266,6 +267,64 @@ def compiler_left_out() -> Iterator[None]:
                     if name not in _READ_AT_EVERY_CALL and getattr(sys.modules[parent], child, None) is stand_in:
                         delattr(sys.modules[parent], child)
                 _stand_ins_placed.clear()
+
+
+_AOT_RESULTS = "torch._functorch._aot_autograd.aot_autograd_result"
+_no_copy_lock = threading.Lock()
+
+
+class NoCopyToSave:
+    """What a function loaded to be called keeps in place of the copy torch keeps to save it
+    again: nothing, and saving it says why."""
+
+    def __reduce__(self) -> Any:
+        raise pickle.PicklingError(
+            "this compiled function was loaded to be called, without the copy torch keeps to save it "
+            "again; save the function that was compiled, or load it with torch.compiler.load_compiled_function"
+        )
+
+
+def _no_copy(memo: dict[int, Any]) -> NoCopyToSave:
+    return NoCopyToSave()
+
+
+@contextlib.contextmanager
+def loaded_without_a_copy_to_save() -> Iterator[None]:
+    """While the block runs, a saved function that this thread loads keeps no copy of its compiled
+    state to save itself again. torch deep-copies that state at every load (the graph's metadata
+    and every kernel's, object by object in Python, on the loading thread) for a save that a
+    serving process never makes. Another thread's loads, and
+    compiles that load from Inductor's caches, keep theirs."""
+    with _no_copy_lock:
+        module = importlib.import_module(_AOT_RESULTS)
+        deserialize = module.deserialize_bundled_cache_entry
+        if not getattr(deserialize, "keeps_no_copy_on_loading_threads", False):
+            module.deserialize_bundled_cache_entry = _keeping_no_copy(deserialize)  # type: ignore[attr-defined]
+    _this_thread.uncopied = getattr(_this_thread, "uncopied", 0) + 1
+    try:
+        yield
+    finally:
+        _this_thread.uncopied -= 1
+
+
+def _keeping_no_copy(deserialize: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """torch's deserializer, which copies the entry it is given with copy.deepcopy before it runs
+    it: on a thread inside loaded_without_a_copy_to_save(), that entry's copy is a NoCopyToSave
+    (copy.deepcopy takes an object's own __deepcopy__ before its class's way of copying)."""
+
+    @functools.wraps(deserialize)
+    def without_a_copy(entry: Any) -> Any:
+        own = getattr(entry, "__dict__", None)
+        if getattr(_this_thread, "uncopied", 0) == 0 or own is None or "__deepcopy__" in own:
+            return deserialize(entry)  # (the last: a wrapper around this one set it already)
+        entry.__deepcopy__ = _no_copy
+        try:
+            return deserialize(entry)
+        finally:
+            del entry.__deepcopy__
+
+    without_a_copy.keeps_no_copy_on_loading_threads = True  # type: ignore[attr-defined]
+    return without_a_copy
 
 
 _triton_hash_lock = threading.Lock()

@@ -6,11 +6,14 @@ in the report."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -397,6 +400,43 @@ def test_a_saved_function_guards_its_call_and_the_global_state_not_the_model(tmp
             function(torch.randn(3, 8), mask=mask[:3])
     with pytest.raises(RuntimeError, match="[Gg]uard"):  # and the global state: grad mode here
         function(other, mask=mask)
+
+
+@pytest.mark.slow
+def test_a_function_loaded_to_serve_keeps_no_copy_to_save_while_other_loads_keep_theirs(tmp_path):
+    """aot.load skips the deep copy torch makes at every load for a later save: the function
+    answers as it should, and saving it says why it cannot. A load outside aot.load, on this
+    thread or on another while a load here is under way, keeps the copy and saves."""
+    torch.manual_seed(0)
+    model = Keyworded().eval()
+    x, mask = torch.randn(4, 8), torch.ones(4, 8)
+    (tmp_path / "ns").mkdir()
+    rel = aot.build(
+        model, [x], {"mask": mask}, tmp_path / "ns", 4, aot.compile_kwargs("default", {}, "inductor", "cpu")
+    )
+    path = tmp_path / "ns" / rel
+
+    served = aot.load(path, model)
+    with torch.no_grad():
+        assert torch.allclose(served(x, mask=mask), model(x, mask=mask), atol=1e-5)
+    function = served.func if isinstance(served, functools.partial) else served
+    with pytest.raises(pickle.PicklingError, match="loaded to be called, without the copy"):
+        function.save_compiled_function(str(tmp_path / "again.bin"))
+
+    def load_and_save(target: Path) -> None:
+        with open(path, "rb") as file, ti.aot_compile_enabled():
+            kept = torch.compiler.load_compiled_function(file, external_data={aot.MODEL_KEY: model})
+        kept.save_compiled_function(str(target))
+
+    load_and_save(tmp_path / "kept.bin")  # this thread, outside aot.load
+    with ti.loaded_without_a_copy_to_save():  # another thread, while this one is inside
+        beside = threading.Thread(target=load_and_save, args=(tmp_path / "beside.bin",))
+        beside.start()
+        beside.join()
+    for saved in ("kept.bin", "beside.bin"):
+        again = aot.load(tmp_path / saved, model)
+        with torch.no_grad():
+            assert torch.allclose(again(x, mask=mask), model(x, mask=mask), atol=1e-5), saved
 
 
 @pytest.mark.slow
