@@ -50,7 +50,9 @@ does), late_isa (on the CPU, the loader leaves Inductor's probe of the CPU's vec
 which it runs beside the compiler's imports, to the first load), with_compiler (saved functions
 load importing Inductor's compiler, as torch's loader and their generated code do, where a replica
 otherwise loads them with stand-ins for the names they read from it), with_copy (each load keeps
-the deep copy of its function's state that torch makes for a later save, where a replica skips it).
+the deep copy of its function's state that torch makes for a later save, where a replica skips it),
+compiling_source (each generated module Inductor loads is compiled from its source, where a
+replica reads the bytecode warmup saved beside it).
 --switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
 ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
 thread beside it (the loader's pull, or its imports) to let go.
@@ -92,6 +94,7 @@ COMPARED = {
     "late_isa": ("the CPU probed at the first load", {"REPLICA_START_LATE_ISA_PROBE": "1"}),
     "with_compiler": ("loads importing the compiler", {"REPLICA_START_WITH_COMPILER": "1"}),
     "with_copy": ("loads keeping a copy to save", {"REPLICA_START_WITH_COPY": "1"}),
+    "compiling_source": ("generated modules compiled from source", {"REPLICA_START_COMPILING_SOURCE": "1"}),
 }
 
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
@@ -128,6 +131,9 @@ if os.environ.get("REPLICA_START_WITH_COPY"):  # each load deep-copies its funct
     import contextlib
     from orchestrator.jobs import torch_internals as _ti
     _ti.loaded_without_a_copy_to_save = contextlib.nullcontext
+if os.environ.get("REPLICA_START_COMPILING_SOURCE"):  # generated modules compiled from source, as torch does
+    from orchestrator.jobs import torch_internals as _ti
+    _ti.read_generated_bytecode = lambda: None
 from orchestrator import runtime
 if profile_to:  # from the load's start, as its milestones are timed
     loader_samples = ThreadSampler("orchestrate-replica-loader").start()

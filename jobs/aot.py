@@ -140,5 +140,6 @@ def load(path: Path, model: torch.nn.Module) -> Any:
         ti.compiler_left_out(),
         ti.loaded_without_a_copy_to_save(),
     ):
+        ti.read_generated_bytecode()
         function = torch.compiler.load_compiled_function(file, external_data={MODEL_KEY: model})
     return functools.partial(function, model) if ti.saved_function_takes_self(function) else function

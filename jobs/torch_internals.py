@@ -8,11 +8,14 @@ import contextlib
 import copy
 import functools
 import importlib
+import importlib.util
 import inspect
 import logging
+import marshal
 import os
 import pickle
 import platform as host_platform
+import py_compile
 import sys
 import tempfile
 import threading
@@ -21,6 +24,7 @@ import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -325,6 +329,92 @@ def _keeping_no_copy(deserialize: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     without_a_copy.keeps_no_copy_on_loading_threads = True  # type: ignore[attr-defined]
     return without_a_copy
+
+
+def _bytecode_path(source: Path) -> Path:
+    """Where a generated module's bytecode lives: beside it, as Python keeps its own without a
+    pycache prefix, whatever prefix this process has (it travels with the namespace)."""
+    return source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+
+
+def save_generated_bytecode(inductor_dir: Path) -> int:
+    """Compile every Python module Inductor generated in its cache directory (`<dir>/<xx>/<key>.py`:
+    each graph's code and each Triton kernel's) to bytecode checked against its source's hash,
+    so that a replica that loads it reads the bytecode instead of compiling the source: a conv
+    net's bucket is a module of thousands of lines and a hundred kernel modules. Returns how many
+    it wrote; one it cannot compile stays without (its load compiles it, as always)."""
+    written = 0
+    for source in sorted(inductor_dir.glob("*/*.py")):
+        target = _bytecode_path(source)
+        try:
+            if _read_bytecode(target, source.read_bytes()) is not None:
+                continue
+            py_compile.compile(
+                str(source),
+                cfile=str(target),
+                doraise=True,
+                invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+            )
+        except (OSError, py_compile.PyCompileError):
+            continue
+        written += 1
+    return written
+
+
+def _read_bytecode(target: Path, source: bytes) -> Optional[types.CodeType]:
+    """The code object saved at `target` for exactly these source bytes by this Python; None where
+    there is none, or it is another Python's, or it was compiled from other source."""
+    try:
+        data = target.read_bytes()
+    except OSError:
+        return None
+    checked_hash = 0b11  # PEP 552: a hash-based pyc whose source hash the reader checks
+    if (
+        len(data) < 16
+        or data[:4] != importlib.util.MAGIC_NUMBER
+        or int.from_bytes(data[4:8], "little") != checked_hash
+        or data[8:16] != importlib.util.source_hash(source)
+    ):
+        return None
+    try:
+        code = marshal.loads(data[16:])
+    except (EOFError, ValueError, TypeError):
+        return None
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code` and every code object inside it as compiled from `filename`: the bytecode was
+    compiled where warmup's cache lay, and Triton reads each kernel's source from its function's
+    file."""
+    if code.co_filename == filename:
+        return code
+    consts = tuple(
+        _renamed(const, filename) if isinstance(const, types.CodeType) else const for const in code.co_consts
+    )
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _compile_or_read_bytecode(
+    source: Any, filename: Any, mode: str, flags: int = 0, dont_inherit: bool = False, optimize: int = -1
+) -> Any:
+    """Python's compile() as Inductor's module loader calls it, reading a generated module's saved
+    bytecode (save_generated_bytecode) where it was compiled from this very source."""
+    if mode == "exec" and not flags and optimize == -1 and isinstance(source, str) and isinstance(filename, str):
+        path = Path(filename)
+        if path.suffix == ".py":
+            code = _read_bytecode(_bytecode_path(path), source.encode("utf-8"))
+            if code is not None:
+                return _renamed(code, filename)
+    return compile(source, filename, mode, flags, dont_inherit, optimize)
+
+
+def read_generated_bytecode() -> None:
+    """From now on, Inductor's loader of its generated modules reads their saved bytecode where
+    there is any (save_generated_bytecode), and compiles the source where there is none."""
+    from torch._inductor.runtime import compile_tasks
+
+    compile_tasks.compile = _compile_or_read_bytecode  # type: ignore[attr-defined]
 
 
 _triton_hash_lock = threading.Lock()

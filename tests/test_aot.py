@@ -7,6 +7,7 @@ in the report."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import pickle
@@ -179,10 +180,13 @@ def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles
     assert pulled["pulled"] > 0
     assert pulled["buckets"]["4"]["planned"] == pulled["buckets"]["4"]["variant"] == result["variant"]
     assert all(error < 1e-4 for error in pulled["errors"].values()), pulled["errors"]
+    # every module Inductor generated came with its bytecode, for the replica to read
+    namespace_dir = tmp_path / "replica" / pulled["namespace"]
+    generated = sorted((namespace_dir / "inductor").glob("*/*.py"))
+    assert generated and all(ti._bytecode_path(source).is_file() for source in generated)
 
     # the plan names the function whatever was chosen; served from it (a plan that says so), without
     # the Inductor and Triton caches at all: the saved function is all a replica needs
-    namespace_dir = tmp_path / "replica" / pulled["namespace"]
     saved = sorted(p.name for p in (namespace_dir / aot.AOT_DIR).iterdir())
     assert len(saved) == 1 and saved[0].startswith("b4-") and saved[0].endswith(".bin")
     plan = read_plans(namespace_dir)[4]
@@ -564,6 +568,53 @@ def test_a_thread_that_compiles_beside_a_load_without_the_compiler_gets_the_real
     # an empty cache: a compile, where a cache hit would lower nothing
     out = fresh_python(COMPILE_BESIDE_A_LOAD, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     assert float(out.strip().splitlines()[-1]) < 1e-5, out[-2000:]
+
+
+GENERATED = """
+import triton_like
+
+def kernel(x):
+    return x + 1
+
+class Runner:
+    def call(self, x):
+        return kernel(x) * 2
+"""
+
+
+def test_a_generated_module_loads_from_the_bytecode_saved_beside_it_and_only_for_its_own_source(tmp_path, monkeypatch):
+    """Warmup saves each generated module's bytecode; a replica whose cache lies elsewhere loads
+    the module through Inductor's loader without compiling it, every function naming the file it
+    is in now (Triton reads a kernel's source from there). Bytecode of other source is not used."""
+    from torch._inductor.runtime import compile_tasks
+
+    (tmp_path / "warm" / "ab").mkdir(parents=True)
+    (tmp_path / "warm" / "ab" / "cab.py").write_text(GENERATED)
+    (tmp_path / "warm" / "ab" / "cbroken.py").write_text("def (:\n")
+    assert ti.save_generated_bytecode(tmp_path / "warm") == 1  # the one that compiles
+    assert ti.save_generated_bytecode(tmp_path / "warm") == 0  # saved already
+    shutil.copytree(tmp_path / "warm", tmp_path / "replica")
+    path = tmp_path / "replica" / "ab" / "cab.py"
+    (tmp_path / "triton_like.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    compiled: list[str] = []
+
+    def compiling(source, filename, *args, **kwargs):
+        compiled.append(filename)
+        return compile(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr(ti, "compile", compiling, raising=False)  # the fallback, counted
+    monkeypatch.setattr(compile_tasks, "compile", compile, raising=False)
+    ti.read_generated_bytecode()
+    module = compile_tasks._reload_python_module("cab", str(path), set_sys_modules=False)
+    assert compiled == [] and module.Runner().call(1) == 4
+    assert module.kernel.__code__.co_filename == module.Runner.call.__code__.co_filename == str(path)
+    assert inspect.getsource(module.kernel).startswith("def kernel(x):")
+
+    path.write_text(GENERATED.replace("x + 1", "x + 2"))  # other source, same file: compiled
+    assert compile_tasks._reload_python_module("cab", str(path), set_sys_modules=False).Runner().call(1) == 6
+    assert compiled == [str(path)]
 
 
 def test_the_kernels_a_saved_function_finds_by_torchs_names_are_torchs_own():
