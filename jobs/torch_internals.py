@@ -297,8 +297,8 @@ def loaded_without_a_copy_to_save() -> Iterator[None]:
     """While the block runs, a saved function that this thread loads keeps no copy of its compiled
     state to save itself again. torch deep-copies that state at every load (the graph's metadata
     and every kernel's, object by object in Python, on the loading thread) for a save that a
-    serving process never makes. Another thread's loads, and
-    compiles that load from Inductor's caches, keep theirs."""
+    serving process never makes. Another thread's loads, and compiles that load from Inductor's
+    caches, keep theirs."""
     with _no_copy_lock:
         module = importlib.import_module(_AOT_RESULTS)
         deserialize = module.deserialize_bundled_cache_entry
