@@ -32,7 +32,7 @@ FORMAT = 1
 PRIVATE_NAME = "cache-signing.key"  # what `orchestrate keys new DIR` writes
 PUBLIC_SUFFIX = ".pub"
 APPLIED_MARKER = ".orchestrate-manifest.json"  # what a pulled directory records of its generation
-VERIFIED_RECORD = ".orchestrate-verified.json"  # what a pull last found each file to be (sync.pull)
+VERIFIED_RECORD = ".orchestrate-verified.json"  # what the last pull or publish found each file to be (sync)
 # Process-local state, never an artifact: a scan skips it and no manifest may name it
 LOCAL_STATE = re.compile(
     r"(^|/)(locks/|\.tmp|tmp[^/]*$|[^/]*\.lock$|" + re.escape(APPLIED_MARKER) + "|" + re.escape(VERIFIED_RECORD) + ")"

@@ -227,13 +227,15 @@ def publish(
     known = head.files if head else {}
     fresh = {rel: item for rel, item in local.items() if rel not in known}
     transfer = Transfer(skipped=sorted(excluded))
-    entries, shard_sizes = _upload_shards(store, fresh, transfer) if fresh else ({}, {})
+    read: dict[str, Fingerprint] = {}  # the files whose bytes the shards took, as they were then
+    entries, shard_sizes = _upload_shards(store, fresh, transfer, read) if fresh else ({}, {})
     buckets = sorted(set(buckets))
 
     for _ in range(MAX_PUBLISH_RACES):
         new_paths = {rel: entry for rel, entry in entries.items() if head is None or rel not in head.files}
         if head is not None and not new_paths and set(buckets) <= set(head.buckets):
             transfer.generation = head.generation  # nothing new: publishing again would change nothing
+            published = head
             break
         files = dict(head.files) if head else {}
         files.update(new_paths)
@@ -243,14 +245,47 @@ def publish(
         manifest = _next_manifest(head, namespace, files, shards, all_buckets, meta or {}, previous=head_digest)
         if _create_manifest(store, manifest, key):
             transfer.generation = manifest.generation
+            published = manifest
             break
         transfer.races += 1  # another publisher took this generation: merge onto theirs
         current = _head(store, namespace, readers, allow_unsigned=allow_unsigned)
         head, head_digest = current if current else (None, None)
     else:
         raise StoreError(f"publish {namespace}: lost {MAX_PUBLISH_RACES} races for the next manifest generation")
+    read_as = {rel: (entries[rel].sha256, found) for rel, found in read.items()}
+    _record_published(directory, published, read_as, {rel: path for rel, (path, _) in local.items()})
     transfer.seconds = time.perf_counter() - started
     return transfer
+
+
+def _record_published(
+    directory: Path, manifest: Manifest, read: dict[str, tuple[str, Fingerprint]], local: dict[str, Path]
+) -> None:
+    """Record in `directory`, as a pull would, the files of the generation just published that it
+    holds: those this publish read (hash, fingerprint) where the manifest names those very bytes,
+    and those the last record vouches for still. A replica that then pulls into the directory a
+    warmup published from (the same machine) reads none of them again: a conv net's namespace is
+    hundreds of files. A file another publisher's bytes won the path of is left out; the pull
+    reads it, and fetches theirs."""
+    if directory.is_symlink():  # as a pull does: its lock and record beside the real directory
+        directory = directory.resolve()
+    if not directory.is_dir():  # an empty namespace, published from nothing
+        return
+    with _turn(directory) as refused:
+        if refused is not None:
+            return
+        known = _Record.read(directory)
+        verified: dict[str, Fingerprint] = {}
+        for rel, entry in manifest.files.items():
+            if rel in read:
+                sha256, found = read[rel]
+                if sha256 == entry.sha256:
+                    verified[rel] = found
+            elif rel in local:
+                found_now = _fingerprint(local[rel])
+                if found_now is not None and known.vouches(rel, entry.sha256, found_now):
+                    verified[rel] = found_now
+        _record(directory, manifest, verified)
 
 
 def _next_manifest(
@@ -293,9 +328,13 @@ def _create_manifest(store: Store, manifest: Manifest, key: Optional[SigningKey]
 
 
 def _upload_shards(
-    store: Store, files: dict[str, tuple[Path, int]], transfer: Transfer
+    store: Store,
+    files: dict[str, tuple[Path, int]],
+    transfer: Transfer,
+    read: Optional[dict[str, Fingerprint]] = None,
 ) -> tuple[dict[str, FileEntry], dict[str, int]]:
-    """Pack files into deterministic tars of about SHARD_BYTES and upload them in parallel."""
+    """Pack files into deterministic tars of about SHARD_BYTES and upload them in parallel. `read`:
+    filled with the fingerprint of each file that did not change while its bytes were read."""
     groups: list[list[str]] = [[]]
     size = 0
     for rel in sorted(files):
@@ -312,7 +351,13 @@ def _upload_shards(
         def pack_and_upload(index_and_group: tuple[int, list[str]]) -> None:
             index, group = index_and_group
             shard_path = Path(tmp) / f"shard-{index}.tar"
+            before = {rel: _fingerprint(files[rel][0]) for rel in group}
             hashes = _write_tar(shard_path, {rel: files[rel][0] for rel in group})
+            if read is not None:
+                for rel in group:
+                    found = _fingerprint(files[rel][0])
+                    if found is not None and found == before[rel]:
+                        read[rel] = found
             shard_sha = sha256_file(shard_path)
             store.upload(_object_key(shard_sha), shard_path)  # same name, same bytes: idempotent
             sizes[shard_sha] = shard_path.stat().st_size

@@ -278,6 +278,45 @@ def test_a_pull_reads_no_file_it_found_intact_before(store, tmp_path, monkeypatc
     assert tree(node) == ARTIFACTS
 
 
+def test_a_pull_into_the_directory_published_from_reads_none_of_the_files_it_published(store, tmp_path, monkeypatch):
+    """A warmup publishes from its cache directory, and a replica on that machine then pulls into
+    it: the publish recorded the files it read, so the pull reads none of them. A file changed
+    since is read, and fetched again."""
+    warm = make_cache(tmp_path / "warm", ARTIFACTS)
+    sync.publish(store, warm, NS, KEY, allow_unsigned=False)
+    assert sync.VERIFIED_RECORD not in sync.scan(warm)  # local state: never published
+    past_the_record(warm)
+    read = hashed_by_pulls(monkeypatch)
+    pulled = sync.pull(store, NS, warm, TRUST, allow_unsigned=False)
+    assert (pulled.files, read) == (0, [])
+    (warm / "inductor/pr/cprf.py").write_bytes(b"#" * len(ARTIFACTS["inductor/pr/cprf.py"]))
+    again = sync.pull(store, NS, warm, TRUST, allow_unsigned=False)
+    assert again.files == 1 and local_files(read) == ["cprf.py"]  # (and the shard it fetched)
+    assert tree(warm) == ARTIFACTS
+
+
+def test_a_publish_records_no_file_whose_path_another_publishers_bytes_won(store, tmp_path, monkeypatch):
+    """Two publishers of one namespace: the second's file at a path the first published already is
+    not uploaded, and the manifest keeps the first's bytes there. The second's publish must not
+    vouch for its own file: the pull into its directory reads it and fetches the first's."""
+    first = {"inductor/pr/cprf.py": b"# the first publisher's\n"}
+    sync.publish(store, make_cache(tmp_path / "first", first), NS, KEY, allow_unsigned=False)
+    theirs = b"# the second's".ljust(len(first["inductor/pr/cprf.py"]) - 1) + b"\n"  # the same size: read to tell
+    second = make_cache(tmp_path / "second", {**ARTIFACTS, "inductor/pr/cprf.py": theirs})
+    sync.publish(store, second, NS, KEY, allow_unsigned=False)
+    past_the_record(second)
+    read = hashed_by_pulls(monkeypatch)
+    pulled = sync.pull(store, NS, second, TRUST, allow_unsigned=False)
+    assert pulled.files == 1 and local_files(read) == ["cprf.py"]
+    assert tree(second) == {**ARTIFACTS, **first}
+
+
+def local_files(read: list[str]) -> list[str]:
+    """Of the names a pull hashed, those of artifacts (not of the shards it fetched)."""
+    names = {Path(rel).name for rel in ARTIFACTS}
+    return [name for name in read if name in names]
+
+
 def pulled_once(store, tmp_path) -> tuple[Path, Path]:
     """A node that pulled ARTIFACTS, the clock past its record's tick, and the file a test changes."""
     sync.publish(store, make_cache(tmp_path / "a", ARTIFACTS), NS, KEY, allow_unsigned=False)
