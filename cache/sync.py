@@ -266,10 +266,12 @@ def _record_published(
     and those the last record vouches for still. A replica that then pulls into the directory a
     warmup published from (the same machine) reads none of them again: a conv net's namespace is
     hundreds of files. A file another publisher's bytes won the path of is left out; the pull
-    reads it, and fetches theirs."""
+    reads it, and fetches theirs. A publish that read nothing has nothing to add to the record."""
+    if not read:
+        return
     if directory.is_symlink():  # as a pull does: its lock and record beside the real directory
         directory = directory.resolve()
-    if not directory.is_dir():  # an empty namespace, published from nothing
+    if not directory.is_dir():  # removed since its files were read: nowhere to record them
         return
     with _turn(directory) as refused:
         if refused is not None:
