@@ -52,7 +52,8 @@ load importing Inductor's compiler, as torch's loader and their generated code d
 otherwise loads them with stand-ins for the names they read from it), with_copy (each load keeps
 the deep copy of its function's state that torch makes for a later save, where a replica skips it),
 compiling_source (each generated module Inductor loads is compiled from its source, where a
-replica reads the bytecode warmup saved beside it).
+replica reads the bytecode warmup saved beside it), hashing_torch (Inductor hashes torch's sources
+at the first kernel it loads, where a replica takes the key warmup saved in the namespace).
 --switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
 ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
 thread beside it (the loader's pull, or its imports) to let go.
@@ -95,6 +96,7 @@ COMPARED = {
     "with_compiler": ("loads importing the compiler", {"REPLICA_START_WITH_COMPILER": "1"}),
     "with_copy": ("loads keeping a copy to save", {"REPLICA_START_WITH_COPY": "1"}),
     "compiling_source": ("generated modules compiled from source", {"REPLICA_START_COMPILING_SOURCE": "1"}),
+    "hashing_torch": ("torch's sources hashed at the first load", {"REPLICA_START_HASHING_TORCH": "1"}),
 }
 
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
@@ -134,6 +136,9 @@ if os.environ.get("REPLICA_START_WITH_COPY"):  # each load deep-copies its funct
 if os.environ.get("REPLICA_START_COMPILING_SOURCE"):  # generated modules compiled from source, as torch does
     from orchestrator.jobs import torch_internals as _ti
     _ti.read_generated_bytecode = lambda: None
+if os.environ.get("REPLICA_START_HASHING_TORCH"):  # Inductor hashes torch's sources itself, at the first load
+    from orchestrator.jobs import torch_internals as _ti
+    _ti.take_torch_key = lambda directory: False
 from orchestrator import runtime
 if profile_to:  # from the load's start, as its milestones are timed
     loader_samples = ThreadSampler("orchestrate-replica-loader").start()

@@ -508,8 +508,9 @@ class Session:
     def publish(self) -> None:
         """Publish what compiled correctly; a store failure is kept as publish_error, results stand."""
         ok = [w.result.bucket for w in self._work.values() if w.result.status == "ok"]
-        if ok:  # what a replica reads where it would compile, published or not
+        if ok:  # what a replica reads where it would compute or compile, published or not
             ti.save_generated_bytecode(self.local.inductor_dir)
+            ti.save_torch_key(self.local.inductor_dir)
         if self.store is None or self.remote is None or not ok:
             return
         self.progress.step(f"publish {self.local.namespace} to {self.remote.url}")

@@ -701,6 +701,7 @@ class _Loader:
         planned = {plan["variant"] for plan in self._served_plans().values()}
         if planned & set(COMPILED_VARIANTS):  # else Dynamo is never imported at all
             ti.import_compiler(to_compile=bool(planned & {"compiled", "graphed"}))
+            ti.take_torch_key(self.local.inductor_dir)  # else the first kernel's load hashes torch's sources
             ti.allow_recompiles(2 * len(self.spec.buckets))
             self.events.add("compiler imported")
         return ti.CounterWindow()

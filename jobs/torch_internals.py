@@ -417,6 +417,52 @@ def read_generated_bytecode() -> None:
     compile_tasks.compile = _compile_or_read_bytecode  # type: ignore[attr-defined]
 
 
+TORCH_KEY_FILE = "torch-key"  # in Inductor's cache directory: save_torch_key, take_torch_key
+
+
+def save_torch_key(inductor_dir: Path) -> None:
+    """Write Inductor's key of this torch's sources (`torch_key`: a sha256 over every module file
+    of the installed torch, computed once per process at its first kernel or cache lookup, a
+    tenth of a second or more of Python) into its cache directory, for a replica of the namespace
+    to take instead of hashing them again (take_torch_key). Nothing is written where it cannot
+    be had: a replica then computes its own, as always."""
+    try:
+        from torch._inductor.codecache import torch_key
+
+        text = torch_key().hex()
+        target = inductor_dir / TORCH_KEY_FILE
+        if target.is_file() and target.read_text() == text:
+            return
+        partial = target.with_name(f".{TORCH_KEY_FILE}.{os.getpid()}.tmp")
+        partial.write_text(text)
+        os.replace(partial, target)  # whole or not at all, for a publish or a pull beside it
+    except (ImportError, AttributeError, OSError):
+        return
+
+
+def take_torch_key(inductor_dir: Path) -> bool:
+    """Give this process the key of torch's sources that warmup saved in the namespace
+    (save_torch_key), so that Inductor hashes nothing at the first kernel it loads. torch gives
+    its own compile workers their parent's key the same way. The namespace names the torch it
+    was warmed with (version, commit, CUDA), and everything in it, graphs and saved functions,
+    is taken as that torch's already; its key is one more such file, signed with them. True where
+    taken; False where there is none, it is no sha256, or this process has its key already."""
+    try:
+        with open(inductor_dir / TORCH_KEY_FILE, "rb") as file:
+            key = bytes.fromhex(file.read(129).decode("ascii"))
+    except (OSError, ValueError):
+        return False
+    if len(key) != 32:
+        return False
+    from torch._inductor.codecache import torch_key
+
+    try:
+        torch_key.set(key)  # type: ignore[attr-defined]
+    except (AssertionError, RuntimeError):  # computed or set already: torch 2.11 asserts, later torch raises
+        return False
+    return True
+
+
 _triton_hash_lock = threading.Lock()
 _isa_probe_lock = threading.Lock()
 

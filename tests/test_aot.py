@@ -184,6 +184,10 @@ def test_an_aot_bucket_is_published_pulled_and_served_by_a_process_that_compiles
     namespace_dir = tmp_path / "replica" / pulled["namespace"]
     generated = sorted((namespace_dir / "inductor").glob("*/*.py"))
     assert generated and all(ti._bytecode_path(source).is_file() for source in generated)
+    # and with the key of torch's sources, for the replica to take instead of hashing them
+    from torch._inductor.codecache import torch_key
+
+    assert (namespace_dir / "inductor" / ti.TORCH_KEY_FILE).read_text() == torch_key().hex()
 
     # the plan names the function whatever was chosen; served from it (a plan that says so), without
     # the Inductor and Triton caches at all: the saved function is all a replica needs
@@ -615,6 +619,40 @@ def test_a_generated_module_loads_from_the_bytecode_saved_beside_it_and_only_for
     path.write_text(GENERATED.replace("x + 1", "x + 2"))  # other source, same file: compiled
     assert compile_tasks._reload_python_module("cab", str(path), set_sys_modules=False).Runner().call(1) == 6
     assert compiled == [str(path)]
+
+
+def test_a_replica_takes_the_key_of_torchs_sources_that_warmup_saved_and_hashes_nothing(tmp_path):
+    """Warmup saves Inductor's key of torch's sources in the namespace; a fresh process that takes
+    it gets that key from Inductor without hashing torch's sources, and takes nothing that is no
+    key, nor over a key it has already."""
+    from torch._inductor.codecache import torch_key
+
+    (tmp_path / "warm").mkdir()
+    ti.save_torch_key(tmp_path / "warm")
+    assert (tmp_path / "warm" / ti.TORCH_KEY_FILE).read_text() == torch_key().hex()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / ti.TORCH_KEY_FILE).write_text("ab" * 32)
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / ti.TORCH_KEY_FILE).write_text("ab" * 8)
+    (tmp_path / "garbled").mkdir()
+    (tmp_path / "garbled" / ti.TORCH_KEY_FILE).write_text("not a key")
+    out = fresh_python(
+        """
+import sys
+from pathlib import Path
+from torch._inductor import codecache
+from orchestrator.jobs import torch_internals as ti
+def hashing(*args, **kwargs):
+    raise AssertionError("torch's sources hashed")
+codecache.build_code_hash = hashing
+root = Path(sys.argv[1])
+refused = [ti.take_torch_key(root / name) for name in ("none", "short", "garbled")]
+taken = ti.take_torch_key(root / "other")
+print(refused, taken, ti.take_torch_key(root / "warm"), codecache.torch_key().hex())
+""",
+        str(tmp_path),
+    )
+    assert out.split() == ["[False,", "False,", "False]", "True", "False", "ab" * 32]
 
 
 def test_the_kernels_a_saved_function_finds_by_torchs_names_are_torchs_own():
