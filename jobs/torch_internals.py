@@ -434,8 +434,11 @@ def save_torch_key(inductor_dir: Path) -> None:
         if target.is_file() and target.read_text() == text:
             return
         partial = target.with_name(f".{TORCH_KEY_FILE}.{os.getpid()}.tmp")
-        partial.write_text(text)
-        os.replace(partial, target)  # whole or not at all, for a publish or a pull beside it
+        try:
+            partial.write_text(text)
+            os.replace(partial, target)  # whole or not at all, for a publish or a pull beside it
+        finally:  # a write a full disk refused leaves nothing that the publish would take for an artifact
+            partial.unlink(missing_ok=True)
     except (ImportError, AttributeError, OSError):
         return
 
