@@ -353,7 +353,7 @@ def _upload_shards(
         def pack_and_upload(index_and_group: tuple[int, list[str]]) -> None:
             index, group = index_and_group
             shard_path = Path(tmp) / f"shard-{index}.tar"
-            before = {rel: _fingerprint(files[rel][0]) for rel in group}
+            before = {rel: _fingerprint(files[rel][0]) for rel in group} if read is not None else {}
             hashes = _write_tar(shard_path, {rel: files[rel][0] for rel in group})
             if read is not None:
                 for rel in group:
