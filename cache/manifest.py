@@ -24,6 +24,8 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from orchestrator.cache.files import write_whole
+
 KEY_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY"  # the private key itself (PEM or 64 hex digits), e.g. from a Secret
 KEY_FILE_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY_FILE"  # a file holding the private key
 TRUSTED_ENV = "ORCHESTRATE_CACHE_TRUSTED_KEYS"  # public key files, os.pathsep-separated
@@ -351,10 +353,7 @@ class SigningKey:
 
 
 def _write_public(path: Path, key: PublicKey) -> None:
-    """Written whole then renamed: a reader never trusts half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(key.pem())
-    os.replace(tmp, path)
+    write_whole(path, key.pem())  # a reader never trusts half a file
 
 
 class TrustedKeys:

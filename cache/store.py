@@ -17,7 +17,6 @@ import errno
 import os
 import shutil
 import stat
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from urllib.parse import urlparse
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 from tenacity.stop import stop_base
+
+from orchestrator.cache.files import replacing
 
 T = TypeVar("T")
 
@@ -422,11 +423,8 @@ class LocalStore:
     def upload(self, key: str, path: Path) -> None:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        os.fchmod(fd, OBJECT_MODE)  # mkstemp makes it 0600
-        os.close(fd)
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, target)  # readers never see a half-written object
+        with replacing(target, mode=OBJECT_MODE) as scratch:  # readers never see a half-written object
+            shutil.copyfile(path, scratch)
 
     def download(self, key: str, path: Path, size: int) -> None:
         with self._open(key) as (source, found):

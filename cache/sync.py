@@ -51,6 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.cache.files import replacing
 from orchestrator.cache.manifest import (
     APPLIED_MARKER,
     LOCAL_STATE,
@@ -667,12 +668,8 @@ def _write_into(directory: Path, name: str, text: str) -> None:
     stands beside the directory under a staging name, not in it: a pull killed between the two
     steps leaves the directory as it was, and the next pull's _recover removes the scratch. The
     scratch goes whatever else fails (a full disk creates it empty, then refuses its bytes)."""
-    scratch = _staging_path(directory)
-    try:
+    with replacing(directory / name, scratch=_staging_path(directory)) as scratch:
         scratch.write_text(text)
-        os.replace(scratch, directory / name)
-    finally:
-        scratch.unlink(missing_ok=True)
 
 
 def _matches(path: Path, entry: FileEntry) -> bool:

@@ -18,7 +18,6 @@ The classification rule (`classify`), on the full kernel or op name:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
+from orchestrator.cache.files import replacing
 from orchestrator.jobs.errors import brief
 from orchestrator.jobs.records import BucketProfile, KernelTime, VariantProfile
 
@@ -159,13 +159,9 @@ def profile_call(call: Callable[[], Any], trace: Path, device: torch.device) -> 
     results: list[VariantProfile] = []
 
     def ready(prof: Any) -> None:
-        # the trace is written beside its final name and renamed: a reader never sees half a file
-        partial = trace.with_name(f".{trace.name}.{os.getpid()}.partial.json.gz")
-        try:
+        # torch names the trace's format by its suffix: the scratch keeps the target's name at its end
+        with replacing(trace) as partial:
             prof.export_chrome_trace(str(partial))
-            os.replace(partial, trace)
-        finally:
-            partial.unlink(missing_ok=True)
         if cuda:  # the kernels themselves: events on the device, timed by CUPTI
             timed = [
                 Timed(e.name, e.time_range.elapsed_us())

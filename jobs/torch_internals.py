@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 import torch
 
+from orchestrator.cache.files import write_whole
 from orchestrator.cache.local import LocalCache
 from orchestrator.cache.namespace import Platform
 from orchestrator.jobs.platform_probe import triton_version
@@ -433,12 +434,7 @@ def save_torch_key(inductor_dir: Path) -> None:
         target = inductor_dir / TORCH_KEY_FILE
         if target.is_file() and target.read_text() == text:
             return
-        partial = target.with_name(f".{TORCH_KEY_FILE}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(text)
-            os.replace(partial, target)  # whole or not at all, for a publish or a pull beside it
-        finally:  # a write a full disk refused leaves nothing that the publish would take for an artifact
-            partial.unlink(missing_ok=True)
+        write_whole(target, text)  # for a publish or a pull beside it
     except (ImportError, AttributeError, OSError):
         return
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.cache.files import write_whole
 from orchestrator.jobs.records import BucketResult, VariantMeasure
 from orchestrator.jobs.spec import GRAPHED_VARIANTS, VARIANTS, VariantName, WarmupSpec
 from orchestrator.jobs.stats import MIN_SAMPLES, PairedBootstrap
@@ -307,10 +307,7 @@ def write_plan(
     digest = hashlib.sha256(body.encode()).hexdigest()[:16]
     rel = f"{PLAN_DIR}/plan-b{result.bucket}-{digest}.json"
     target = directory / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = target.with_name(f".{target.name}.tmp")
-    scratch.write_text(body)
-    os.replace(scratch, target)  # a reader (or a publish) never sees half a plan
+    write_whole(target, body)  # a reader (or a publish) never sees half a plan
     return rel
 
 

@@ -35,6 +35,7 @@ from test_cache_protocol import (  # noqa: F401  clock: fixture
 )
 
 from orchestrator.cache import sync
+from orchestrator.cache.files import replacing, scratch_beside, write_whole
 from orchestrator.cache.manifest import (
     KEY_ENV,
     KEY_FILE_ENV,
@@ -2079,3 +2080,33 @@ def test_a_public_key_in_hex_and_how_keys_compare_and_print():
     assert TrustedKeys([KEY.public]).get(["not", "an", "id"]) is None and TrustedKeys([KEY.public]).get(None) is None
     with pytest.raises(IntegrityError, match=r"^trusted key: not an Ed25519 public key"):
         TrustedKeys.from_pems(["-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n"])
+
+
+def test_a_file_written_whole_is_the_old_one_or_the_new_one_and_leaves_no_scratch(tmp_path):
+    namespace = tmp_path / "ns"
+    target = namespace / "inductor" / "torch-key"
+    write_whole(target, "a" * 64)  # its directory made where missing
+    assert target.read_text() == "a" * 64 and sync.scan(namespace) == {"inductor/torch-key": (target, 64)}
+
+    # a block that raises (a config that would not load, a full disk refusing the bytes) changes nothing
+    for failure in (ValueError("would not load"), OSError(errno.ENOSPC, "No space left on device")):
+        with pytest.raises(type(failure)), replacing(target) as scratch:
+            scratch.write_text("b" * 10)
+            raise failure
+    assert target.read_text() == "a" * 64 and os.listdir(target.parent) == ["torch-key"]
+
+    # a scratch that a killed writer left is never taken for an artifact by the next publish
+    scratch_beside(target).write_text("half")
+    assert list(sync.scan(namespace)) == ["inductor/torch-key"]
+
+    # the mode asked for, else what any new file gets
+    old = os.umask(0o022)
+    try:
+        write_whole(target, b"c", mode=0o640)
+        assert target.read_bytes() == b"c" and target.stat().st_mode & 0o777 == 0o640
+        write_whole(target, "d")
+        assert target.stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+    long_name = scratch_beside(tmp_path / ("x" * 255)).name  # within the filesystem's limit on a name
+    assert long_name.startswith(".tmp-") and len(long_name) == 255

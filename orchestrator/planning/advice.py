@@ -7,10 +7,8 @@ render(rows, console) / as_json(rows) / write_buckets(config_path, rows[0])
 from __future__ import annotations
 
 import math
-import os
 import re
 import statistics
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any, Optional
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.cache.files import replacing
 from orchestrator.config import ConfigError, load_spec
 from orchestrator.errors import UserError
 from orchestrator.jobs.spec import WarmupSpec
@@ -272,19 +271,15 @@ def write_buckets(path: Path, spec: WarmupSpec, grid: list[list[int]], points: O
     if points is not None:
         shown = ", ".join(f"[{', '.join(map(str, point))}]" for point in points)
         lines = _replace_entry(lines, "points", [f"points: {{only: [{shown}]}}\n"])
-    text = "".join(lines)
-    directory = Path(path).resolve().parent
-    with tempfile.NamedTemporaryFile("w", dir=directory, prefix=".plan-", suffix=".yaml", delete=False) as scratch:
-        scratch.write(text)
-    try:
-        load_spec(scratch.name)
-    except ConfigError as exc:
-        os.unlink(scratch.name)
-        raise ConfigError(
-            f"--write: the config with the plan's buckets would not load ({exc}); edit it by hand"
-        ) from None
-    os.chmod(scratch.name, Path(path).stat().st_mode & 0o777)
-    os.replace(scratch.name, path)
+    target = Path(path)
+    with replacing(target, mode=target.stat().st_mode & 0o777) as scratch:
+        scratch.write_text("".join(lines))
+        try:
+            load_spec(scratch)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"--write: the config with the plan's buckets would not load ({exc}); edit it by hand"
+            ) from None
 
 
 def _replace_entry(lines: list[str], key: str, block: list[str]) -> list[str]:

@@ -21,8 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.cache.files import write_whole
 from orchestrator.jobs.records import point_label
-from orchestrator.reports.report import as_record, cache_outcome, served_speedup, write_atomic
+from orchestrator.reports.report import as_record, cache_outcome, served_speedup
 
 EAGER_COLOR = "#8c8c8c"
 # the other variants in order of first appearance; colour-blind-safe (Okabe-Ito)
@@ -111,7 +112,7 @@ details.profile table { font-size: 12.5px; margin: 4px 0; }
 
 
 def write_html(report: dict[str, Any], path: Path) -> None:
-    write_atomic(path, render_html(report))
+    write_whole(path, render_html(report))
 
 
 def render_html(report: dict[str, Any]) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, fields
 from datetime import datetime, timezone
@@ -17,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cache.files import write_whole
 from orchestrator.cache.sync import combined
 from orchestrator.fleet.run import FleetRun, TaskRun
 from orchestrator.jobs.records import BucketResult, VariantMeasure
@@ -390,24 +390,7 @@ def grid_report(spec: WarmupSpec, slices: list[dict[str, Any]]) -> dict[str, Any
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:
-    write_atomic(path, json.dumps(report, indent=2) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Written beside and renamed: a reader never sees half a report. The file gets the mode any
-    new file gets here (0666 less the umask), not mkstemp's private 0600: reports are shared."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_whole(path, json.dumps(report, indent=2) + "\n")
 
 
 WAVES = ("compile", "warm")  # the order a record's wave sorts in: compile tasks ran first
