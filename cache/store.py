@@ -17,7 +17,6 @@ import errno
 import os
 import shutil
 import stat
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from urllib.parse import urlparse
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 from tenacity.stop import stop_base
 
-from orchestrator.cache.files import replacing
+from orchestrator.cache.files import SCRATCH_PREFIX, replacing, scratch_beside
 
 T = TypeVar("T")
 
@@ -409,16 +408,16 @@ class LocalStore:
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
-        tmp.write_bytes(data)
+        tmp = scratch_beside(path)  # linked, not renamed: a key that exists is never overwritten
         try:
+            tmp.write_bytes(data)  # a full disk creates it empty, then refuses: removed below all the same
             os.chmod(tmp, OBJECT_MODE)
             os.link(tmp, path)
             return True
         except FileExistsError:
             return False
         finally:
-            tmp.unlink()
+            tmp.unlink(missing_ok=True)
 
     def upload(self, key: str, path: Path) -> None:
         target = self._path(key)
@@ -473,7 +472,7 @@ class LocalStore:
         for folder, _, names in os.walk(base, onerror=unreadable):
             for name in names:
                 path = Path(folder) / name
-                if not name.startswith(".tmp-") and path.is_file():
+                if not name.startswith(SCRATCH_PREFIX) and path.is_file():
                     info = path.stat()
                     found.append(ObjectInfo(str(path.relative_to(self.root)), info.st_size, info.st_mtime))
         return found
@@ -484,7 +483,7 @@ class LocalStore:
 
     def abort_uploads(self, older_than: float, *, dry_run: bool = False) -> int:
         """A write killed midway leaves its temporary file: removed once older than `older_than`."""
-        stale = [p for p in self.root.rglob(".tmp-*") if p.is_file() and p.stat().st_mtime < older_than]
+        stale = [p for p in self.root.rglob(f"{SCRATCH_PREFIX}*") if p.is_file() and p.stat().st_mtime < older_than]
         if not dry_run:
             for path in stale:
                 path.unlink(missing_ok=True)
