@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving import FLOOR, run_python  # noqa: E402  (bench/serving.py: the eager floor, a fresh process)
+from serving import FLOOR, floor_recipe, run_python  # noqa: E402  (bench/serving.py: the eager floor, a fresh process)
 
 from orchestrator.jobs.records import VariantMeasure  # noqa: E402
 from orchestrator.jobs.variants import PLAN_DIR, choose, read_plans  # noqa: E402
@@ -206,7 +206,7 @@ def bench(example: str, out_dir: Path, start_runs: int, names: list[str], device
     starts: dict[str, list[dict]] = {"floor": [], "without_aot": [], "with_aot": []}
     result["start"] = starts
     for _ in range(start_runs):
-        starts["floor"].append(run_python(FLOOR, str(config), device))
+        starts["floor"].append(run_python(FLOOR, floor_recipe(config, device)))
         starts["without_aot"].append(run_python(READY, str(config), str(plain), device))
         starts["with_aot"].append(run_python(READY, str(config), str(cache), device))
         save()

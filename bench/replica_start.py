@@ -15,8 +15,9 @@ Per model, in one run, with the cache <cache root>/<name> (default cache root: O
   1. `orchestrate warmup --no-ray --device cuda --json` into it (unless --no-warm: already warm):
      the report in OUT_DIR/warmup-<name>.json, its wall seconds, each bucket's served variant.
   2. Fresh processes, N of each, alternating floor, replica, floor, replica, ...:
-     - floor: bench/serving.py's eager floor: spawn, import torch, build, each bucket once
-       eagerly, synchronize (`ready_from_spawn`);
+     - floor: bench/serving.py's eager floor, a plain PyTorch server: spawn, import torch and the
+       model's module, build, each bucket once eagerly, synchronize (`ready_from_spawn`); it reads
+       no config (the parent resolves it), so this project's imports count on the replica's side;
      - replica: `runtime.load(cfg, cache_dir=..., ready="answering")`: spawn to answering (every
        bucket answers, eager until its planned variant is swapped in), then `wait_loaded()`:
        spawn to on plan (every bucket on its planned variant, or refused with a reason). Each
@@ -80,7 +81,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving import FLOOR, run_python  # noqa: E402  (bench/serving.py: the eager floor, a fresh process)
+from serving import FLOOR, floor_recipe, run_python  # noqa: E402  (bench/serving.py: the eager floor, a fresh process)
 
 MODELS = ["mixnet_l", "t5_small", "clip_b32", "gpt2_cache_bf16", "vit_s16", "bert_base"]
 PROCESS_TIMEOUT = 600  # seconds a floor or replica process may take
@@ -290,7 +291,7 @@ def warm(config: Path, name: str, cache: Path, out_dir: Path, device: str, budge
 def floor_start(config: Path, device: str, budget: Budget) -> dict:
     started = time.perf_counter()
     try:
-        row = run_python(FLOOR, str(config), device, timeout=int(budget.timeout(PROCESS_TIMEOUT)), env=ENV)
+        row = run_python(FLOOR, floor_recipe(config, device), timeout=int(budget.timeout(PROCESS_TIMEOUT)), env=ENV)
         row["ok"] = True
     except subprocess.TimeoutExpired as exc:
         row = {"ok": False, "error": f"timed out after {exc.timeout} s"}

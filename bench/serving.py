@@ -18,7 +18,8 @@ Per example (buckets from its config, 1,8,32 unless it says otherwise):
      (bench/runtime_overhead.py). An event-timed call on an idle device carries the launch
      latency's noise, larger than this cost; what the host spends per call is the cost itself.
   4. Replica start, fresh processes alternating: spawn to `runtime.load()` returned, against the
-     eager floor (spawn, import, build, one eager call per bucket).
+     eager floor (spawn, import torch and the model's module, build, one eager call per bucket;
+     no config read, none of this project's modules but its clock).
 Everything is written to OUT_DIR/serving-<example>.json; a summary table goes to stdout.
 """
 
@@ -100,26 +101,73 @@ print(json.dumps({"ready_from_spawn": info.ready_seconds_from_spawn, "ready": in
                   "misses": sum(i.cache_misses for i in info.buckets.values())}))
 """
 
-# argv: config [device, default cuda]
+# argv: the floor's recipe (floor_recipe). A plain PyTorch server: it imports torch and the
+# model's own module, builds the model and calls it once per bucket. Of this project it imports
+# only the clock that counts from spawn (the standard library and torch): the config's modules
+# (pydantic, YAML, the store's and the signatures') are a replica's own cost, not the floor's.
 FLOOR = r"""
-import json, sys, time, torch
-from orchestrator.config import load_spec_with_overrides
-from orchestrator.jobs.model import build_model, make_inputs
+import importlib, importlib.util, json, sys, time, torch
 from orchestrator.jobs.timing import process_age_seconds
-device_name = sys.argv[2] if len(sys.argv) > 2 else "cuda"
-spec = load_spec_with_overrides(sys.argv[1], device=device_name)
+recipe = json.loads(sys.argv[1])
 started, age = time.perf_counter(), process_age_seconds()
-device = torch.device(device_name)
-model = build_model(spec, device)
+path, target, attribute = recipe["file"], recipe["module"], recipe["attribute"]
+if path:
+    found = importlib.util.spec_from_file_location(target, path)
+    module = sys.modules[target] = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+else:
+    module = importlib.import_module(target)
+factory = module
+for part in attribute.split("."):
+    factory = getattr(factory, part)
+torch.manual_seed(recipe["seed"])
+model = factory(**recipe["kwargs"])
+if recipe["dtype"]:
+    model = model.to(getattr(torch, recipe["dtype"]))
+device = torch.device(recipe["device"])
+model = model.to(device).eval()
+def tensor(t):
+    if t["dtype"] == "bool":
+        return torch.randint(0, 2, t["shape"]).bool().to(device)
+    if t["range"] is not None:
+        return torch.randint(*t["range"], t["shape"], dtype=getattr(torch, t["dtype"])).to(device)
+    return torch.randn(t["shape"]).to(getattr(torch, t["dtype"])).to(device)
 with torch.no_grad():
-    for part in spec.slices():  # a grid's points, slice by slice; a list-form spec is its own slice
-        for bucket in part.buckets:
-            args, kwargs = make_inputs(part, bucket, device)
-            model(*args, **kwargs)
+    for inputs in recipe["calls"]:
+        made = [(t["name"], tensor(t)) for t in inputs]
+        model(*[v for k, v in made if not k], **{k: v for k, v in made if k}, **recipe["call_kwargs"])
 if device.type == "cuda":
     torch.cuda.synchronize()
-print(json.dumps({"ready_from_spawn": age + time.perf_counter() - started}))
+print(json.dumps({"ready_from_spawn": age + time.perf_counter() - started,
+                  "project_modules": sorted(m for m in sys.modules if m.split(".")[0] == "orchestrator")}))
 """
+
+
+def floor_recipe(config: Path, device: str) -> str:
+    """What the eager floor builds and calls, resolved here from the config (as
+    jobs/model.build_model and make_inputs do), so that the floor's process reads no config: the
+    factory, its keyword arguments, seed and dtype, the call's constant keyword arguments, and each
+    bucket's inputs (a grid's points, slice by slice). The outputs a config serves are not picked
+    out: that indexes what the call returned and costs nothing."""
+    from orchestrator.config import load_spec_with_overrides
+
+    spec = load_spec_with_overrides(config, device=device)
+    ref = spec.model
+    calls = [
+        [
+            {"name": item.name, "shape": item.concrete_shape(part.bucket_symbol, bucket, part.fixed),
+             "dtype": item.dtype, "range": item.range}
+            for item in part.inputs
+        ]
+        for part in spec.slices()
+        for bucket in part.buckets
+    ]  # fmt: skip
+    file = str((spec.base_dir / ref.target).resolve()) if ref.is_file else None
+    return json.dumps({
+        "file": file, "module": f"orchestrate_user_{Path(file).stem}" if file else ref.target,
+        "attribute": ref.attribute, "kwargs": ref.kwargs, "seed": spec.seed, "dtype": ref.dtype,
+        "device": device, "call_kwargs": spec.call.kwargs, "calls": calls,
+    })  # fmt: skip
 
 
 def run_python(code: str, *args: str, timeout: int = 600, env: dict | None = None) -> dict:
@@ -157,7 +205,7 @@ def bench(
     starts: dict[str, list[float]] = {"runtime": [], "floor": []}
     for _ in range(start_runs):
         starts["runtime"].append(run_python(READY, str(config), str(cache), device)["ready_from_spawn"])
-        starts["floor"].append(run_python(FLOOR, str(config), device)["ready_from_spawn"])
+        starts["floor"].append(run_python(FLOOR, floor_recipe(config, device))["ready_from_spawn"])
     result["start"] = starts
     (out_dir / f"serving-{example}.json").write_text(json.dumps(result, indent=2))
     return result
