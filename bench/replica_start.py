@@ -54,7 +54,10 @@ otherwise loads them with stand-ins for the names they read from it), with_copy 
 the deep copy of its function's state that torch makes for a later save, where a replica skips it),
 compiling_source (each generated module Inductor loads is compiled from its source, where a
 replica reads the bytecode warmup saved beside it), hashing_torch (Inductor hashes torch's sources
-at the first kernel it loads, where a replica takes the key warmup saved in the namespace).
+at the first kernel it loads, where a replica takes the key warmup saved in the namespace),
+collecting_imports (the runtime's imports run under Python's full collections, as any process's,
+and nothing is frozen after them, where a replica holds those collections off and freezes what the
+imports made: jobs/collector.py's imports_frozen).
 --switch-interval SECONDS: the replicas run with this interpreter switch interval (Python's is 5
 ms): a thread that takes the interpreter lock back after a torch op waits up to that long for the
 thread beside it (the loader's pull, or its imports) to let go.
@@ -98,6 +101,7 @@ COMPARED = {
     "with_copy": ("loads keeping a copy to save", {"REPLICA_START_WITH_COPY": "1"}),
     "compiling_source": ("generated modules compiled from source", {"REPLICA_START_COMPILING_SOURCE": "1"}),
     "hashing_torch": ("torch's sources hashed at the first load", {"REPLICA_START_HASHING_TORCH": "1"}),
+    "collecting_imports": ("imports under full collections, nothing frozen", {"REPLICA_START_COLLECTING_IMPORTS": "1"}),
 }
 
 # argv: config, cache dir, device. Nothing is imported before runtime.load that it would not import
@@ -110,36 +114,43 @@ profile_to = os.environ.get("REPLICA_START_PROFILE")
 if profile_to:  # the loader's thread sampled: where its wall time goes, waits included
     sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
     from stack_sampler import ThreadSampler
-if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the compiler after its pull, beside the build
-    from orchestrator.jobs import replica as _replica, torch_internals as _ti
-    _pull = _replica._Loader._pull
-    def _pull_then_import(self):
-        _pull(self)
-        self._pull_done.set()  # the plans are known: the caller's answering must not wait for these imports
-        if any(plan.get("variant") in _replica.COMPILED_VARIANTS for plan in self._plans.values()):
-            _ti.import_compiler(to_compile=True)
-            self.events.add("compiler imported early")
-    _replica._Loader._pull = _pull_then_import
-if os.environ.get("REPLICA_START_LATE_TRITON_HASH"):  # Triton's build hashed at the first load, by Inductor
-    from orchestrator.jobs import torch_internals as _ti
-    _ti.hash_triton_build = lambda: False
-if os.environ.get("REPLICA_START_LATE_ISA_PROBE"):  # the CPU probed at the first load, by Inductor
-    from orchestrator.jobs import torch_internals as _ti
-    _ti.cpu_vector_isa_probe = lambda: (lambda: None)
-if os.environ.get("REPLICA_START_WITH_COMPILER"):  # saved functions load importing Inductor's compiler
+from orchestrator.jobs import collector
+if os.environ.get("REPLICA_START_COLLECTING_IMPORTS"):  # the runtime's imports collected as any process's
     import contextlib
-    from orchestrator.jobs import torch_internals as _ti
-    _ti.compiler_left_out = contextlib.nullcontext
-if os.environ.get("REPLICA_START_WITH_COPY"):  # each load deep-copies its function's state, as torch's does
-    import contextlib
-    from orchestrator.jobs import torch_internals as _ti
-    _ti.loaded_without_a_copy_to_save = contextlib.nullcontext
-if os.environ.get("REPLICA_START_COMPILING_SOURCE"):  # generated modules compiled from source, as torch does
-    from orchestrator.jobs import torch_internals as _ti
-    _ti.read_generated_bytecode = lambda: None
-if os.environ.get("REPLICA_START_HASHING_TORCH"):  # Inductor hashes torch's sources itself, at the first load
-    from orchestrator.jobs import torch_internals as _ti
-    _ti.take_torch_key = lambda directory: False
+    collector.imports_frozen = contextlib.nullcontext
+# what a kind compared imports before the runtime (torch, with torch_internals), held and frozen as
+# the runtime's own imports are: a kind differs from the usual replica only where it says
+with collector.imports_frozen():
+    if os.environ.get("REPLICA_START_EARLY_IMPORTS"):  # the loader imports the compiler after its pull, beside the build
+        from orchestrator.jobs import replica as _replica, torch_internals as _ti
+        _pull = _replica._Loader._pull
+        def _pull_then_import(self):
+            _pull(self)
+            self._pull_done.set()  # the plans are known: the caller's answering must not wait for these imports
+            if any(plan.get("variant") in _replica.COMPILED_VARIANTS for plan in self._plans.values()):
+                _ti.import_compiler(to_compile=True)
+                self.events.add("compiler imported early")
+        _replica._Loader._pull = _pull_then_import
+    if os.environ.get("REPLICA_START_LATE_TRITON_HASH"):  # Triton's build hashed at the first load, by Inductor
+        from orchestrator.jobs import torch_internals as _ti
+        _ti.hash_triton_build = lambda: False
+    if os.environ.get("REPLICA_START_LATE_ISA_PROBE"):  # the CPU probed at the first load, by Inductor
+        from orchestrator.jobs import torch_internals as _ti
+        _ti.cpu_vector_isa_probe = lambda: (lambda: None)
+    if os.environ.get("REPLICA_START_WITH_COMPILER"):  # saved functions load importing Inductor's compiler
+        import contextlib
+        from orchestrator.jobs import torch_internals as _ti
+        _ti.compiler_left_out = contextlib.nullcontext
+    if os.environ.get("REPLICA_START_WITH_COPY"):  # each load deep-copies its function's state, as torch's does
+        import contextlib
+        from orchestrator.jobs import torch_internals as _ti
+        _ti.loaded_without_a_copy_to_save = contextlib.nullcontext
+    if os.environ.get("REPLICA_START_COMPILING_SOURCE"):  # generated modules compiled from source, as torch does
+        from orchestrator.jobs import torch_internals as _ti
+        _ti.read_generated_bytecode = lambda: None
+    if os.environ.get("REPLICA_START_HASHING_TORCH"):  # Inductor hashes torch's sources itself, at the first load
+        from orchestrator.jobs import torch_internals as _ti
+        _ti.take_torch_key = lambda directory: False
 from orchestrator import runtime
 if profile_to:  # from the load's start, as its milestones are timed
     loader_samples = ThreadSampler("orchestrate-replica-loader").start()

@@ -19,13 +19,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.cache.manifest import PublicKey, TrustedKeys
-from orchestrator.config import cache_root, embedded_store, load_spec_with_overrides
-from orchestrator.jobs.grid_replica import GridModel, load_grid
-from orchestrator.jobs.padding import BadRequest
-from orchestrator.jobs.records import Remote
-from orchestrator.jobs.replica import BucketedModel, BucketInfo, NotWarm, ReplicaInfo, load_replica
-from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
+from orchestrator.jobs.collector import imports_frozen
+
+with imports_frozen():  # torch's, pydantic's and the replica's modules: alive as long as the process
+    from orchestrator.cache.manifest import PublicKey, TrustedKeys
+    from orchestrator.config import cache_root, embedded_store, load_spec_with_overrides
+    from orchestrator.jobs.grid_replica import GridModel, load_grid
+    from orchestrator.jobs.padding import BadRequest
+    from orchestrator.jobs.records import Remote
+    from orchestrator.jobs.replica import BucketedModel, BucketInfo, NotWarm, ReplicaInfo, load_replica
+    from orchestrator.jobs.spec import ReadyWhen, WarmupSpec
 
 __all__ = [
     "BadRequest",

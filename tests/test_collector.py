@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import pytest
 from conftest import loads_settled
@@ -73,3 +75,43 @@ def test_a_process_that_turned_the_collector_off_is_not_collected_at_the_release
     finally:
         gc.enable()
         gc.collect()
+
+
+def test_imports_run_without_full_collections_and_what_they_made_is_frozen(thresholds):
+    full: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    class Module:
+        pass
+
+    before = gc.get_freeze_count()
+    gc.callbacks.append(count)
+    try:
+        with collector.imports_frozen():
+            assert gc.get_threshold()[2] >= 1_000_000
+            made = [Module() for _ in range(200_000)]  # as many objects as a few hundred modules make
+    finally:
+        gc.callbacks.remove(count)
+    assert not full  # none ran while the block made them
+    assert gc.get_threshold() == thresholds  # given back
+    frozen = gc.get_freeze_count()  # the block's objects, and whatever else was alive then
+    walked = sum(type(o) is Module for o in gc.get_objects())
+    del made  # frozen, they are still freed by their reference counts
+    assert frozen >= before + 200_000 and walked == 0  # out of every later collection's walk
+    assert gc.get_freeze_count() <= frozen - 200_000
+
+
+def test_the_runtimes_imports_leave_no_hold_and_their_objects_frozen():
+    probe = (
+        "import gc; found = gc.get_threshold()\n"
+        "from orchestrator import runtime\n"
+        "from orchestrator.jobs import collector\n"
+        "import sys; assert 'torch' in sys.modules and 'pydantic' in sys.modules\n"
+        "print(gc.get_freeze_count(), gc.get_threshold() == found, collector.deferred())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    frozen, same, held = done.stdout.split()
+    assert int(frozen) > 100_000 and same == "True" and held == "False", done.stdout
