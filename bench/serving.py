@@ -150,6 +150,7 @@ def floor_recipe(config: Path, device: str) -> str:
     bucket's inputs (a grid's points, slice by slice). The outputs a config serves are not picked
     out: that indexes what the call returned and costs nothing."""
     from orchestrator.config import load_spec_with_overrides
+    from orchestrator.jobs.model import factory_source
 
     spec = load_spec_with_overrides(config, device=device)
     ref = spec.model
@@ -162,9 +163,9 @@ def floor_recipe(config: Path, device: str) -> str:
         for part in spec.slices()
         for bucket in part.buckets
     ]  # fmt: skip
-    file = str((spec.base_dir / ref.target).resolve()) if ref.is_file else None
+    file, module = factory_source(ref, spec.base_dir)
     return json.dumps({
-        "file": file, "module": f"orchestrate_user_{Path(file).stem}" if file else ref.target,
+        "file": file and str(file), "module": module,
         "attribute": ref.attribute, "kwargs": ref.kwargs, "seed": spec.seed, "dtype": ref.dtype,
         "device": device, "call_kwargs": spec.call.kwargs, "calls": calls,
     })  # fmt: skip

@@ -11,12 +11,17 @@ from pathlib import Path
 from typing import Optional
 
 SCRATCH_PREFIX = ".tmp-"  # a namespace's scan skips such names (manifest.LOCAL_STATE)
+NAME_MAX = 255  # bytes in one name, on the filesystems a cache lives on
 
 
 def scratch_beside(target: Path) -> Path:
     """A new hidden name in `target`'s directory, unique to the call, that a scan never takes for
-    an artifact. It keeps the start of the target's name, for whoever finds one a crash left."""
-    return target.with_name(f"{SCRATCH_PREFIX}{uuid.uuid4().hex[:12]}-{target.name}"[:255])
+    an artifact. It ends as the target's name ends (its suffix says the format to a writer that
+    reads it, as torch's trace export does) and names the target to whoever finds one a crash left;
+    what does not fit the filesystem's 255 bytes is cut from the front of the target's name."""
+    head = f"{SCRATCH_PREFIX}{uuid.uuid4().hex[:12]}-"
+    end = target.name.encode()[len(head) - NAME_MAX :].decode(errors="ignore")  # never half a character
+    return target.with_name(head + end)
 
 
 @contextlib.contextmanager

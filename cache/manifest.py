@@ -24,7 +24,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from orchestrator.cache.files import write_whole
+from orchestrator.cache.files import NAME_MAX, write_whole
 
 KEY_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY"  # the private key itself (PEM or 64 hex digits), e.g. from a Secret
 KEY_FILE_ENV = "ORCHESTRATE_CACHE_SIGNING_KEY_FILE"  # a file holding the private key
@@ -46,7 +46,7 @@ MAX_SIZE = 1 << 62  # bytes a manifest may declare for one file or shard: far pa
 MAX_DEPTH = 32
 # Bounds on a path a manifest names, in bytes: the filesystem's limit on one name (NAME_MAX), and
 # half of PATH_MAX for the whole, the rest left to the directory it is pulled into.
-MAX_NAME_BYTES = 255
+MAX_NAME_BYTES = NAME_MAX
 MAX_PATH_BYTES = 2048
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 

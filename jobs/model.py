@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -29,13 +29,21 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
-def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
+def factory_source(ref: ModelRef, base_dir: Path) -> tuple[Optional[Path], str]:
+    """Where the factory's module comes from: its file (None for an importable module) and the
+    name it is imported under. A file's module gets a stable name, which keeps Dynamo's view of
+    the code identical across processes."""
     if ref.is_file:
         path = (base_dir / ref.target).resolve()
+        return path, f"orchestrate_user_{path.stem}"
+    return None, ref.target
+
+
+def load_factory(ref: ModelRef, base_dir: Path) -> Callable[..., Any]:
+    path, module_name = factory_source(ref, base_dir)
+    if path is not None:
         if not path.is_file():
             raise SetupError(f"model.factory: file {path} does not exist; paths are relative to the config file")
-        # A stable module name keeps Dynamo's view of the code identical across processes.
-        module_name = f"orchestrate_user_{path.stem}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise SetupError(f"model.factory: cannot load {path} as Python; name a .py file")

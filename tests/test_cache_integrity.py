@@ -2108,5 +2108,7 @@ def test_a_file_written_whole_is_the_old_one_or_the_new_one_and_leaves_no_scratc
         assert target.stat().st_mode & 0o777 == 0o644
     finally:
         os.umask(old)
-    long_name = scratch_beside(tmp_path / ("x" * 255)).name  # within the filesystem's limit on a name
-    assert long_name.startswith(".tmp-") and len(long_name) == 255
+    long_name = scratch_beside(tmp_path / ("x" * 248 + ".json.gz")).name  # within the filesystem's limit on a name
+    assert long_name.startswith(".tmp-") and len(long_name) == 255 and long_name.endswith("x.json.gz")
+    wide = scratch_beside(tmp_path / ("é" * 127)).name  # 254 bytes: cut between characters, never inside one
+    assert len(wide.encode()) <= 255 and wide.endswith("é" * 118)
