@@ -28,7 +28,8 @@ Per model, in one run, with the cache <cache root>/<name> (default cache root: O
      A process that fails or runs past its timeout is recorded with its stderr's tail; the
      others go on. OUT_DIR/logs/ keeps every process's stderr.
   3. Per model: floor, answering and on plan, median [min-max], their ratios to the floor
-     (targets: answering <= 1.05x, on plan <= 1.25x), exit seconds (target <= 1 s); where the
+     (targets: answering <= 1.05x, on plan <= 1.25x) both as the ratio of the medians and as
+     the median [min-max] of each start's own ratio (its replica over its floor), exit seconds (target <= 1 s); where the
      median replica's time went: its milestones with deltas, per bucket variant, planned, load
      and capture seconds, reason.
 Written as it goes to OUT_DIR/replica-<name>.json; the summary to stdout and
@@ -513,6 +514,25 @@ def ratio(values: list[float], floor: list[float]) -> Optional[float]:
     return statistics.median(values) / statistics.median(floor) if values and floor else None
 
 
+def paired_ratios(result: dict, key: str) -> list[float]:
+    """Each start's own ratio: its replica's `key` over the floor run just before it. On a machine
+    whose starts drift, these show what the ratio of medians averages away."""
+    # strict=False: a run cut short may end with a floor whose replica never started
+    pairs = zip(result["starts"]["floor"], result["starts"]["replica"], strict=False)
+    return [
+        replica[key] / floor["ready_from_spawn"]
+        for floor, replica in pairs
+        if floor.get("ok") and replica.get("ok") and replica.get(key) is not None
+    ]
+
+
+def ratio_spread(values: list[float]) -> str:
+    """`median [min-max]` of ratios, `-` for none."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
 def verdict(value: Optional[float], target: float) -> str:
     return "" if value is None else ("met" if value <= target else "MISSED")
 
@@ -548,6 +568,9 @@ def summary(result: dict) -> list[str]:
         + (f"  {a:.2f}x floor (target <= {TARGETS['answering']}x: {verdict(a, TARGETS['answering'])})" if a else ""),
         f"  on plan      {spread(f['on_plan'])}"
         + (f"  {p:.2f}x floor (target <= {TARGETS['on_plan']}x: {verdict(p, TARGETS['on_plan'])})" if p else ""),
+        f"  per start, each replica over the floor run before it: answering "
+        f"{ratio_spread(paired_ratios(result, 'answering_from_spawn'))}, on plan "
+        f"{ratio_spread(paired_ratios(result, 'on_plan_from_spawn'))}",
         f"  exit         {spread(f['exit'])}"
         + (
             f"  (target <= {TARGETS['exit']:.0f} s: {verdict(exit_median, TARGETS['exit'])})"
@@ -650,15 +673,17 @@ def table_row(result: dict) -> str:
         return f"{statistics.median(values):.2f} s" if values else "-"
 
     return (
-        f"| {result['model']} ({served_label(result)}) | {med(f['floor'])} | {med(f['answering'])} | "
-        f"{med(f['on_plan'])} | {'-' if a is None else f'{a:.2f}x'} | {'-' if p is None else f'{p:.2f}x'} | "
-        f"{med(f['exit'])} |"
+        f"| {result['model']} ({served_label(result)}) | {len(f['floor'])} | {med(f['floor'])} | "
+        f"{med(f['answering'])} | {med(f['on_plan'])} | {'-' if a is None else f'{a:.2f}x'} | "
+        f"{'-' if p is None else f'{p:.2f}x'} | {ratio_spread(paired_ratios(result, 'answering_from_spawn'))} | "
+        f"{ratio_spread(paired_ratios(result, 'on_plan_from_spawn'))} | {med(f['exit'])} |"
     )
 
 
 TABLE_HEAD = [
-    "| model (variant served) | eager floor | answering | on plan | answering/floor | on plan/floor | exit |",
-    "|---|---|---|---|---|---|---|",
+    "| model (variant served) | starts | eager floor | answering | on plan | answering/floor | on plan/floor "
+    "| per start: answering/floor | per start: on plan/floor | exit |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
