@@ -14,7 +14,8 @@ docs/performance.md). Run by hand; bench/replica_start.sh runs it on a GPU machi
 Per model, in one run, with the cache <cache root>/<name> (default cache root: OUT_DIR/cache):
   1. `orchestrate warmup --no-ray --device cuda --json` into it (unless --no-warm: already warm):
      the report in OUT_DIR/warmup-<name>.json, its wall seconds, each bucket's served variant.
-  2. Fresh processes, N of each, alternating floor, replica, floor, replica, ...:
+  2. Fresh processes, N of each, one of each kind per start, the order reversed every other
+     start (floor, replica; replica, floor; ...):
      - floor: bench/serving.py's eager floor, a plain PyTorch server: spawn, import torch and the
        model's module, build, each bucket once eagerly, synchronize (`ready_from_spawn`); it reads
        no config (the parent resolves it), so this project's imports count on the replica's side;
@@ -434,13 +435,16 @@ def bench(
         if not budget.fits("floor", *(["replica"] * len(kinds))):
             result["skipped"].append(f"starts {i + 1}..{starts}: the budget would run out")
             break
-        print(f"{name}: start {i + 1}/{starts}: floor, {', '.join(kinds)} ...", file=sys.stderr, flush=True)
-        result["starts"]["floor"].append(floor_start(config, device, budget))
-        result["order"].append("floor")
-        save()
-        for kind in kinds if i % 2 == 0 else kinds[::-1]:  # the two kinds of replica take turns going first
-            log = out_dir / "logs" / f"{kind}-{name}-{i + 1}.log"
-            run = replica_start(config, cache, device, log, budget, kind=kind)
+        # the floor and the replicas take turns going first, so that a machine that drifts over a
+        # start (its clocks, its page cache) favours neither side of a start's own ratio
+        sequence = ["floor", *kinds] if i % 2 == 0 else ["floor", *kinds][::-1]
+        print(f"{name}: start {i + 1}/{starts}: {', '.join(sequence)} ...", file=sys.stderr, flush=True)
+        for kind in sequence:
+            if kind == "floor":
+                run = floor_start(config, device, budget)
+            else:
+                log = out_dir / "logs" / f"{kind}-{name}-{i + 1}.log"
+                run = replica_start(config, cache, device, log, budget, kind=kind)
             result["starts"][kind].append(run)
             result["order"].append(kind)
             save()
@@ -515,9 +519,9 @@ def ratio(values: list[float], floor: list[float]) -> Optional[float]:
 
 
 def paired_ratios(result: dict, key: str) -> list[float]:
-    """Each start's own ratio: its replica's `key` over the floor run just before it. On a machine
-    whose starts drift, these show what the ratio of medians averages away."""
-    # strict=False: a run cut short may end with a floor whose replica never started
+    """Each start's own ratio: its replica's `key` over its floor, the two run one right after the
+    other. On a machine whose starts drift, these show what the ratio of medians averages away."""
+    # strict=False: a run cut short may end with a start's first process alone
     pairs = zip(result["starts"]["floor"], result["starts"]["replica"], strict=False)
     return [
         replica[key] / floor["ready_from_spawn"]
@@ -568,7 +572,7 @@ def summary(result: dict) -> list[str]:
         + (f"  {a:.2f}x floor (target <= {TARGETS['answering']}x: {verdict(a, TARGETS['answering'])})" if a else ""),
         f"  on plan      {spread(f['on_plan'])}"
         + (f"  {p:.2f}x floor (target <= {TARGETS['on_plan']}x: {verdict(p, TARGETS['on_plan'])})" if p else ""),
-        f"  per start, each replica over the floor run before it: answering "
+        f"  per start, each replica over its start's floor: answering "
         f"{ratio_spread(paired_ratios(result, 'answering_from_spawn'))}, on plan "
         f"{ratio_spread(paired_ratios(result, 'on_plan_from_spawn'))}",
         f"  exit         {spread(f['exit'])}"
