@@ -17,7 +17,8 @@ Per model, in one run, with the cache <cache root>/<name> (default cache root: O
   2. Fresh processes, N of each, one of each kind per start, the order reversed every other
      start (floor, replica; replica, floor; ...):
      - floor: bench/serving.py's eager floor, a plain PyTorch server: spawn, import torch and the
-       model's module, build, each bucket once eagerly, synchronize (`ready_from_spawn`); it reads
+       model's module, build, each bucket once eagerly, synchronize (`ready_from_spawn`, with
+       its milestones on the way: torch imported, the model's module imported, built); it reads
        no config (the parent resolves it), so this project's imports count on the replica's side;
      - replica: `runtime.load(cfg, cache_dir=..., ready="answering")`: spawn to answering (every
        bucket answers, eager until its planned variant is swapped in), then `wait_loaded()`:
@@ -636,6 +637,13 @@ def where_the_time_went(result: dict) -> list[str]:
         since = f"{offset + at:7.2f} s from spawn" if offset is not None else f"{at:7.2f} s from load"
         lines.append(f"    +{at - before:6.2f} s  {milestone}  ({since})")
         before = at
+    floor = median_run([r for r in result["starts"]["floor"] if r.get("ok")], "ready_from_spawn")
+    if floor and floor.get("milestones_from_spawn"):
+        marks = [*floor["milestones_from_spawn"].items(), ("ready", floor["ready_from_spawn"])]
+        lines.append(
+            f"    beside it, the median floor (start {result['starts']['floor'].index(floor) + 1}), from spawn: "
+            + ", ".join(f"{milestone} {at:.2f} s" for milestone, at in marks)
+        )
     for bucket, row in sorted(run["buckets"].items(), key=lambda item: size_order(item[0])):
         settled = row.get("on_plan_seconds")
         lines.append(

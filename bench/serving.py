@@ -110,6 +110,7 @@ import importlib, importlib.util, json, sys, time, torch
 from orchestrator.jobs.timing import process_age_seconds
 recipe = json.loads(sys.argv[1])
 started, age = time.perf_counter(), process_age_seconds()
+marks = {"torch imported": age}
 path, target, attribute = recipe["file"], recipe["module"], recipe["attribute"]
 if path:
     found = importlib.util.spec_from_file_location(target, path)
@@ -117,6 +118,7 @@ if path:
     found.loader.exec_module(module)
 else:
     module = importlib.import_module(target)
+marks["model's module imported"] = age + time.perf_counter() - started
 factory = module
 for part in attribute.split("."):
     factory = getattr(factory, part)
@@ -126,6 +128,7 @@ if recipe["dtype"]:
     model = model.to(getattr(torch, recipe["dtype"]))
 device = torch.device(recipe["device"])
 model = model.to(device).eval()
+marks["model built"] = age + time.perf_counter() - started
 def tensor(t):
     if t["dtype"] == "bool":
         return torch.randint(0, 2, t["shape"]).bool().to(device)
@@ -138,7 +141,7 @@ with torch.no_grad():
         model(*[v for k, v in made if not k], **{k: v for k, v in made if k}, **recipe["call_kwargs"])
 if device.type == "cuda":
     torch.cuda.synchronize()
-print(json.dumps({"ready_from_spawn": age + time.perf_counter() - started,
+print(json.dumps({"ready_from_spawn": age + time.perf_counter() - started, "milestones_from_spawn": marks,
                   "project_modules": sorted(m for m in sys.modules if m.split(".")[0] == "orchestrator")}))
 """
 
