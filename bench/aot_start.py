@@ -205,8 +205,9 @@ def bench(example: str, out_dir: Path, start_runs: int, names: list[str], device
     plain = without_aot(cache)
     starts: dict[str, list[dict]] = {"floor": [], "without_aot": [], "with_aot": []}
     result["start"] = starts
+    recipe = floor_recipe(config, device)
     for _ in range(start_runs):
-        starts["floor"].append(run_python(FLOOR, floor_recipe(config, device)))
+        starts["floor"].append(run_python(FLOOR, recipe))
         starts["without_aot"].append(run_python(READY, str(config), str(plain), device))
         starts["with_aot"].append(run_python(READY, str(config), str(cache), device))
         save()

@@ -31,9 +31,9 @@ Per model, in one run, with the cache <cache root>/<name> (default cache root: O
      others go on. OUT_DIR/logs/ keeps every process's stderr.
   3. Per model: floor, answering and on plan, median [min-max], their ratios to the floor
      (targets: answering <= 1.05x, on plan <= 1.25x) both as the ratio of the medians and as
-     the median [min-max] of each start's own ratio (its replica over its floor), exit seconds (target <= 1 s); where the
-     median replica's time went: its milestones with deltas, per bucket variant, planned, load
-     and capture seconds, reason.
+     the median [min-max] of each start's own ratio (its replica over its floor), exit seconds
+     (target <= 1 s); where the median replica's time went: its milestones with deltas, the
+     median floor's beside them, per bucket variant, planned, load and capture seconds, reason.
 Written as it goes to OUT_DIR/replica-<name>.json; the summary to stdout and
 OUT_DIR/replica-summary.txt; a Markdown row per model to OUT_DIR/replica-table.md (a model's row
 replaced when it is measured again into the same OUT_DIR).
@@ -302,10 +302,11 @@ def warm(config: Path, name: str, cache: Path, out_dir: Path, device: str, budge
     return row
 
 
-def floor_start(config: Path, device: str, budget: Budget) -> dict:
+def floor_start(recipe: str, budget: Budget) -> dict:
+    """One eager floor's start, from its recipe (floor_recipe)."""
     started = time.perf_counter()
     try:
-        row = run_python(FLOOR, floor_recipe(config, device), timeout=int(budget.timeout(PROCESS_TIMEOUT)), env=ENV)
+        row = run_python(FLOOR, recipe, timeout=int(budget.timeout(PROCESS_TIMEOUT)), env=ENV)
         row["ok"] = True
     except subprocess.TimeoutExpired as exc:
         row = {"ok": False, "error": f"timed out after {exc.timeout} s"}
@@ -432,17 +433,20 @@ def bench(
         if "error" in result["warmup"]:
             return result
     kinds = ["replica", *compared]
+    recipe = floor_recipe(config, device)  # the config read once, in this process: the floor reads none
     for i in range(starts):
         if not budget.fits("floor", *(["replica"] * len(kinds))):
             result["skipped"].append(f"starts {i + 1}..{starts}: the budget would run out")
             break
         # the floor and the replicas take turns going first, so that a machine that drifts over a
         # start (its clocks, its page cache) favours neither side of a start's own ratio
-        sequence = ["floor", *kinds] if i % 2 == 0 else ["floor", *kinds][::-1]
+        sequence = ["floor", *kinds]
+        if i % 2:
+            sequence.reverse()
         print(f"{name}: start {i + 1}/{starts}: {', '.join(sequence)} ...", file=sys.stderr, flush=True)
         for kind in sequence:
             if kind == "floor":
-                run = floor_start(config, device, budget)
+                run = floor_start(recipe, budget)
             else:
                 log = out_dir / "logs" / f"{kind}-{name}-{i + 1}.log"
                 run = replica_start(config, cache, device, log, budget, kind=kind)

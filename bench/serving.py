@@ -207,9 +207,10 @@ def bench(
         "timing": run_python(TIMING, str(config), str(cache), device, str(host_calls), str(HOST_BLOCK)),
     }
     starts: dict[str, list[float]] = {"runtime": [], "floor": []}
+    recipe = floor_recipe(config, device)
     for _ in range(start_runs):
         starts["runtime"].append(run_python(READY, str(config), str(cache), device)["ready_from_spawn"])
-        starts["floor"].append(run_python(FLOOR, floor_recipe(config, device))["ready_from_spawn"])
+        starts["floor"].append(run_python(FLOOR, recipe)["ready_from_spawn"])
     result["start"] = starts
     (out_dir / f"serving-{example}.json").write_text(json.dumps(result, indent=2))
     return result
